@@ -1,0 +1,141 @@
+// Command ip-masq-agent keeps a node's nftables masquerade rules in line
+// with the ip-masq-agent ConfigMap. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// options are the parsed command line.
+type options struct {
+	configPath string
+	flags      config.Flags
+	nft        nft.Options
+	once       bool
+	cleanup    bool
+}
+
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("ip-masq-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options
+	var toPorts, logFormat, logLevel string
+	var verbosity int
+	var showVersion bool
+	// The original agent's flags, with its defaults.
+	fs.StringVar(&o.configPath, "config", config.DefaultPath, "config file (YAML or JSON); missing means defaults")
+	fs.BoolVar(&o.flags.NoMasqAllReservedRanges, "nomasq-all-reserved-ranges", false, "whether to disable masquerade for all IPv4 ranges reserved by RFCs (default nonMasqueradeCIDRs only)")
+	fs.BoolVar(&o.flags.EnableIPv6, "enable-ipv6", false, "whether to enable IPv6 (rules and IPv6 CIDRs)")
+	fs.BoolVar(&o.nft.RandomFully, "random-fully", true, "whether to masquerade with fully-random source ports")
+	fs.StringVar(&toPorts, "to-ports", "", `masquerade to these source ports only, e.g. "1024-29999,32768-65535"; applies to tcp, udp and sctp`)
+	fs.StringVar(&o.nft.Chain, "masq-chain", nft.DefaultChain, "name of the nft chain that holds the masquerade decisions")
+	// New in this agent.
+	fs.BoolVar(&o.once, "once", false, "apply the config once and exit: 0 on success, 1 on error")
+	fs.BoolVar(&o.cleanup, "cleanup", false, "delete the agent's table inet "+nft.TableName+" and exit")
+	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&logLevel, "log-level", "", "log level: debug, info, warn or error (overrides --v)")
+	fs.IntVar(&verbosity, "v", 0, "klog-style verbosity: 2 or more logs at debug level")
+	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
+	// Accepted for compatibility with the original agent's glog flags.
+	fs.Bool("logtostderr", true, "ignored (logs always go to stderr)")
+	fs.Bool("alsologtostderr", false, "ignored (logs always go to stderr)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "ip-masq-agent: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
+		return 2
+	}
+	if showVersion {
+		fmt.Fprintln(stderr, "ip-masq-agent", version)
+		return 0
+	}
+	log, err := newLogger(stderr, logFormat, logLevel, verbosity)
+	if err == nil {
+		err = nft.ValidateChain(o.nft.Chain)
+	}
+	if err == nil {
+		o.nft.ToPorts, err = nft.ParsePorts(toPorts)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
+		return 2
+	}
+	o.nft.EnableIPv6 = o.flags.EnableIPv6
+
+	attrs := []any{"version", version}
+	fs.VisitAll(func(f *flag.Flag) { attrs = append(attrs, f.Name, f.Value.String()) })
+	log.Info("starting ip-masq-agent", attrs...)
+
+	a := &agent{opts: o, log: log, applier: &nft.Applier{}}
+	switch {
+	case o.cleanup:
+		if err := a.applier.Delete(); err != nil {
+			log.Error("cleanup failed", "err", hint(err))
+			return 1
+		}
+		log.Info("deleted table inet " + nft.TableName + " (or there was none)")
+		return 0
+	case o.once:
+		if err := a.sync(); err != nil {
+			return 1
+		}
+		return 0
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	a.loop(ctx)
+	// The rules stay: masquerade must survive a restart or a rolling update.
+	log.Info("stopping; the rules stay in place")
+	return 0
+}
+
+func newLogger(w io.Writer, format, level string, verbosity int) (*slog.Logger, error) {
+	lvl := slog.LevelInfo
+	if verbosity >= 2 {
+		lvl = slog.LevelDebug
+	}
+	if level != "" {
+		if err := lvl.UnmarshalText([]byte(level)); err != nil {
+			return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+		}
+	}
+	ho := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// hint adds what an operator needs to know to the errors that need it.
+func hint(err error) error {
+	if errors.Is(err, syscall.EPERM) {
+		return fmt.Errorf("%w (the agent needs CAP_NET_ADMIN in the node's network namespace)", err)
+	}
+	return err
+}

@@ -1,0 +1,195 @@
+package nft
+
+import (
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// goldenCases are configs from the seeds (Kubernetes docs, the original
+// README, Baidu CCE) and the edge cases of the translation.
+var goldenCases = []struct {
+	name  string
+	yaml  string
+	flags config.Flags
+	ports string
+	noRF  bool
+}{
+	{name: "defaults"},
+	{name: "defaults-all-reserved", flags: config.Flags{NoMasqAllReservedRanges: true}},
+	{name: "k8s-docs-example", yaml: "nonMasqueradeCIDRs:\n  - 10.0.0.0/8\nresyncInterval: 60s\nmasqLinkLocal: true\n"},
+	{name: "empty-list", yaml: "nonMasqueradeCIDRs: []\n"},
+	{name: "cce-own-identity", flags: config.Flags{EnableIPv6: true}, yaml: `
+nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 100.64.230.0/24, 192.168.0.0/16, "fc00::/7"]
+masqOutBound: false
+masqOutBoundIPv6: true
+masqLinkLocal: false
+masqLinkLocalIPv6: false
+resyncInterval: 60s
+`},
+	{name: "cce-specific-addresses", flags: config.Flags{EnableIPv6: true}, yaml: `
+masqueradeCIDRs: [10.10.10.10/32]
+nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 100.64.230.0/24, 192.168.0.0/16, "fc00::/7"]
+masqOutBound: false
+masqOutBoundIPv6: true
+`},
+	{name: "ipv6-link-local-masqueraded", flags: config.Flags{EnableIPv6: true}, yaml: "masqLinkLocalIPv6: true\nnonMasqueradeCIDRs: [\"fd00::/8\"]\n"},
+	{name: "overlapping", yaml: "nonMasqueradeCIDRs: [10.0.0.0/8, 10.1.0.0/16, 10.0.0.0/8, 11.0.0.0/8, 169.254.1.0/24, 192.168.1.0/24, 192.168.0.0/16]\n"},
+	{name: "top-of-range", flags: config.Flags{EnableIPv6: true}, yaml: "nonMasqueradeCIDRs: [240.0.0.0/4, 255.255.255.255/32, \"ffff::/16\"]\nmasqueradeCIDRs: [0.0.0.0/0, \"::/0\"]\n"},
+	{name: "to-ports", ports: "1024-29999,32768-65535"},
+	{name: "to-ports-single-no-random-fully", ports: "32768-65535", noRF: true},
+}
+
+func TestGolden(t *testing.T) {
+	for _, tc := range goldenCases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, _, err := config.Parse([]byte(tc.yaml), tc.flags)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ports, err := ParsePorts(tc.ports)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := Render(Build(cfg, Options{Chain: DefaultChain, EnableIPv6: tc.flags.EnableIPv6, RandomFully: !tc.noRF, ToPorts: ports}))
+			path := filepath.Join("testdata", tc.name+".nft")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./nft/ -update to create it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("Render differs from %s (rerun with -update if intended):\n%s", path, got)
+			}
+		})
+	}
+}
+
+func prefixes(ss ...string) []netip.Prefix {
+	var ps []netip.Prefix
+	for _, s := range ss {
+		ps = append(ps, netip.MustParsePrefix(s))
+	}
+	return ps
+}
+
+func TestNormalize(t *testing.T) {
+	for _, tc := range []struct{ in, want []string }{
+		{nil, nil},
+		{[]string{"10.0.0.0/8", "10.0.0.0/8"}, []string{"10.0.0.0/8"}},
+		{[]string{"10.1.0.0/16", "10.0.0.0/8"}, []string{"10.0.0.0/8"}},
+		{[]string{"10.0.0.0/8", "11.0.0.0/8"}, []string{"10.0.0.0/8", "11.0.0.0/8"}}, // adjacent: kept apart
+		{[]string{"0.0.0.0/0", "10.0.0.0/8", "240.0.0.0/4"}, []string{"0.0.0.0/0"}},
+		{[]string{"10.1.2.3/8"}, []string{"10.0.0.0/8"}}, // masked
+		{[]string{"2001:db8::/32", "2001:db8:1::/48", "fd00::/8"}, []string{"2001:db8::/32", "fd00::/8"}},
+		{[]string{"192.168.0.0/24", "192.168.0.0/16", "192.168.1.0/24", "192.169.0.0/16"}, []string{"192.168.0.0/16", "192.169.0.0/16"}},
+	} {
+		got := Normalize(prefixes(tc.in...))
+		if !slices.Equal(got, prefixes(tc.want...)) {
+			t.Errorf("Normalize(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestSplitFamiliesUnmaps(t *testing.T) {
+	v4, v6 := splitFamilies(prefixes("::ffff:10.0.0.0/104", "fd00::/8", "192.168.0.0/16", "::ffff:0:0/80"))
+	if !slices.Equal(v4, prefixes("10.0.0.0/8", "192.168.0.0/16")) || !slices.Equal(v6, prefixes("fd00::/8", "::ffff:0:0/80")) {
+		t.Errorf("splitFamilies: v4 %v, v6 %v", v4, v6)
+	}
+}
+
+func TestIntervals(t *testing.T) {
+	got := intervals(prefixes("10.0.0.0/8", "240.0.0.0/4", "255.255.255.255/32", "::/0", "2001:db8::/32"))
+	var s []string
+	for _, e := range got {
+		a, _ := netip.AddrFromSlice(e.Key)
+		if e.IntervalEnd {
+			s = append(s, "end "+a.String())
+		} else {
+			s = append(s, a.String())
+		}
+	}
+	// The top of the address space has no end element.
+	want := []string{"10.0.0.0", "end 11.0.0.0", "240.0.0.0", "255.255.255.255", "::", "2001:db8::", "end 2001:db9::"}
+	if !slices.Equal(s, want) {
+		t.Errorf("intervals = %v, want %v", s, want)
+	}
+}
+
+func TestParsePorts(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    []PortRange
+		wantErr string
+	}{
+		{"", nil, ""},
+		{"1024-29999,32768-65535", []PortRange{{1024, 29999}, {32768, 65535}}, ""},
+		{"8080", []PortRange{{8080, 8080}}, ""},
+		{" 1024-2000 , 3000 ", []PortRange{{1024, 2000}, {3000, 3000}}, ""},
+		{"0-100", nil, "not a port"},
+		{"100-10", nil, "not a port"},
+		{"70000", nil, "not a port"},
+		{"a-b", nil, "not a port"},
+		{"1024-2000,1500-3000", nil, "overlap"},
+	} {
+		got, err := ParsePorts(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "--to-ports") {
+				t.Errorf("ParsePorts(%q) error = %v, want one containing %q", tc.in, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("ParsePorts(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestValidateChain(t *testing.T) {
+	for name, ok := range map[string]bool{
+		"IP-MASQ-AGENT": true, "my_chain.v2": true, "": false, "1abc": false, "a b": false,
+		BaseChainName: false, MasqChainName: false, strings.Repeat("a", 65): false,
+	} {
+		if err := ValidateChain(name); (err == nil) != ok {
+			t.Errorf("ValidateChain(%q) = %v, want ok=%v", name, err, ok)
+		}
+	}
+}
+
+// TestMasqueradeShares checks that --to-ports ranges are chosen in
+// proportion to their sizes: P(range i) = Below/Of * P(no earlier range).
+func TestMasqueradeShares(t *testing.T) {
+	ports, _ := ParsePorts("1024-29999,32768-65535,10-19")
+	rules := masqRules(Options{ToPorts: ports})
+	total := 0.0
+	for _, p := range ports {
+		total += float64(p.size())
+	}
+	left := 1.0
+	for i, r := range rules[:3] { // tcp's three rules
+		share := 1.0
+		if r.Share != nil {
+			share = float64(r.Share.Below) / float64(r.Share.Of)
+		}
+		got := left * share
+		if want := float64(ports[i].size()) / total; got < want-1e-9 || got > want+1e-9 {
+			t.Errorf("range %v chosen with probability %f, want %f", ports[i], got, want)
+		}
+		left -= got
+	}
+	if last := rules[len(rules)-1]; last.L4Proto != 0 || last.Ports != nil {
+		t.Errorf("last rule %q should masquerade every other protocol without ports", RenderRule(last))
+	}
+}
