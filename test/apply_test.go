@@ -1,0 +1,253 @@
+package test
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// TestListedByNFT reads the table back with the real nft CLI: sets as
+// prefixes, the fib guard, counters and comments on every rule.
+func TestListedByNFT(t *testing.T) {
+	topo := newTopology(t)
+	mustApply(t, topo, "nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, \"fd00::/8\"]\nmasqueradeCIDRs: [10.10.10.10/32]\n", "--enable-ipv6")
+	table := listTable(t, topo)
+	for _, want := range []string{
+		"table inet ip-masq-agent {",
+		"set nonmasq-v4 {", "type ipv4_addr", "flags interval",
+		"10.0.0.0/8", "172.16.0.0/12", "169.254.0.0/16", "fd00::/8", "fe80::/10", "10.10.10.10",
+		"type nat hook postrouting priority srcnat + 10; policy accept;",
+		"fib daddr type != local counter packets 0 bytes 0 jump IP-MASQ-AGENT",
+		"ip daddr @masq-v4 counter", "ip daddr @nonmasq-v4 counter", "ip6 daddr @nonmasq-v6 counter",
+		"masquerade fully-random",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("nft list table lacks %q", want)
+		}
+	}
+	for _, line := range strings.Split(table, "\n") {
+		line = strings.TrimSpace(line)
+		isRule := !strings.HasPrefix(line, "comment") && (strings.Contains(line, " return") ||
+			strings.Contains(line, " jump ") || strings.Contains(line, " goto ") || strings.Contains(line, " masquerade"))
+		if isRule && (!strings.Contains(line, "counter packets") || !strings.Contains(line, `comment "ip-masq-agent: `)) {
+			t.Errorf("rule without counter or comment: %q", line)
+		}
+	}
+	if t.Failed() {
+		t.Logf("table:\n%s", table)
+	}
+}
+
+// TestRenderMatchesKernel loads Render's text with `nft -f` in one
+// namespace and applies the same ruleset over netlink in another: nft must
+// list both identically. This checks our netlink encoding against nft's.
+func TestRenderMatchesKernel(t *testing.T) {
+	topo := newTopology(t)
+	for _, tc := range []struct {
+		name, config string
+		opts         nft.Options
+	}{
+		{"defaults", "", nft.Options{Chain: nft.DefaultChain, RandomFully: true}},
+		{"ipv6 and masqueradeCIDRs", "nonMasqueradeCIDRs: [10.0.0.0/8, \"fd00::/8\", \"::/0\", 240.0.0.0/4]\nmasqueradeCIDRs: [10.10.10.10/32, \"2001:db8::/32\"]\nmasqOutBound: false\n",
+			nft.Options{Chain: "MY-CHAIN", EnableIPv6: true, RandomFully: true}},
+		{"to-ports", "", nft.Options{Chain: nft.DefaultChain, ToPorts: []nft.PortRange{{First: 1024, Last: 29999}, {First: 32768, Last: 65535}}, RandomFully: true}},
+		{"not fully random", "", nft.Options{Chain: nft.DefaultChain, ToPorts: []nft.PortRange{{First: 32768, Last: 65535}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, _, err := config.Parse([]byte(tc.config), config.Flags{EnableIPv6: tc.opts.EnableIPv6})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs := nft.Build(cfg, tc.opts)
+			a := &nft.Applier{NetNS: int(topo.NodeHandle())}
+			if _, err := a.Apply(rs); err != nil {
+				t.Fatal(err)
+			}
+			file := filepath.Join(t.TempDir(), "ruleset.nft")
+			text := "table inet ip-masq-agent\ndelete table inet ip-masq-agent\n" + nft.Render(rs)
+			if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := testnet.Exec(topo.ExtNS, "nft", "-f", file); err != nil {
+				t.Fatalf("nft -f rejects Render's output: %v\n%s\n%s", err, out, text)
+			}
+			fromNFT, err := testnet.Exec(topo.ExtNS, "nft", "list", "table", "inet", "ip-masq-agent")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := listTable(t, topo), string(fromNFT); got != want {
+				t.Errorf("applied over netlink, nft lists:\n%s\nloaded with nft -f, it lists:\n%s", got, want)
+			}
+		})
+	}
+}
+
+var tableHandleRE = regexp.MustCompile(`table inet ip-masq-agent \{ # handle (\d+)`)
+
+func tableHandle(t *testing.T, topo *testnet.Topology) string {
+	t.Helper()
+	m := tableHandleRE.FindStringSubmatch(listTable(t, topo, "-a"))
+	if m == nil {
+		t.Fatal("no table handle in nft -a list table")
+	}
+	return m[1]
+}
+
+// TestReplacedInPlace checks that a changed config replaces the table's
+// contents in place (same table, no delete-and-recreate), and that a table
+// whose shape is not the agent's (a foreign chain in it) is re-created,
+// while other tables are never touched.
+func TestReplacedInPlace(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	if out, err := topo.NFT("add", "table", "ip", "other"); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	if out, err := topo.NFT("add", "chain", "ip", "other", "post", "{ type nat hook postrouting priority 100; }"); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	if out, err := topo.NFT("add", "rule", "ip", "other", "post", "ip daddr 192.0.2.77 counter"); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	other := func() string {
+		out, err := topo.NFT("list", "table", "ip", "other")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	otherBefore := other()
+
+	mustApply(t, topo, "")
+	first := tableHandle(t, topo)
+	mustApply(t, topo, "nonMasqueradeCIDRs: [203.0.113.0/24]\n")
+	if h := tableHandle(t, topo); h != first {
+		t.Errorf("table handle changed from %s to %s: the table was re-created, not replaced in place", first, h)
+	}
+	expectSources(t, topo, map[string]bool{internet1: false, private1: true})
+
+	if out, err := topo.NFT("add", "chain", "inet", "ip-masq-agent", "intruder"); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	mustApply(t, topo, "")
+	if table := listTable(t, topo); strings.Contains(table, "intruder") {
+		t.Errorf("a foreign chain survived the apply:\n%s", table)
+	}
+	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
+	if got := other(); got != otherBefore {
+		t.Errorf("table ip other changed:\nbefore:\n%s\nafter:\n%s", otherBefore, got)
+	}
+}
+
+// TestBadConfigKeepsRules: every kind of bad input gets a one-line error
+// naming the file, key and value, a non-zero exit from --once, and the
+// rules in the kernel stay exactly as they were.
+func TestBadConfigKeepsRules(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	mustApply(t, topo, "nonMasqueradeCIDRs: [203.0.113.0/24]\n")
+	before := withoutCounters(listTable(t, topo))
+
+	for _, tc := range []struct {
+		name, config string
+		flags        []string
+		wantInError  []string
+	}{
+		{"unparsable YAML", "nonMasqueradeCIDRs: [10.0.0.0/8\n", nil, []string{"YAML"}},
+		{"unparsable JSON", `{"nonMasqueradeCIDRs": ["10.0.0.0/8"]`, nil, nil},
+		{"bad CIDR", "nonMasqueradeCIDRs: [10.0.0.0/33]\n", nil, []string{"nonMasqueradeCIDRs[0]", "10.0.0.0/33"}},
+		{"misaligned CIDR", "nonMasqueradeCIDRs: [10.0.0.1/8]\n", nil, []string{"nonMasqueradeCIDRs[0]", "10.0.0.1/8"}},
+		{"bad masqueradeCIDR", "masqueradeCIDRs: [not-a-cidr]\n", nil, []string{"masqueradeCIDRs[0]", "not-a-cidr"}},
+		{"bad duration", "resyncInterval: soon\n", nil, []string{"resyncInterval", "soon"}},
+		{"zero duration", "resyncInterval: 0s\n", nil, []string{"resyncInterval", "0s"}},
+		{"negative duration", "resyncInterval: -5s\n", nil, []string{"resyncInterval", "-5s"}},
+		{"too many CIDRs", "cidrLimit: 2\nnonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16]\n", nil, []string{"nonMasqueradeCIDRs", "cidrLimit"}},
+		{"IPv6 without --enable-ipv6", "nonMasqueradeCIDRs: [\"fd00::/8\"]\n", nil, []string{"nonMasqueradeCIDRs[0]", "fd00::/8", "--enable-ipv6"}},
+		{"wrong type", "masqLinkLocal: \"yes\"\n", nil, []string{"masqLinkLocal"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeConfig(t, tc.config)
+			out, err := runAgent(t, topo, append([]string{"--once", "--config", path}, tc.flags...)...)
+			var exit interface{ ExitCode() int }
+			if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+				t.Errorf("--once with a bad config: err %v, want a non-zero exit\n%s", err, out)
+			}
+			errLine := lineWith(out, "level=ERROR")
+			for _, want := range append([]string{path}, tc.wantInError...) {
+				if !strings.Contains(errLine, want) {
+					t.Errorf("error line %q does not name %q", errLine, want)
+				}
+			}
+			if after := withoutCounters(listTable(t, topo)); after != before {
+				t.Errorf("the table changed after a bad config:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
+	}
+	expectSources(t, topo, map[string]bool{internet1: false, private1: true})
+}
+
+// TestUnknownKeyWarns: a typo is named in a warning, and the rest applies.
+func TestUnknownKeyWarns(t *testing.T) {
+	topo := newTopology(t)
+	out, err := runAgent(t, topo, "--once", "--config", writeConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqLinkLocall: true\n"))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if w := lineWith(out, "level=WARN"); !strings.Contains(w, "masqLinkLocall") {
+		t.Errorf("no warning naming the unknown key masqLinkLocall in:\n%s", out)
+	}
+}
+
+// TestFailedBatchChangesNothing sends a batch the kernel refuses (two
+// overlapping intervals, which Build never produces): the error names the
+// message that failed, the old rules stay, and the next apply works (no
+// socket left out of step).
+func TestFailedBatchChangesNothing(t *testing.T) {
+	topo := newTopology(t)
+	a := &nft.Applier{NetNS: int(topo.NodeHandle())}
+	good := nft.Build(config.Default(config.Flags{}), nft.Options{Chain: nft.DefaultChain, RandomFully: true})
+	if _, err := a.Apply(good); err != nil {
+		t.Fatal(err)
+	}
+	before := listTable(t, topo)
+
+	bad := nft.Build(config.Default(config.Flags{}), nft.Options{Chain: nft.DefaultChain, RandomFully: true})
+	bad.Sets[1].Prefixes = append(bad.Sets[1].Prefixes, netip.MustParsePrefix("10.1.0.0/16"))
+	_, err := a.Apply(bad)
+	if err == nil {
+		t.Fatal("the kernel accepted overlapping intervals")
+	}
+	if !errors.Is(err, syscall.EEXIST) || !strings.Contains(err.Error(), "to set nonmasq-v4") {
+		t.Errorf("error %q should be EEXIST and name the set", err)
+	}
+	t.Logf("refused as expected: %v", err)
+	if after := listTable(t, topo); after != before {
+		t.Errorf("a refused batch changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if _, err := a.Apply(good); err != nil {
+		t.Errorf("apply after a refused batch: %v", err)
+	}
+}
+
+// TestCleanup: --cleanup deletes the table, and succeeds when there is none.
+func TestCleanup(t *testing.T) {
+	topo := newTopology(t)
+	mustApply(t, topo, "")
+	for i := 0; i < 2; i++ {
+		if out, err := runAgent(t, topo, "--cleanup"); err != nil {
+			t.Fatalf("--cleanup (run %d): %v\n%s", i+1, err, out)
+		}
+		if out, err := topo.NFT("list", "tables"); err != nil || strings.Contains(out, "ip-masq-agent") {
+			t.Fatalf("after --cleanup: %v\n%s", err, out)
+		}
+	}
+}
