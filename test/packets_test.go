@@ -204,3 +204,33 @@ func TestHundredThousandCIDRs(t *testing.T) {
 		t.Errorf("nft lists %d elements in 100.64.0.0/10, want 99999", n)
 	}
 }
+
+// TestLinkLocalIPv6 checks fe80::/10 with packets. The kernel never forwards
+// a packet to a link-local destination out of another interface, so pods
+// cannot reach one through the node; the node's own traffic can, and passes
+// the same postrouting chain: from the node's fd00:1::1, fe80::aa sees that
+// address unless masqLinkLocalIPv6 masquerades it to the uplink's own
+// link-local address.
+func TestLinkLocalIPv6(t *testing.T) {
+	topo := newTopology(t)
+	dst := netip.MustParseAddr("fe80::aa")
+	addDestinations(t, topo, dst.String())
+	for _, tc := range []struct {
+		config string
+		masq   bool
+	}{
+		{"", false},
+		{"masqLinkLocalIPv6: true\n", true},
+		{"masqLinkLocalIPv6: false\nmasqLinkLocal: true\n", false},
+	} {
+		mustApply(t, topo, tc.config, "--enable-ipv6")
+		got, err := topo.SourceSeenFromNode(topo.NodePodSide6, dst)
+		if err != nil {
+			t.Fatalf("config %q: connect to %s: %v", tc.config, dst, err)
+		}
+		masqueraded := got != topo.NodePodSide6
+		if masqueraded != tc.masq || (masqueraded && !got.IsLinkLocalUnicast()) {
+			t.Errorf("config %q: %s saw source %s; want masqueraded=%v (to a link-local address)", tc.config, dst, got, tc.masq)
+		}
+	}
+}

@@ -86,7 +86,11 @@ func run(args []string, stderr io.Writer) int {
 	o.nft.EnableIPv6 = o.flags.EnableIPv6
 
 	attrs := []any{"version", version}
-	fs.VisitAll(func(f *flag.Flag) { attrs = append(attrs, f.Name, f.Value.String()) })
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "version" {
+			attrs = append(attrs, f.Name, f.Value.String())
+		}
+	})
 	log.Info("starting ip-masq-agent", attrs...)
 
 	a := &agent{opts: o, log: log, applier: &nft.Applier{}}
