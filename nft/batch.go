@@ -62,6 +62,12 @@ func (b *batch) add(what string, f func(cc *nftables.Conn) error) {
 	}
 }
 
+func (b *batch) fail(err error) {
+	if b.err == nil {
+		b.err = err
+	}
+}
+
 func (b *batch) addMessage(what string, m netlink.Message) {
 	b.msgs = append(b.msgs, m)
 	b.what = append(b.what, what)
@@ -81,7 +87,9 @@ const replyTimeout = 30 * time.Second
 // send sends the batch as one transaction on a fresh socket and waits for
 // the kernel's verdict. Only the last message asks for an ack; errors are
 // reported whatever the flags, so one ack means the whole batch committed.
-func (b *batch) send(netns int) error {
+// own, if not nil, learns the socket's netlink port id before anything is
+// sent: the kernel's notifications of the transaction carry it.
+func (b *batch) send(netns int, own func(portID uint32)) error {
 	if len(b.msgs) == 0 {
 		return nil
 	}
@@ -101,6 +109,9 @@ func (b *batch) send(netns int) error {
 		return fmt.Errorf("set socket send buffer to %d bytes: %w", size, err)
 	}
 
+	if own != nil {
+		own(conn.PID())
+	}
 	seq := rand.Uint32()>>1 + 1
 	begin := netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), Flags: netlink.Request, Sequence: seq},

@@ -137,12 +137,7 @@ func Normalize(in []netip.Prefix) []netip.Prefix {
 	}
 	// Sorted by address, then shorter first: a prefix that contains others
 	// comes right before them, so one sweep drops every contained prefix.
-	slices.SortFunc(ps, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
+	slices.SortFunc(ps, comparePrefix)
 	out := ps[:0]
 	for _, p := range ps {
 		if n := len(out); n > 0 && out[n-1].Addr().BitLen() == p.Addr().BitLen() && out[n-1].Contains(p.Addr()) {
@@ -151,4 +146,12 @@ func Normalize(in []netip.Prefix) []netip.Prefix {
 		out = append(out, p)
 	}
 	return slices.Clip(out)
+}
+
+// comparePrefix orders by address, then shorter prefix first.
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -59,6 +60,33 @@ type Ruleset struct {
 	Rules []Rule // rules of Chain
 	Masq  []Rule // rules of MasqChainName
 }
+
+// chains returns the rules of the base, decision and masquerade chains, in
+// the order of objects.chains.
+func (rs Ruleset) chains() [3][]Rule { return [3][]Rule{rs.Base, rs.Rules, rs.Masq} }
+
+// Equal reports whether two rulesets are the same.
+func (rs Ruleset) Equal(o Ruleset) bool {
+	a, b := rs.chains(), o.chains()
+	for i := range a {
+		if !slices.EqualFunc(a[i], b[i], Rule.equal) {
+			return false
+		}
+	}
+	return rs.Chain == o.Chain && slices.EqualFunc(rs.Sets, o.Sets, Set.equal)
+}
+
+func (s Set) equal(o Set) bool {
+	return s.Name == o.Name && s.Family == o.Family && s.Comment == o.Comment && slices.Equal(s.Prefixes, o.Prefixes)
+}
+
+func (r Rule) equal(o Rule) bool {
+	return r.NotLocal == o.NotLocal && r.Family == o.Family && r.DaddrSet == o.DaddrSet && r.L4Proto == o.L4Proto &&
+		ptrEqual(r.Share, o.Share) && r.Verdict == o.Verdict && r.Target == o.Target &&
+		ptrEqual(r.Ports, o.Ports) && r.FullyRandom == o.FullyRandom && r.Comment == o.Comment
+}
+
+func ptrEqual[T comparable](a, b *T) bool { return a == b || (a != nil && b != nil && *a == *b) }
 
 // Set is an interval set of destination prefixes of one family. Prefixes are
 // normalized: masked, sorted, no duplicates, none contained in another.

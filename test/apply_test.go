@@ -226,7 +226,7 @@ func TestFailedBatchChangesNothing(t *testing.T) {
 	if err == nil {
 		t.Fatal("the kernel accepted overlapping intervals")
 	}
-	if !errors.Is(err, syscall.EEXIST) || !strings.Contains(err.Error(), "to set nonmasq-v4") {
+	if !errors.Is(err, syscall.EEXIST) || !strings.Contains(err.Error(), "set nonmasq-v4") {
 		t.Errorf("error %q should be EEXIST and name the set", err)
 	}
 	t.Logf("refused as expected: %v", err)
