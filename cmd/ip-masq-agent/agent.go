@@ -2,19 +2,31 @@ package main
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"log/slog"
+	"net/netip"
+	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/filewatch"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
+
+// debounce coalesces a burst of file events (the kubelet's ..data swap is
+// several) into one reload.
+const debounce = 10 * time.Millisecond
 
 // agent is the daemon's state between syncs.
 type agent struct {
 	opts    options
 	log     *slog.Logger
 	applier *nft.Applier
+	metrics *metrics.Agent
 
 	applied      *config.Config // the config last put in the kernel, nil before
 	lastWarnings []string       // logged once, not every resync
@@ -22,25 +34,87 @@ type agent struct {
 	failures     int            // consecutive failed syncs, for backoff
 }
 
-// loop syncs now and then every resync interval until ctx is done. A
-// failed sync is retried sooner, with backoff, but never later than the
-// resync interval.
+// loop syncs now, then on every config file change, every foreign change
+// to the table, and every resync interval, until ctx is done. A failed
+// sync is retried sooner, with backoff, but never later than the resync
+// interval.
 func (a *agent) loop(ctx context.Context) {
+	fileChanged, err := filewatch.Watch(ctx, a.opts.configPath, debounce, func(err error) {
+		a.log.Warn("watching the config file", "err", err)
+	})
+	if err != nil {
+		// The periodic resync still picks changes up.
+		a.log.Error("cannot watch the config file; relying on the resync interval", "err", err)
+	}
+	tampered := make(chan nft.Change, 1)
+	go a.watchTable(ctx, tampered)
+
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	for {
+		var repair *nft.Change
+		select {
+		case <-ctx.Done():
+			return
+		case <-fileChanged:
+			a.log.Debug("config file changed")
+		case c := <-tampered:
+			repair = &c
+		case <-timer.C:
+		}
+		err := a.sync()
+		if repair != nil && err == nil {
+			a.log.Warn("undid a change to the table by another process", "change", repair.What)
+			a.metrics.Repaired(repairKind(*repair))
+		}
 		wait := a.interval()
-		if err := a.sync(); err != nil {
+		if err != nil {
 			a.failures++
 			wait = min(wait, time.Second<<min(a.failures-1, 6))
 		} else {
 			a.failures = 0
-			wait = a.interval()
 		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(wait)
+	}
+}
+
+// watchTable runs the applier's watch of foreign changes, restarting it
+// with backoff if its socket fails.
+func (a *agent) watchTable(ctx context.Context, tampered chan<- nft.Change) {
+	for backoff := time.Second; ctx.Err() == nil; backoff = min(2*backoff, time.Minute) {
+		err := a.applier.Watch(ctx, func(c nft.Change) {
+			select {
+			case tampered <- c:
+			default: // a repair is already pending; it covers this change too
+			}
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Error("watching nftables for foreign changes failed; retrying", "err", err, "in", backoff)
 		select {
 		case <-ctx.Done():
-			return
-		case <-time.After(wait):
+		case <-time.After(backoff):
 		}
 	}
+}
+
+func repairKind(c nft.Change) string {
+	switch {
+	case strings.Contains(c.What, "delete table"):
+		return "table-deleted"
+	case strings.Contains(c.What, "rule") || strings.Contains(c.What, "chain"):
+		return "chain-changed"
+	case strings.Contains(c.What, "set") || strings.Contains(c.What, "elements"):
+		return "set-changed"
+	}
+	return "other"
 }
 
 func (a *agent) interval() time.Duration {
@@ -60,36 +134,78 @@ func (a *agent) sync() error {
 		}
 		a.lastWarnings = warnings
 	}
-	if err != nil {
+	switch _, serr := os.Stat(a.opts.configPath); {
+	case err != nil:
+		a.metrics.ConfigLoaded("error")
 		a.logError("config not applied; the rules in the kernel are unchanged", err)
 		return err
+	case errors.Is(serr, fs.ErrNotExist):
+		a.metrics.ConfigLoaded("missing")
+	default:
+		a.metrics.ConfigLoaded("success")
 	}
 	rs := nft.Build(cfg, a.opts.nft)
 	start := time.Now()
 	res, err := a.applier.Apply(rs)
+	took := time.Since(start)
 	if err != nil {
-		a.logError("sync failed", hint(err))
+		err = hint(err)
+		a.metrics.SyncDone("error", took)
+		a.metrics.SyncFailed(err.Error())
+		a.logError("sync failed; the kernel keeps its previous rules", err)
 		return err
 	}
+	a.metrics.SyncDone("success", took)
+	a.metrics.SetStaleAfter(3 * cfg.ResyncInterval)
+	a.setElements(cfg, rs)
 	a.lastErr = ""
-	attrs := []any{"duration", time.Since(start).Round(time.Microsecond), "messages", res.Messages, "bytes", res.Bytes}
+
+	attrs := []any{"took", took.Round(time.Microsecond), "messages", res.Messages, "bytes", res.Bytes}
 	for _, s := range rs.Sets {
 		attrs = append(attrs, s.Name, len(s.Prefixes))
 	}
-	changed := a.applied == nil || !a.applied.Equal(cfg)
 	switch {
-	case res.Created:
-		a.log.Info("created table inet "+nft.TableName, attrs...)
-	case changed:
-		a.log.Info("applied new config", attrs...)
+	case a.applied == nil:
+		a.log.Info("applied config", append(attrs, "created", res.Created)...)
+	case !a.applied.Equal(cfg):
+		a.log.Info("applied new config", append(attrs, "changes", strings.Join(cfg.Diff(*a.applied), "; "))...)
+	case res.Unchanged:
+		a.log.Debug("resync: the kernel holds the rules already; nothing sent")
 	default:
-		a.log.Debug("resynced", attrs...)
+		a.log.Debug("resync: rewrote the table", attrs...)
 	}
-	if changed {
+	if a.applied == nil || !a.applied.Equal(cfg) {
 		a.log.Debug("ruleset", "nft", nft.Render(rs))
 	}
 	a.applied = &cfg
 	return nil
+}
+
+// setElements publishes, per set, the CIDRs the config lists and the
+// intervals the kernel holds.
+func (a *agent) setElements(cfg config.Config, rs nft.Ruleset) {
+	count := func(ps []netip.Prefix, is6 bool) (n int) {
+		for _, p := range ps {
+			if p.Addr().Unmap().Is6() == is6 {
+				n++
+			}
+		}
+		return n
+	}
+	for _, s := range rs.Sets {
+		family, is6 := "ipv4", s.Family == 6
+		if is6 {
+			family = "ipv6"
+		}
+		kind, cidrs := "masquerade", count(cfg.MasqueradeCIDRs, is6)
+		if strings.HasPrefix(s.Name, "nonmasq") {
+			kind, cidrs = "nonmasquerade", count(cfg.NonMasqueradeCIDRs, is6)
+		}
+		if is6 && !a.opts.flags.EnableIPv6 {
+			cidrs = 0
+		}
+		a.metrics.SetElements(s.Name, family, kind, cidrs, len(s.Prefixes))
+	}
 }
 
 // logError logs an error once until it changes or a sync succeeds.

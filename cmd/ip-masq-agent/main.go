@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
@@ -32,6 +33,7 @@ type options struct {
 	nft        nft.Options
 	once       bool
 	cleanup    bool
+	httpAddr   string
 }
 
 func run(args []string, stderr io.Writer) int {
@@ -51,6 +53,7 @@ func run(args []string, stderr io.Writer) int {
 	// New in this agent.
 	fs.BoolVar(&o.once, "once", false, "apply the config once and exit: 0 on success, 1 on error")
 	fs.BoolVar(&o.cleanup, "cleanup", false, "delete the agent's table inet "+nft.TableName+" and exit")
+	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz; empty disables")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "", "log level: debug, info, warn or error (overrides --v)")
 	fs.IntVar(&verbosity, "v", 0, "klog-style verbosity: 2 or more logs at debug level")
@@ -93,7 +96,17 @@ func run(args []string, stderr io.Writer) int {
 	})
 	log.Info("starting ip-masq-agent", attrs...)
 
-	a := &agent{opts: o, log: log, applier: &nft.Applier{}}
+	slog.SetDefault(log)
+	applier := &nft.Applier{}
+	m := metrics.New(version, func() ([]metrics.RuleCounter, error) {
+		cs, err := applier.Counters()
+		out := make([]metrics.RuleCounter, len(cs))
+		for i, c := range cs {
+			out[i] = metrics.RuleCounter(c)
+		}
+		return out, err
+	})
+	a := &agent{opts: o, log: log, applier: applier, metrics: m}
 	switch {
 	case o.cleanup:
 		if err := a.applier.Delete(); err != nil {
@@ -110,7 +123,18 @@ func run(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	a.loop(ctx)
+	served := make(chan error, 1)
+	go func() { served <- metrics.Serve(ctx, o.httpAddr, m.Handler(), log) }()
+	loopDone := make(chan struct{})
+	go func() { a.loop(ctx); close(loopDone) }()
+	if err := <-served; err != nil {
+		log.Error("cannot serve --http-address", "err", err)
+		stop()
+		<-loopDone
+		return 1
+	}
+	<-ctx.Done()
+	<-loopDone
 	// The rules stay: masquerade must survive a restart or a rolling update.
 	log.Info("stopping; the rules stay in place")
 	return 0

@@ -46,6 +46,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -668,6 +669,24 @@ func (t *Topology) dial(ns, zoneIf, network string, src, dst netip.Addr, port ui
 		return err
 	})
 	return c, err
+}
+
+// NodeHTTPClient returns an HTTP client whose connections are made from the
+// node namespace, e.g. to the agent's endpoints on the node's loopback.
+func (t *Topology) NodeHTTPClient() *http.Client {
+	return &http.Client{
+		Timeout: 5 * time.Second,
+		Transport: &http.Transport{
+			DisableKeepAlives: true,
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				ap, err := netip.ParseAddrPort(addr)
+				if err != nil {
+					return nil, err
+				}
+				return t.dial(t.NodeNS, NodeUplinkIf, network, netip.Addr{}, ap.Addr(), ap.Port())
+			},
+		},
+	}
 }
 
 func (t *Topology) podDial(network string, dst netip.Addr, port uint16) (net.Conn, error) {

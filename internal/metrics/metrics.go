@@ -1,0 +1,370 @@
+package metrics
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+const namespace = "ip_masq_agent"
+
+// Label values the agent uses; series for them exist from the start at 0.
+var (
+	syncResults   = []string{"success", "error"}
+	configResults = []string{"success", "error", "missing"}
+	repairKinds   = []string{"table-deleted", "chain-changed", "set-changed", "other"}
+)
+
+// syncBuckets suit a sync of 100 µs (nothing to do) to 5 s (a huge set).
+var syncBuckets = []float64{
+	0.0001, 0.00025, 0.0005,
+	0.001, 0.0025, 0.005,
+	0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5,
+	1, 2.5, 5,
+}
+
+// RuleCounter is one kind of SNAT decision the kernel counts: the packets
+// and bytes of one rule's counter (or the sum of several with the same
+// labels).
+type RuleCounter struct {
+	Family         string // "ipv4" or "ipv6"
+	Decision       string // "masquerade" or "return" (not masqueraded)
+	Reason         string // "masqueradeCIDRs", "nonMasqueradeCIDRs", "outbound"
+	Packets, Bytes uint64
+}
+
+// Agent holds the agent's metrics in a private registry and its health
+// state, and serves both through Handler. Its methods are safe for
+// concurrent use.
+type Agent struct {
+	reg     *prometheus.Registry
+	handler http.Handler
+	log     *slog.Logger
+	now     func() time.Time // the clock; tests replace it
+	rules   *ruleCollector
+
+	syncs       *prometheus.CounterVec
+	syncSeconds prometheus.Histogram
+	lastSuccess prometheus.Gauge
+	configLoads *prometheus.CounterVec
+	cidrs       *prometheus.GaugeVec
+	intervals   *prometheus.GaugeVec
+	repairs     *prometheus.CounterVec
+
+	mu     sync.Mutex
+	health healthState
+}
+
+// healthState is what /healthz and /readyz answer from; guarded by Agent.mu.
+type healthState struct {
+	start       time.Time     // New's time: the start-up grace counts from it
+	lastSuccess time.Time     // zero before the first successful sync
+	failing     bool          // the last sync failed
+	reason      string        // why, one line; set while failing
+	staleAfter  time.Duration // 0: never stale
+}
+
+// New returns an Agent whose build_info carries version, and whose rule
+// counters are read from the kernel through readCounters at each scrape
+// (once per scrape, never concurrently with itself; nil: no rule counters).
+func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
+	if version == "" {
+		version = "unknown"
+	}
+	a := &Agent{
+		reg: prometheus.NewRegistry(),
+		log: slog.Default(),
+		now: time.Now,
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "syncs_total",
+			Help:      "Syncs of the rules to the kernel, by result (success or error).",
+		}, []string{"result"}),
+		syncSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Name:      "sync_duration_seconds",
+			Help:      "How long a sync of the rules to the kernel took, successful or not.",
+			Buckets:   syncBuckets,
+		}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "last_successful_sync_timestamp_seconds",
+			Help:      "Unix time of the last successful sync; 0 before the first one.",
+		}),
+		configLoads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "config_loads_total",
+			Help:      "Loads of the config file, by result (success, error: kept the previous config, missing: defaults).",
+		}, []string{"result"}),
+		cidrs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "cidrs",
+			Help:      "CIDRs in the config for a set, by set, family and kind (masquerade or nonmasquerade).",
+		}, []string{"set", "family", "kind"}),
+		intervals: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "intervals",
+			Help:      "Intervals in the kernel's set after merging the CIDRs, by set, family and kind.",
+		}, []string{"set", "family", "kind"}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "repairs_total",
+			Help:      "Changes to the agent's table by someone else that a sync undid, by what was changed.",
+		}, []string{"what"}),
+	}
+	a.health.start = a.now()
+	a.rules = &ruleCollector{read: readCounters, log: a.log}
+	for _, r := range syncResults {
+		a.syncs.WithLabelValues(r)
+	}
+	for _, r := range configResults {
+		a.configLoads.WithLabelValues(r)
+	}
+	for _, w := range repairKinds {
+		a.repairs.WithLabelValues(w)
+	}
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace:   namespace,
+		Name:        "build_info",
+		Help:        "Always 1; the label carries the agent's version.",
+		ConstLabels: prometheus.Labels{"version": version},
+	})
+	buildInfo.Set(1)
+	a.reg.MustRegister(
+		buildInfo,
+		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads,
+		a.cidrs, a.intervals, a.repairs,
+		a.rules,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	a.handler = a.newHandler()
+	return a
+}
+
+// SyncDone counts a sync and its duration. result is "success" or "error"
+// (anything but "success" is a failure). A success also sets the last
+// successful sync's time and makes /healthz and /readyz good; a failure
+// makes /healthz fail (with SyncFailed's reason if the agent gives one,
+// before or after this call).
+func (a *Agent) SyncDone(result string, took time.Duration) {
+	a.syncs.WithLabelValues(result).Inc()
+	a.syncSeconds.Observe(max(took, 0).Seconds())
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if result == "success" {
+		a.health.lastSuccess = now
+		a.health.failing = false
+		a.health.reason = ""
+		a.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
+		return
+	}
+	a.health.failing = true
+	if a.health.reason == "" {
+		a.health.reason = "last sync failed"
+	}
+}
+
+// maxReason bounds /healthz's reason, in bytes.
+const maxReason = 300
+
+// SyncFailed makes /healthz fail until the next successful sync, with reason
+// (e.g. err.Error()) in its body as "last sync failed: <reason>", on one
+// line. It counts nothing: the agent also calls SyncDone("error", took).
+func (a *Agent) SyncFailed(reason string) {
+	reason = oneLine(reason, maxReason)
+	switch {
+	case reason == "":
+		reason = "last sync failed"
+	case !strings.HasPrefix(reason, "last sync failed"):
+		reason = oneLine("last sync failed: "+reason, maxReason)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.health.failing = true
+	a.health.reason = reason
+}
+
+// ConfigLoaded counts a load of the config file: result is "success",
+// "error" (the previous config stays in force) or "missing" (no file:
+// defaults). It does not touch health; see the package comment.
+func (a *Agent) ConfigLoaded(result string) {
+	a.configLoads.WithLabelValues(result).Inc()
+}
+
+// SetElements sets the number of CIDRs in the config for a set and the
+// number of intervals they became in the kernel's set. family is "ipv4" or
+// "ipv6"; kind is "masquerade" or "nonmasquerade".
+func (a *Agent) SetElements(set string, family string, kind string, cidrs, intervals int) {
+	a.cidrs.WithLabelValues(set, family, kind).Set(float64(cidrs))
+	a.intervals.WithLabelValues(set, family, kind).Set(float64(intervals))
+}
+
+// Repaired counts a foreign change to the agent's table that a sync undid;
+// what is "table-deleted", "chain-changed", "set-changed" or "other".
+func (a *Agent) Repaired(what string) {
+	a.repairs.WithLabelValues(what).Inc()
+}
+
+// SetStaleAfter makes /healthz fail when no sync has succeeded for longer
+// than d (the agent sets 3 x its resync interval). 0 or less: never stale.
+func (a *Agent) SetStaleAfter(d time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.health.staleAfter = max(d, 0)
+}
+
+// healthz returns /healthz's answer: whether healthy, and a one-line body.
+func (a *Agent) healthz() (bool, string) {
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.health
+	switch {
+	case h.failing:
+		return false, h.reason
+	case h.lastSuccess.IsZero():
+		if h.staleAfter > 0 && now.Sub(h.start) > h.staleAfter {
+			return false, fmt.Sprintf("no sync completed in %s since start", h.staleAfter)
+		}
+		return true, "ok: starting"
+	case h.staleAfter > 0 && now.Sub(h.lastSuccess) > h.staleAfter:
+		return false, fmt.Sprintf("last successful sync %s ago (stale after %s)",
+			now.Sub(h.lastSuccess).Round(time.Second), h.staleAfter)
+	}
+	return true, "ok"
+}
+
+// readyz returns /readyz's answer: ready once a sync has succeeded.
+func (a *Agent) readyz() (bool, string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.health.lastSuccess.IsZero() {
+		return false, "no config applied yet"
+	}
+	return true, "ok"
+}
+
+// oneLine folds s onto one line (each run of white space or control
+// characters becomes one space), makes it valid UTF-8 and cuts it to at most
+// limit bytes, ending in "..." when cut.
+func oneLine(s string, limit int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool {
+		return r == ' ' || r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) ||
+			r == '\u2028' || r == '\u2029' || r == '\u0085'
+	}), " ")
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+// ruleCollector reads the rules' counters from the kernel at each scrape.
+type ruleCollector struct {
+	read func() ([]RuleCounter, error)
+	log  *slog.Logger
+
+	mu      sync.Mutex // one read at a time; guards the fields below
+	errors  uint64     // failed reads
+	lastErr string     // the last read's error, "" after a good read: log changes only
+}
+
+var (
+	rulePacketsDesc = prometheus.NewDesc(
+		prometheus.BuildFQName(namespace, "", "rule_packets_total"),
+		"Packets counted by the agent's rules in the kernel, by family, decision (masquerade or return) and reason.",
+		[]string{"family", "decision", "reason"}, nil)
+	ruleBytesDesc = prometheus.NewDesc(
+		prometheus.BuildFQName(namespace, "", "rule_bytes_total"),
+		"Bytes counted by the agent's rules in the kernel, by family, decision (masquerade or return) and reason.",
+		[]string{"family", "decision", "reason"}, nil)
+	readErrorsDesc = prometheus.NewDesc(
+		prometheus.BuildFQName(namespace, "", "rule_counters_read_errors_total"),
+		"Scrapes that could not read the rules' counters from the kernel (and so had no rule_packets_total or rule_bytes_total).",
+		nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c *ruleCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- rulePacketsDesc
+	ch <- ruleBytesDesc
+	ch <- readErrorsDesc
+}
+
+// Collect implements prometheus.Collector: it reads the counters once.
+func (c *ruleCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var (
+		rcs []RuleCounter
+		err error
+	)
+	if c.read != nil {
+		rcs, err = c.readOnce()
+	}
+	if err != nil {
+		c.errors++
+		if msg := err.Error(); msg != c.lastErr {
+			c.lastErr = msg
+			c.log.Warn("cannot read the rules' counters for /metrics", "err", err)
+		}
+		ch <- constCounter(readErrorsDesc, c.errors)
+		return
+	}
+	if c.lastErr != "" {
+		c.lastErr = ""
+		c.log.Info("reading the rules' counters for /metrics again")
+	}
+	ch <- constCounter(readErrorsDesc, c.errors)
+
+	// Several rules with the same labels add up: one series each.
+	type key struct{ family, decision, reason string }
+	sums := make(map[key]RuleCounter, len(rcs))
+	for _, rc := range rcs {
+		k := key{rc.Family, rc.Decision, rc.Reason}
+		s := sums[k]
+		s.Packets += rc.Packets
+		s.Bytes += rc.Bytes
+		sums[k] = s
+	}
+	for k, s := range sums {
+		ch <- constCounter(rulePacketsDesc, s.Packets, k.family, k.decision, k.reason)
+		ch <- constCounter(ruleBytesDesc, s.Bytes, k.family, k.decision, k.reason)
+	}
+}
+
+// constCounter is a counter's value at this scrape; label values that are not
+// valid (not UTF-8) make an invalid metric, an error of this scrape that
+// promhttp logs and skips, rather than a panic.
+func constCounter(desc *prometheus.Desc, v uint64, labels ...string) prometheus.Metric {
+	m, err := prometheus.NewConstMetric(desc, prometheus.CounterValue, float64(v), labels...)
+	if err != nil {
+		return prometheus.NewInvalidMetric(desc, err)
+	}
+	return m
+}
+
+// readOnce calls read, turning a panic into an error: a scrape must not
+// take the agent down.
+func (c *ruleCollector) readOnce() (rcs []RuleCounter, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			rcs, err = nil, fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return c.read()
+}

@@ -1,0 +1,315 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// configMapDir lays a directory out as the kubelet lays out a ConfigMap
+// volume: the key is a symlink through ..data to a timestamped directory.
+type configMapDir struct {
+	t   *testing.T
+	dir string
+	n   int
+}
+
+func newConfigMapDir(t *testing.T, content string) *configMapDir {
+	d := &configMapDir{t: t, dir: t.TempDir()}
+	d.update(content)
+	if err := os.Symlink("..data/ip-masq-agent", filepath.Join(d.dir, "ip-masq-agent")); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func (d *configMapDir) path() string { return filepath.Join(d.dir, "ip-masq-agent") }
+
+// update writes a new timestamped directory and swaps ..data to it
+// atomically, then removes the old one: the kubelet's AtomicWriter.
+func (d *configMapDir) update(content string) {
+	d.n++
+	ts := fmt.Sprintf("..2026_11_22_10_00_%02d.%09d", d.n, d.n)
+	if err := os.Mkdir(filepath.Join(d.dir, ts), 0o755); err != nil {
+		d.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d.dir, ts, "ip-masq-agent"), []byte(content), 0o644); err != nil {
+		d.t.Fatal(err)
+	}
+	old, _ := os.Readlink(filepath.Join(d.dir, "..data"))
+	tmp := filepath.Join(d.dir, "..data_tmp")
+	if err := os.Symlink(ts, tmp); err != nil {
+		d.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(d.dir, "..data")); err != nil {
+		d.t.Fatal(err)
+	}
+	if old != "" {
+		os.RemoveAll(filepath.Join(d.dir, old))
+	}
+}
+
+// daemon is the agent running in the node namespace until the test ends.
+type daemon struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	logs bytes.Buffer
+	done chan error
+}
+
+func (d *daemon) Write(p []byte) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.logs.Write(p)
+}
+
+func (d *daemon) output() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.logs.String()
+}
+
+func startDaemon(t *testing.T, topo *testnet.Topology, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{done: make(chan error, 1)}
+	d.cmd = exec.Command("ip", append([]string{"netns", "exec", topo.NodeNS, agentBin, "--v=2"}, args...)...)
+	d.cmd.Stdout, d.cmd.Stderr = d, d
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.done <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		d.stop(t)
+		if t.Failed() {
+			t.Logf("agent log:\n%s", d.output())
+		}
+	})
+	return d
+}
+
+// stop sends SIGTERM and waits (at most 10s) for a clean exit.
+func (d *daemon) stop(t *testing.T) {
+	if d.cmd.ProcessState != nil {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.done:
+		if err != nil {
+			t.Errorf("the agent exited with %v after SIGTERM", err)
+		}
+	case <-time.After(10 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.done
+		t.Errorf("the agent did not exit within 10s of SIGTERM")
+	}
+}
+
+// eventually polls cond every 20ms for up to 20s: waiting on a condition,
+// not asserting how fast it became true.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func sourcesAre(topo *testnet.Topology, want map[string]bool) func() bool {
+	return func() bool {
+		for dst, masq := range want {
+			got, err := topo.SourceSeen(mustParse(dst))
+			if err != nil || (got == topo.NodeUplink4) != masq {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// TestDaemonReloads: the daemon, with a resync interval of an hour, picks
+// up a ConfigMap update done the kubelet's way, the deletion of the file
+// (defaults) and its re-creation, from file events alone.
+func TestDaemonReloads(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	cm := newConfigMapDir(t, "resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	eventually(t, "the first config", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
+
+	cm.update("resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n")
+	eventually(t, "the ConfigMap update", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+
+	cm.update("resyncInterval: 1h\nmasqueradeCIDRs: [10.250.0.0/16]\n")
+	eventually(t, "the second update", sourcesAre(topo, map[string]bool{internet1: true, private1: true}))
+
+	// The file goes away (the ConfigMap was deleted): defaults.
+	os.Remove(cm.path())
+	eventually(t, "the defaults after deletion", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+	if err := os.WriteFile(cm.path(), []byte("resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the re-created file", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
+
+	// A bad update is refused and logged; the rules stay.
+	before := withoutCounters(listTable(t, topo))
+	if err := os.WriteFile(cm.path(), []byte("nonMasqueradeCIDRs: [10.0.0.1/8]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the error to be logged", func() bool { return strings.Contains(d.output(), `10.0.0.1/8`) })
+	if after := withoutCounters(listTable(t, topo)); after != before {
+		t.Errorf("a bad config changed the table:\n%s", after)
+	}
+	if n := strings.Count(d.output(), "level=ERROR"); n != 1 {
+		t.Errorf("%d error lines for one bad config, want 1:\n%s", n, d.output())
+	}
+}
+
+// TestDaemonRepairs: changes by another process are undone, and counters
+// survive resyncs that find nothing to change.
+func TestDaemonRepairs(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	cm := newConfigMapDir(t, "resyncInterval: 1s\n")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+	want := withoutCounters(listTable(t, topo))
+
+	for _, tamper := range [][]string{
+		{"delete", "table", "inet", "ip-masq-agent"},
+		{"flush", "chain", "inet", "ip-masq-agent", "IP-MASQ-AGENT"},
+		{"add", "element", "inet", "ip-masq-agent", "nonmasq-v4", "{ 203.0.113.0/24 }"},
+		{"add", "rule", "inet", "ip-masq-agent", "IP-MASQ-AGENT", "position 0 ip daddr 10.250.0.10 goto masq-to-node"},
+	} {
+		if out, err := topo.NFT(tamper...); err != nil {
+			t.Fatalf("nft %v: %v %s", tamper, err, out)
+		}
+		eventually(t, "the repair of nft "+strings.Join(tamper, " "), func() bool {
+			out, err := topo.NFT("list", "table", "inet", "ip-masq-agent")
+			return err == nil && withoutCounters(out) == want
+		})
+		expectSources(t, topo, map[string]bool{internet1: true, private1: false})
+	}
+	if n := strings.Count(d.output(), "undid a change to the table by another process"); n < 4 {
+		t.Errorf("%d repairs logged, want 4", n)
+	}
+
+	// Counters keep counting across resyncs that change nothing.
+	expectSources(t, topo, map[string]bool{internet1: true})
+	counted := listTable(t, topo)
+	resyncs := strings.Count(d.output(), "nothing sent")
+	eventually(t, "two more resyncs", func() bool { return strings.Count(d.output(), "nothing sent") >= resyncs+2 })
+	if got := listTable(t, topo); got != counted {
+		t.Errorf("unchanged resyncs changed the table (counters reset?):\nbefore:\n%s\nafter:\n%s", counted, got)
+	}
+}
+
+// TestDaemonRestartKeepsTable: SIGTERM leaves the rules in place, and a new
+// agent takes the table over in place: the table is never deleted.
+func TestDaemonRestartKeepsTable(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	cm := newConfigMapDir(t, "")
+	first := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+
+	// An independent observer of every transaction in the namespace.
+	observer := &nft.Applier{NetNS: int(topo.NodeHandle())}
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var seen []string
+	watched := make(chan error, 1)
+	go func() {
+		watched <- observer.Watch(ctx, func(c nft.Change) {
+			mu.Lock()
+			seen = append(seen, c.What)
+			mu.Unlock()
+		})
+	}()
+	time.Sleep(200 * time.Millisecond) // let the observer subscribe
+
+	first.stop(t)
+	if !strings.Contains(listTable(t, topo), "jump IP-MASQ-AGENT") {
+		t.Fatal("the table is gone after SIGTERM")
+	}
+	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
+	second := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	eventually(t, "the new agent's first sync", func() bool { return strings.Contains(second.output(), "applied config") })
+	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
+	cancel()
+	if err := <-watched; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) == 0 {
+		t.Errorf("the observer saw no transaction from the new agent")
+	}
+	for _, s := range seen {
+		if strings.Contains(s, "delete table") || strings.Contains(s, "add table") {
+			t.Errorf("the restart deleted or re-created the table: %q", s)
+		}
+	}
+	if !strings.Contains(second.output(), "created=false") {
+		t.Errorf("the new agent did not take the table over in place:\n%s", second.output())
+	}
+}
+
+// TestDaemonEndpoints: /healthz, /readyz and /metrics answer with real
+// values on the node's loopback.
+func TestDaemonEndpoints(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	cm := newConfigMapDir(t, "nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\n")
+	startDaemon(t, topo, "--config", cm.path())
+	client := topo.NodeHTTPClient()
+	get := func(path string) (int, string) {
+		resp, err := client.Get("http://127.0.0.1:9753" + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	eventually(t, "/readyz", func() bool { code, _ := get("/readyz"); return code == 200 })
+	if code, body := get("/healthz"); code != 200 || !strings.HasPrefix(body, "ok") {
+		t.Errorf("/healthz: %d %q", code, body)
+	}
+	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
+	_, body := get("/metrics")
+	for _, want := range []string{
+		`ip_masq_agent_syncs_total{result="success"}`,
+		`ip_masq_agent_config_loads_total{result="success"}`,
+		`ip_masq_agent_cidrs{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"} 2`,
+		`ip_masq_agent_intervals{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"} 3`,
+		`ip_masq_agent_rule_packets_total{decision="masquerade",family="ipv4",reason="outbound"} 1`,
+		`ip_masq_agent_rule_packets_total{decision="return",family="ipv4",reason="nonMasqueradeCIDRs"} 1`,
+		`ip_masq_agent_last_successful_sync_timestamp_seconds 1.`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s", body)
+	}
+}
+
+func mustParse(s string) netip.Addr { return netip.MustParseAddr(s) }
