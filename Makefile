@@ -5,6 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
 .PHONY: all build test test-unit demo bench fuzz clean
+.PHONY: image image-multiarch test-deploy
 
 all: build
 
@@ -33,6 +34,53 @@ fuzz:
 ## bench: apply-time benchmarks against the kernel (root); see BENCHMARKS.md
 bench: build
 	$(GO) test -run='^$$' -bench=. -benchtime=5x -count=1 ./test/ | tee bench.out
+
+# Container images (see Dockerfile). Offline, set BASE_IMAGE=scratch: the
+# default base must be pulled.
+IMAGE        ?= ghcr.io/ip-masq-agent/ip-masq-agent-nft
+TAG          ?= $(VERSION)
+ARCH         ?= $(shell $(GO) env GOARCH)
+ARCHES       ?= amd64 arm64
+BASE_IMAGE   ?= gcr.io/distroless/static-debian12
+REVISION     ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+IMAGE_BUILD_FLAGS ?=
+# Evaluated once, on first use (docker info takes a moment).
+CONTAINER_TOOL ?= $(eval CONTAINER_TOOL := $(shell \
+	if docker info >/dev/null 2>&1; then echo docker; \
+	elif command -v podman >/dev/null; then echo podman; \
+	elif command -v buildah >/dev/null; then echo buildah; fi))$(CONTAINER_TOOL)
+IMAGE_BUILD   = $(CONTAINER_TOOL) $(if $(filter buildah,$(notdir $(CONTAINER_TOOL))),bud,build) \
+	--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) $(IMAGE_BUILD_FLAGS)
+
+# The binaries the Dockerfile copies: bin/linux-<arch>/ip-masq-agent.
+bin/linux-%/ip-masq-agent: FORCE
+	GOOS=linux GOARCH=$* CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/ip-masq-agent
+
+## image: the image $(IMAGE):$(TAG) for linux/$(ARCH), built with docker (when
+## its daemon answers), podman or buildah; CONTAINER_TOOL=... to choose
+image: bin/linux-$(ARCH)/ip-masq-agent
+	@test -n "$(CONTAINER_TOOL)" || { echo "make image: no docker daemon, podman or buildah found" >&2; exit 1; }
+	$(IMAGE_BUILD) --platform linux/$(ARCH) -t $(IMAGE):$(TAG) .
+
+## image-multiarch: one manifest list for ARCHES (docker: buildx, add
+## IMAGE_BUILD_FLAGS=--push to push it; podman, buildah: a local manifest list)
+image-multiarch: $(foreach a,$(ARCHES),bin/linux-$(a)/ip-masq-agent)
+	@test -n "$(CONTAINER_TOOL)" || { echo "make image-multiarch: no docker daemon, podman or buildah found" >&2; exit 1; }
+	$(if $(filter docker,$(notdir $(CONTAINER_TOOL))),\
+	  $(CONTAINER_TOOL) buildx build --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) $(IMAGE_BUILD_FLAGS) \
+	    --platform $(PLATFORMS) -t $(IMAGE):$(TAG) .,\
+	  $(IMAGE_BUILD) --platform $(PLATFORMS) --manifest $(IMAGE):$(TAG) .)
+
+## test-deploy: the deploy/ manifests, and the image run in a container with
+## the DaemonSet's rights against a test node (root, podman)
+test-deploy:
+	$(GO) test -count=1 -run 'Manifest|Container' -v ./test/
+
+comma := ,
+space := $(empty) $(empty)
+PLATFORMS = $(subst $(space),$(comma),$(addprefix linux/,$(strip $(ARCHES))))
+.PHONY: FORCE
+FORCE:
 
 clean:
 	rm -rf bin bench.out

@@ -1,0 +1,421 @@
+package test
+
+import (
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	sigsjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+)
+
+// The manifests under deploy/, checked without a cluster: each decodes
+// strictly into its k8s.io/api type, and holds what the issue and the
+// agent require.
+
+const deployDir = "../deploy"
+
+// decodeStrict decodes one YAML object into out the way the API server's
+// strict field validation does: duplicate fields, unknown fields and fields
+// spelt with the wrong case (encoding/json would accept "hostnetwork") all
+// fail.
+func decodeStrict(data []byte, out any) error {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return err
+	}
+	strict, err := sigsjson.UnmarshalStrict(js, out)
+	if err != nil {
+		return err
+	}
+	if len(strict) > 0 {
+		msgs := make([]string, len(strict))
+		for i, e := range strict {
+			msgs[i] = e.Error()
+		}
+		return fmt.Errorf("strict decoding: %s", strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// readManifest decodes deploy/name into out and checks its apiVersion and kind.
+func readManifest(t *testing.T, name string, out any, apiVersion, kind string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(deployDir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One object per file: YAML decoding would silently drop the rest.
+	content := false
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "---" && content {
+			t.Fatalf("deploy/%s:%d: a second YAML document; keep one object per file", name, i+1)
+		}
+		content = content || line != "" && line != "---" && !strings.HasPrefix(line, "#")
+	}
+	if err := decodeStrict(data, out); err != nil {
+		t.Fatalf("deploy/%s: %v", name, err)
+	}
+	var tm metav1.TypeMeta
+	if err := yaml.Unmarshal(data, &tm); err != nil {
+		t.Fatalf("deploy/%s: %v", name, err)
+	}
+	if tm.APIVersion != apiVersion || tm.Kind != kind {
+		t.Fatalf("deploy/%s is %s %s, want %s %s", name, tm.APIVersion, tm.Kind, apiVersion, kind)
+	}
+}
+
+// kustomization is the part of kustomize's Kustomization type that
+// deploy/kustomization.yaml may use; anything else fails strict decoding.
+type kustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Resources  []string `json:"resources"`
+	Images     []struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName,omitempty"`
+		NewTag  string `json:"newTag,omitempty"`
+		Digest  string `json:"digest,omitempty"`
+	} `json:"images,omitempty"`
+}
+
+// TestManifestsStrictDecodingCatchesTypos proves the decoder used below
+// fails on what it must.
+func TestManifestsStrictDecodingCatchesTypos(t *testing.T) {
+	for name, doc := range map[string]string{
+		"unknown field":   "apiVersion: apps/v1\nkind: DaemonSet\nspec:\n  template:\n    spec:\n      hostNetwrok: true\n",
+		"wrong case":      "apiVersion: apps/v1\nkind: DaemonSet\nspec:\n  template:\n    spec:\n      hostnetwork: true\n",
+		"duplicate field": "apiVersion: apps/v1\nkind: DaemonSet\nkind: DaemonSet\n",
+		"wrong type":      "apiVersion: apps/v1\nkind: DaemonSet\nspec:\n  minReadySeconds: soon\n",
+		"bad quantity":    "apiVersion: apps/v1\nkind: DaemonSet\nspec:\n  template:\n    spec:\n      containers:\n      - name: a\n        resources:\n          limits:\n            memory: 64 megabytes\n",
+	} {
+		var ds appsv1.DaemonSet
+		if err := decodeStrict([]byte(doc), &ds); err == nil {
+			t.Errorf("%s: decoded without error:\n%s", name, doc)
+		}
+	}
+	var ds appsv1.DaemonSet
+	if err := decodeStrict([]byte("apiVersion: apps/v1\nkind: DaemonSet\nspec:\n  template:\n    spec:\n      hostNetwork: true\n"), &ds); err != nil || !ds.Spec.Template.Spec.HostNetwork {
+		t.Errorf("a correct document: %v (hostNetwork %v)", err, ds.Spec.Template.Spec.HostNetwork)
+	}
+}
+
+// TestManifestsKustomization: kubectl apply -k deploy/ installs every
+// manifest in deploy/, and the image it pins is the DaemonSet's.
+func TestManifestsKustomization(t *testing.T) {
+	var k kustomization
+	readManifest(t, "kustomization.yaml", &k, "kustomize.config.k8s.io/v1beta1", "Kustomization")
+	entries, err := os.ReadDir(deployDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var manifests []string
+	for _, e := range entries {
+		if n := e.Name(); (strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) && n != "kustomization.yaml" {
+			manifests = append(manifests, n)
+		}
+	}
+	got := slices.Sorted(slices.Values(k.Resources))
+	if !slices.Equal(got, manifests) {
+		t.Errorf("kustomization.yaml resources %v, want every manifest in deploy/: %v", got, manifests)
+	}
+	var ds appsv1.DaemonSet
+	readManifest(t, "daemonset.yaml", &ds, "apps/v1", "DaemonSet")
+	for _, img := range k.Images {
+		found := false
+		for _, c := range ds.Spec.Template.Spec.Containers {
+			name, _, _ := strings.Cut(c.Image, "@")
+			if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+				name = name[:i]
+			}
+			found = found || name == img.Name
+		}
+		if !found {
+			t.Errorf("kustomization.yaml sets image %q, which no container of the DaemonSet uses", img.Name)
+		}
+	}
+}
+
+// TestManifestsDaemonSet checks the DaemonSet against the issue's list and
+// the agent: the ConfigMap contract, scheduling, probes, and the
+// securityContext.
+func TestManifestsDaemonSet(t *testing.T) {
+	var ds appsv1.DaemonSet
+	readManifest(t, "daemonset.yaml", &ds, "apps/v1", "DaemonSet")
+	// Beside the iptables agent's DaemonSet (kube-system/ip-masq-agent, pods
+	// labelled k8s-app=ip-masq-agent) during an upgrade: another name, and a
+	// selector that does not take its pods.
+	if ds.Namespace != "kube-system" || ds.Name != "ip-masq-agent-nft" {
+		t.Errorf("DaemonSet is %s/%s, want kube-system/ip-masq-agent-nft", ds.Namespace, ds.Name)
+	}
+
+	// The selector selects the template (the API server refuses it otherwise).
+	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+	switch {
+	case err != nil:
+		t.Errorf("selector: %v", err)
+	case sel.Empty():
+		t.Errorf("the selector is empty")
+	case !sel.Matches(labels.Set(ds.Spec.Template.Labels)):
+		t.Errorf("selector %s does not match the template's labels %v", sel, ds.Spec.Template.Labels)
+	case sel.Matches(labels.Set{"k8s-app": "ip-masq-agent"}):
+		t.Errorf("selector %s selects the iptables agent's pods too", sel)
+	}
+
+	// A rolling update without surge (old and new pod would share the host
+	// port), one node at a time at most in flight.
+	us := ds.Spec.UpdateStrategy
+	if us.Type != appsv1.RollingUpdateDaemonSetStrategyType || us.RollingUpdate == nil {
+		t.Errorf("updateStrategy %+v, want RollingUpdate", us)
+	} else {
+		mu, ms := us.RollingUpdate.MaxUnavailable, us.RollingUpdate.MaxSurge
+		if mu == nil || mu.String() == "0" || mu.String() == "0%" {
+			t.Errorf("maxUnavailable %v: must be positive (the API server refuses 0 with maxSurge 0)", mu)
+		}
+		if ms != nil && ms.String() != "0" && ms.String() != "0%" {
+			t.Errorf("maxSurge %v: want 0, the new pod binds the old one's host port", ms)
+		}
+	}
+
+	ps := ds.Spec.Template.Spec
+	if !ps.HostNetwork {
+		t.Error("hostNetwork must be true: the rules belong in the node's network namespace")
+	}
+	if ps.PriorityClassName != "system-node-critical" {
+		t.Errorf("priorityClassName %q, want system-node-critical", ps.PriorityClassName)
+	}
+	if ps.NodeSelector["node.kubernetes.io/masq-agent-ds-ready"] != "true" {
+		t.Errorf("nodeSelector %v lacks node.kubernetes.io/masq-agent-ds-ready=true", ps.NodeSelector)
+	}
+	if !slices.ContainsFunc(ps.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Operator == corev1.TolerationOpExists && tol.Key == "" && tol.Effect == ""
+	}) {
+		t.Errorf("tolerations %+v: want one {operator: Exists} (every taint)", ps.Tolerations)
+	}
+	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
+		t.Error("automountServiceAccountToken must be false: the agent never talks to the API server")
+	}
+	if len(ps.Containers) != 1 || len(ps.InitContainers) != 0 {
+		t.Fatalf("want exactly one container, have %d (and %d init containers)", len(ps.Containers), len(ps.InitContainers))
+	}
+	c := ps.Containers[0]
+	if c.Image == "" {
+		t.Error("the container has no image")
+	}
+
+	// The config: ConfigMap ip-masq-agent, key config, optional, mounted
+	// read-only at /etc/config as ip-masq-agent.
+	var vol *corev1.Volume
+	for i := range ps.Volumes {
+		if cm := ps.Volumes[i].ConfigMap; cm != nil && cm.Name == "ip-masq-agent" {
+			vol = &ps.Volumes[i]
+		}
+	}
+	switch {
+	case vol == nil:
+		t.Error("no volume from ConfigMap ip-masq-agent")
+	default:
+		cm := vol.ConfigMap
+		if cm.Optional == nil || !*cm.Optional {
+			t.Error("the ConfigMap volume must be optional: without it the agent applies its defaults")
+		}
+		if len(cm.Items) != 1 || cm.Items[0].Key != "config" || cm.Items[0].Path != "ip-masq-agent" {
+			t.Errorf("ConfigMap items %+v, want key config as path ip-masq-agent", cm.Items)
+		}
+		if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == vol.Name && m.MountPath == "/etc/config" && m.ReadOnly && m.SubPath == ""
+		}) {
+			t.Errorf("volume %q is not mounted read-only at /etc/config (without subPath, so that updates reach the pod): %+v", vol.Name, c.VolumeMounts)
+		}
+	}
+
+	// The arguments: the agent accepts them (--version parses every flag and
+	// exits), and they agree with the mount and the probes.
+	args := c.Args
+	if len(c.Command) > 0 {
+		t.Errorf("command %v: the image's entrypoint is the agent; use args", c.Command)
+	}
+	out, err := exec.Command(agentBin, append(slices.Clone(args), "--version")...).CombinedOutput()
+	if err != nil {
+		first, _, _ := strings.Cut(string(out), "\n")
+		t.Errorf("the agent refuses the DaemonSet's args %q: %v: %s", args, err, first)
+	}
+	flagValue := func(name, def string) string {
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+				return v
+			}
+			if v, ok := strings.CutPrefix(a, "-"+name+"="); ok {
+				return v
+			}
+		}
+		return def
+	}
+	if p := flagValue("config", config.DefaultPath); p != "/etc/config/ip-masq-agent" {
+		t.Errorf("--config %q, but the ConfigMap key is mounted at /etc/config/ip-masq-agent", p)
+	}
+
+	// Probes on the agent's health endpoints, where it listens.
+	httpAddr := flagValue("http-address", "127.0.0.1:9753")
+	host, port, err := net.SplitHostPort(httpAddr)
+	if err != nil {
+		t.Fatalf("--http-address %q: %v", httpAddr, err)
+	}
+	for _, p := range []struct {
+		name  string
+		probe *corev1.Probe
+		path  string
+	}{{"livenessProbe", c.LivenessProbe, "/healthz"}, {"readinessProbe", c.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil {
+			t.Errorf("%s: want an httpGet probe on %s", p.name, p.path)
+			continue
+		}
+		g := p.probe.HTTPGet
+		if g.Path != p.path {
+			t.Errorf("%s path %q, want %s", p.name, g.Path, p.path)
+		}
+		if g.Port.String() != port && !slices.ContainsFunc(c.Ports, func(cp corev1.ContainerPort) bool {
+			return cp.Name == g.Port.String() && strconv.Itoa(int(cp.ContainerPort)) == port
+		}) {
+			t.Errorf("%s port %s, but the agent listens on %s", p.name, g.Port.String(), httpAddr)
+		}
+		// The kubelet probes the pod IP (the node's, with hostNetwork)
+		// unless host is set; a loopback listener needs host set to it.
+		if a, err := netip.ParseAddr(host); err == nil && a.IsLoopback() && g.Host != host {
+			t.Errorf("%s host %q: the agent listens on %s only, so host must be %s", p.name, g.Host, httpAddr, host)
+		}
+		if g.Scheme != "" && g.Scheme != corev1.URISchemeHTTP {
+			t.Errorf("%s scheme %s, want HTTP", p.name, g.Scheme)
+		}
+		if p.probe.PeriodSeconds <= 0 || p.probe.TimeoutSeconds <= 0 || p.probe.FailureThreshold <= 0 {
+			t.Errorf("%s: set periodSeconds, timeoutSeconds and failureThreshold explicitly: %+v", p.name, p.probe.ProbeHandler)
+		}
+	}
+	// Liveness must not kill an agent that is merely waiting for a resync:
+	// allow a full default resync interval of failures.
+	if lp := c.LivenessProbe; lp != nil {
+		if d := time.Duration(lp.PeriodSeconds*lp.FailureThreshold) * time.Second; d < config.Default(config.Flags{}).ResyncInterval {
+			t.Errorf("livenessProbe gives up after %s, less than the default resync interval", d)
+		}
+	}
+
+	// Resources: requests and limits for CPU and memory, small.
+	for _, rl := range []struct {
+		what string
+		list corev1.ResourceList
+	}{{"requests", c.Resources.Requests}, {"limits", c.Resources.Limits}} {
+		cpu, mem := rl.list.Cpu(), rl.list.Memory()
+		if cpu.IsZero() || mem.IsZero() {
+			t.Errorf("resources.%s %v: set cpu and memory", rl.what, rl.list)
+		}
+		if cpu.MilliValue() > 500 || mem.Value() > 256<<20 {
+			t.Errorf("resources.%s %v: not small", rl.what, rl.list)
+		}
+	}
+	if c.Resources.Requests.Memory().Cmp(*c.Resources.Limits.Memory()) > 0 || c.Resources.Requests.Cpu().Cmp(*c.Resources.Limits.Cpu()) > 0 {
+		t.Errorf("requests %v exceed limits %v", c.Resources.Requests, c.Resources.Limits)
+	}
+
+	checkSecurityContext(t, ps.SecurityContext, c.SecurityContext)
+}
+
+// checkSecurityContext: not privileged, CAP_NET_ADMIN only, read-only root
+// filesystem, no privilege escalation, RuntimeDefault seccomp.
+func checkSecurityContext(t *testing.T, pod *corev1.PodSecurityContext, sc *corev1.SecurityContext) {
+	t.Helper()
+	if sc == nil {
+		t.Fatal("the container has no securityContext")
+	}
+	if sc.Privileged != nil && *sc.Privileged {
+		t.Error("privileged: true")
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("allowPrivilegeEscalation must be false")
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Error("readOnlyRootFilesystem must be true")
+	}
+	if sc.Capabilities == nil {
+		t.Error("capabilities: want drop [ALL], add [NET_ADMIN]")
+	} else {
+		if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+			t.Errorf("capabilities.drop %v, want [ALL]", sc.Capabilities.Drop)
+		}
+		if !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) {
+			t.Errorf("capabilities.add %v, want [NET_ADMIN]", sc.Capabilities.Add)
+		}
+	}
+	if sc.ProcMount != nil && *sc.ProcMount != corev1.DefaultProcMount {
+		t.Errorf("procMount %s, want Default", *sc.ProcMount)
+	}
+	// seccomp: the container's own setting wins over the pod's.
+	seccomp := sc.SeccompProfile
+	if seccomp == nil && pod != nil {
+		seccomp = pod.SeccompProfile
+	}
+	if seccomp == nil || seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("seccompProfile %+v, want RuntimeDefault", seccomp)
+	}
+	if pod != nil && pod.SeccompProfile != nil && pod.SeccompProfile.Type == corev1.SeccompProfileTypeUnconfined {
+		t.Error("the pod's seccompProfile is Unconfined")
+	}
+}
+
+// TestManifestsConfigMap: the example ConfigMap is the Kubernetes docs'
+// example, and the agent accepts it without a warning, with the flags the
+// DaemonSet passes.
+func TestManifestsConfigMap(t *testing.T) {
+	var cm corev1.ConfigMap
+	readManifest(t, "configmap.yaml", &cm, "v1", "ConfigMap")
+	if cm.Namespace != "kube-system" || cm.Name != "ip-masq-agent" {
+		t.Errorf("ConfigMap is %s/%s, want kube-system/ip-masq-agent", cm.Namespace, cm.Name)
+	}
+	if len(cm.BinaryData) > 0 || len(cm.Data) != 1 {
+		t.Errorf("ConfigMap keys: want only %q, have data %v and binaryData %v", "config", slices.Sorted(maps.Keys(cm.Data)), slices.Sorted(maps.Keys(cm.BinaryData)))
+	}
+	data, ok := cm.Data["config"]
+	if !ok {
+		t.Fatal(`the ConfigMap has no key "config"`)
+	}
+
+	var ds appsv1.DaemonSet
+	readManifest(t, "daemonset.yaml", &ds, "apps/v1", "DaemonSet")
+	var f config.Flags
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		for _, a := range c.Args {
+			f.NoMasqAllReservedRanges = f.NoMasqAllReservedRanges || a == "--nomasq-all-reserved-ranges" || a == "--nomasq-all-reserved-ranges=true"
+			f.EnableIPv6 = f.EnableIPv6 || a == "--enable-ipv6" || a == "--enable-ipv6=true"
+		}
+	}
+	cfg, warnings, err := config.Parse([]byte(data), f)
+	if err != nil {
+		t.Fatalf("the agent refuses the example config: %v\n%s", err, data)
+	}
+	if len(warnings) > 0 {
+		t.Errorf("the agent warns about the example config: %q", warnings)
+	}
+	// The docs' example, key for key.
+	want := config.Default(f)
+	want.NonMasqueradeCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	want.ResyncInterval = 60 * time.Second
+	want.MasqLinkLocal = true
+	if !cfg.Equal(want) {
+		t.Errorf("the example config is\n%s\nwant the Kubernetes docs' example\n%s", cfg, want)
+	}
+}
