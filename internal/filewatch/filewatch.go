@@ -11,8 +11,9 @@
 //
 // Any event in a watched directory schedules a check. A check re-resolves the
 // path, moves the watches to match, and signals only if a fingerprint of the
-// resolved file changed, so unrelated events (another key's file, the removal
-// of the ConfigMap's old timestamped directory) cause no send.
+// file changed (or it was written in place), so unrelated events (another
+// key's file, the removal of the ConfigMap's old timestamped directory) cause
+// no send.
 package filewatch
 
 import (
@@ -40,9 +41,12 @@ const maxLinks = 40
 // watcher are passed to onError (may be nil) and do not stop watching.
 //
 // Watch has set up its watches when it returns, so a caller that reads the
-// file after calling Watch misses no change. The debounce window starts at
-// the first event and is not extended by later ones, so a check happens at
-// most `debounce` after the first event of a burst, however long it lasts.
+// file after calling Watch misses no change; it fails if a directory it needs
+// cannot be watched (e.g. no permission, inotify limits).
+//
+// The debounce window starts at the first event and is not extended by later
+// ones, so a check happens at most `debounce` after the first event of a
+// burst, however long the burst lasts.
 func Watch(ctx context.Context, path string, debounce time.Duration, onError func(error)) (<-chan struct{}, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -53,12 +57,11 @@ func Watch(ctx context.Context, path string, debounce time.Duration, onError fun
 		return nil, err
 	}
 	w := &watcher{fs: fw, path: abs, onError: onError, out: make(chan struct{}, 1)}
-	t, err := w.sync()
-	if err != nil {
+	if err := w.sync(); err != nil {
 		fw.Close()
 		return nil, err
 	}
-	w.last = fingerprintOf(t.path)
+	w.last = fingerprintOf(abs)
 	go w.run(ctx, debounce)
 	return w.out, nil
 }
@@ -69,8 +72,8 @@ type watcher struct {
 	onError func(error)
 	out     chan struct{}
 
-	names map[string]bool // the current target's names: see run
-	last  fingerprint     // of the target at the last check
+	file string      // what path resolved to at the last check
+	last fingerprint // of path at the last check
 }
 
 func (w *watcher) run(ctx context.Context, debounce time.Duration) {
@@ -94,11 +97,12 @@ func (w *watcher) run(ctx context.Context, debounce time.Duration) {
 			if !ok {
 				return
 			}
-			// Writing the file in place, or replacing it or a symlink on the
-			// way, can leave the fingerprint equal (same size within one mtime
-			// tick, a recycled inode, a symlink flipped and back) while the
-			// receiver may have read something in between: always signal.
-			if ev.Has(fsnotify.Write|fsnotify.Create) && w.names[filepath.Clean(ev.Name)] {
+			// An in-place write of the same size within one mtime tick
+			// leaves the fingerprint equal: signal anyway. (Not so for
+			// creates: a check may already have seen and reported the
+			// change before its event arrives, and inode, path or mtime
+			// differ for a replacement.)
+			if ev.Has(fsnotify.Write) && filepath.Clean(ev.Name) == w.file {
 				force = true
 			}
 			schedule()
@@ -120,9 +124,8 @@ func (w *watcher) run(ctx context.Context, debounce time.Duration) {
 }
 
 func (w *watcher) check(force bool) {
-	t, err := w.sync()
-	w.report(err)
-	fp := fingerprintOf(t.path)
+	w.report(w.sync())
+	fp := fingerprintOf(w.path)
 	if fp == w.last && !force {
 		return
 	}
@@ -142,7 +145,7 @@ func (w *watcher) report(err error) {
 // sync resolves the path and watches the directories that resolution looked
 // at. It repeats until a resolution needed no new watch: from then on any
 // change to what it looked at produces an event.
-func (w *watcher) sync() (target, error) {
+func (w *watcher) sync() error {
 	var t target
 	var errs error
 	for range 8 {
@@ -153,11 +156,8 @@ func (w *watcher) sync() (target, error) {
 			break
 		}
 	}
-	w.names = make(map[string]bool, len(t.names))
-	for _, n := range t.names {
-		w.names[n] = true
-	}
-	return t, errs
+	w.file = t.path
+	return errs
 }
 
 // watchDirs makes dirs the watched set. It reports whether it added a watch
@@ -190,14 +190,13 @@ func (w *watcher) watchDirs(dirs []string) (added bool, err error) {
 
 // target is what a path resolved to.
 type target struct {
-	path  string   // the resolved file; "" if some component is missing
-	names []string // the symlinks followed, then the resolved file
-	dirs  []string // the directories holding names, or the missing component
+	path string   // the resolved file; "" if some component is missing
+	dirs []string // the parents of each symlink followed and of path, or of the missing component
 }
 
-// resolve follows path like filepath.EvalSymlinks, recording what it looked
-// at. Every recorded path has a symlink-free parent, so it is comparable to
-// fsnotify's event names for the watch on that parent.
+// resolve follows path like filepath.EvalSymlinks, recording the directories
+// whose entries decided the result. They are symlink-free, so fsnotify's event
+// names under them compare equal to path.
 func resolve(path string) target {
 	var t target
 	dir, rest, links := "/", path, 0
@@ -222,20 +221,17 @@ func resolve(path string) target {
 			continue
 		}
 		links++
+		t.dirs = append(t.dirs, dir)
 		dest, err := os.Readlink(p)
 		if err != nil || links > maxLinks {
-			t.dirs = append(t.dirs, dir)
 			return t
 		}
-		t.names = append(t.names, p)
-		t.dirs = append(t.dirs, dir)
 		if filepath.IsAbs(dest) {
 			dir = "/"
 		}
 		rest = dest + "/" + rest
 	}
 	t.path = dir
-	t.names = append(t.names, dir)
 	t.dirs = append(t.dirs, filepath.Dir(dir))
 	return t
 }
@@ -243,21 +239,20 @@ func resolve(path string) target {
 // fingerprint identifies a version of a file cheaply; the zero value means
 // missing.
 type fingerprint struct {
-	path     string
 	dev, ino uint64
 	size     int64
 	mtime    int64
 }
 
+// fingerprintOf stats path, letting the kernel follow the symlinks: its walk
+// is atomic with respect to renames, while resolve's is not (amid a ..data
+// swap it can see the old ..data and then find the old directory removed).
 func fingerprintOf(path string) fingerprint {
-	if path == "" {
-		return fingerprint{}
-	}
 	fi, err := os.Stat(path)
 	if err != nil {
 		return fingerprint{}
 	}
-	fp := fingerprint{path: path, size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	fp := fingerprint{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		fp.dev, fp.ino = uint64(st.Dev), st.Ino
 	}

@@ -380,17 +380,13 @@ func TestResolve(t *testing.T) {
 	newConfigMap(t, dir, map[string]string{"k": "v"})
 	data, _ := filepath.EvalSymlinks(filepath.Join(dir, "..data"))
 	tg := resolve(filepath.Join(dir, "k"))
-	want := target{
-		path:  filepath.Join(data, "k"),
-		names: []string{filepath.Join(dir, "k"), filepath.Join(dir, "..data"), filepath.Join(data, "k")},
-		dirs:  []string{dir, dir, data},
-	}
-	if tg.path != want.path || !slices.Equal(tg.names, want.names) || !slices.Equal(tg.dirs, want.dirs) {
+	want := target{path: filepath.Join(data, "k"), dirs: []string{dir, dir, data}}
+	if tg.path != want.path || !slices.Equal(tg.dirs, want.dirs) {
 		t.Errorf("resolve = %+v, want %+v", tg, want)
 	}
 
 	tg = resolve(filepath.Join(dir, "no", "such", "file"))
-	if tg.path != "" || len(tg.names) != 0 || !slices.Equal(tg.dirs, []string{dir}) {
+	if tg.path != "" || !slices.Equal(tg.dirs, []string{dir}) {
 		t.Errorf("resolve(missing) = %+v, want only dirs [%s]", tg, dir)
 	}
 }
