@@ -144,31 +144,15 @@ func (b *batch) wait(conn *netlink.Conn, begin, last uint32) error {
 	if err := conn.SetReadDeadline(time.Now().Add(replyTimeout)); err != nil {
 		return err
 	}
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return err
-	}
 	buf := make([]byte, 1<<16)
 	var errs []error
 	for {
-		var n int
-		var rerr error
-		err := raw.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
-			return rerr != unix.EAGAIN
-		})
-		if err == nil {
-			err = rerr
-		}
+		msgs, err := receive(conn, buf)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				err = fmt.Errorf("no answer from the kernel within %s", replyTimeout)
 			}
 			return errors.Join(append(errs, fmt.Errorf("receive the kernel's answer: %w", err))...)
-		}
-		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-		if err != nil {
-			return fmt.Errorf("parse the kernel's answer: %w", err)
 		}
 		for _, m := range msgs {
 			if m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4 {
@@ -187,6 +171,32 @@ func (b *batch) wait(conn *netlink.Conn, begin, last uint32) error {
 			}
 		}
 	}
+}
+
+// receive reads one datagram and splits it into netlink messages. It reads
+// the socket itself because netlink.Conn.Receive turns an error message
+// into an error without its sequence number, which says what failed.
+func receive(conn *netlink.Conn, buf []byte) ([]syscall.NetlinkMessage, error) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var n int
+	var rerr error
+	if err := raw.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+		return rerr != unix.EAGAIN
+	}); err != nil {
+		return nil, err
+	}
+	if rerr != nil {
+		return nil, rerr
+	}
+	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+	if err != nil {
+		return nil, fmt.Errorf("parse: %w", err)
+	}
+	return msgs, nil
 }
 
 // setBuffer sets a socket buffer size, past the system's limit (net.core.

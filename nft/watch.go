@@ -48,10 +48,6 @@ func (a *Applier) Watch(ctx context.Context, onChange func(Change)) error {
 	if err := setBuffer(conn, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, watchBuffer); err != nil {
 		return fmt.Errorf("watch nftables: set receive buffer: %w", err)
 	}
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return err
-	}
 	// Anything may have happened before the subscription: trust nothing
 	// applied so far; from now on every change is seen.
 	a.mu.Lock()
@@ -70,15 +66,7 @@ func (a *Applier) Watch(ctx context.Context, onChange func(Change)) error {
 	buf := make([]byte, 1<<20)
 	var foreign []string // what foreign messages of the current transaction did
 	for {
-		var n int
-		var rerr error
-		err := raw.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
-			return rerr != unix.EAGAIN
-		})
-		if err == nil {
-			err = rerr
-		}
+		msgs, err := receive(conn, buf)
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -89,10 +77,6 @@ func (a *Applier) Watch(ctx context.Context, onChange func(Change)) error {
 			continue
 		case err != nil:
 			return fmt.Errorf("watch nftables: receive: %w", err)
-		}
-		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-		if err != nil {
-			return fmt.Errorf("watch nftables: parse: %w", err)
 		}
 		for _, m := range msgs {
 			if m.Header.Type>>8 != unix.NFNL_SUBSYS_NFTABLES {
