@@ -197,10 +197,32 @@ type entry struct {
 // accepted with a note; they are returned with an error too. The error, if
 // any, is one line; several problems are joined with "; " in file order.
 func Parse(data []byte, f Flags) (Config, []string, error) {
+	c, _, warns, err := parseKeys(data, f)
+	return c, warns, err
+}
+
+// parseKeys is Parse that also returns the known keys set to a non-null
+// value, for merging (see Loader).
+func parseKeys(data []byte, f Flags) (Config, map[string]bool, []string, error) {
+	c, d, err := parse(data, f)
+	if err != nil {
+		return Config{}, nil, nil, err
+	}
+	warns := capped(d.messages(true), "warnings")
+	if errs := d.messages(false); len(errs) > 0 {
+		return Config{}, nil, warns, errors.New(strings.Join(capped(errs, "errors"), "; "))
+	}
+	return c, d.present, warns, nil
+}
+
+// parse is Parse with the decoder's findings and the keys present. The
+// error is about the document as a whole (syntax, not a mapping); problems
+// with keys are in the decoder, and c is returned even with them.
+func parse(data []byte, f Flags) (Config, *decoder, error) {
 	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 {
-		return Default(f), nil, nil
+		return Default(f), &decoder{f: f, present: map[string]bool{}}, nil
 	}
 	var entries []entry
 	var err error
@@ -225,11 +247,7 @@ func Parse(data []byte, f Flags) (Config, []string, error) {
 			c, d = decode(entries, f)
 		}
 	}
-	warns := capped(d.warns, "warnings")
-	if len(d.errs) > 0 {
-		return Config{}, warns, errors.New(strings.Join(capped(d.errs, "errors"), "; "))
-	}
-	return c, warns, nil
+	return c, d, nil
 }
 
 func capped(msgs []string, what string) []string {
@@ -355,43 +373,87 @@ func oneLine(s string) string {
 
 type decoder struct {
 	f          Flags
-	errs       []string
-	warns      []string
-	badLimit   bool // cidrLimit is invalid, so the lists cannot be checked against it
-	needsOrder bool // messages depend on the order of keys
+	found      []finding         // errors and warnings, in the order found
+	present    map[string]bool   // known keys (canonical) set to a non-null value
+	written    map[string]string // known keys (canonical) as written
+	badLimit   bool              // cidrLimit is invalid, so the lists cannot be checked against it
+	needsOrder bool              // messages depend on the order of keys
 }
 
-func (d *decoder) errorf(format string, a ...any) { d.errs = append(d.errs, fmt.Sprintf(format, a...)) }
-func (d *decoder) warnf(format string, a ...any) {
-	d.warns = append(d.warns, fmt.Sprintf(format, a...))
+// finding is one error or warning, with what Check needs to place it.
+type finding struct {
+	warning bool
+	key     string // the key as written
+	index   int    // the list item, or -1
+	at      string // the key whose line it is reported at, if not key
+	msg     string // the message without the key
+	text    string // the message as Parse reports it
+}
+
+// errorAt and warnAt record "key: msg" or "key[index]: msg".
+func (d *decoder) errorAt(key string, index int, format string, a ...any) {
+	d.add(finding{key: key, index: index, msg: fmt.Sprintf(format, a...)})
+}
+
+func (d *decoder) warnAt(key string, index int, format string, a ...any) {
+	d.add(finding{warning: true, key: key, index: index, msg: fmt.Sprintf(format, a...)})
+}
+
+func (d *decoder) add(f finding) {
+	if f.text == "" {
+		f.text = keyPath(f.key, f.index) + ": " + f.msg
+	}
+	d.found = append(d.found, f)
+}
+
+// messages returns the warnings' or the errors' texts; nil if none.
+func (d *decoder) messages(warnings bool) []string {
+	var out []string
+	for _, f := range d.found {
+		if f.warning == warnings {
+			out = append(out, f.text)
+		}
+	}
+	return out
+}
+
+func keyPath(key string, index int) string {
+	if index < 0 {
+		return key
+	}
+	return fmt.Sprintf("%s[%d]", key, index)
 }
 
 func decode(entries []entry, f Flags) (Config, *decoder) {
 	c := Default(f)
-	d := &decoder{f: f}
+	d := &decoder{f: f, present: make(map[string]bool)}
 	seen := make(map[string]string) // known key -> key as written
 	keysWithProblems := 0
 	for _, e := range entries {
-		before := len(d.errs) + len(d.warns)
+		before := len(d.found)
 		name := canonical(e.key)
 		switch {
 		case name == "":
-			d.warnf("unknown key %s ignored%s", quote(e.key), suggest(e.key))
+			d.add(finding{warning: true, key: e.key, index: -1, msg: "unknown key ignored" + suggest(e.key),
+				text: fmt.Sprintf("unknown key %s ignored%s", quote(e.key), suggest(e.key))})
 		case seen[name] != "":
-			d.errorf("key %s duplicates %s (keys match case-insensitively)", quote(e.key), quote(seen[name]))
+			d.add(finding{key: e.key, index: -1, msg: fmt.Sprintf("duplicates %s (keys match case-insensitively)", quote(seen[name])),
+				text: fmt.Sprintf("key %s duplicates %s (keys match case-insensitively)", quote(e.key), quote(seen[name]))})
 			d.needsOrder = true
 		default:
 			seen[name] = e.key
 			if name != e.key {
-				d.warnf("key %s read as %q; please spell it exactly", quote(e.key), name)
+				d.add(finding{warning: true, key: e.key, index: -1, msg: fmt.Sprintf("read as %q; please spell it exactly", name),
+					text: fmt.Sprintf("key %s read as %q; please spell it exactly", quote(e.key), name)})
 			}
 			d.field(&c, name, e.key, e.val)
 		}
-		if len(d.errs)+len(d.warns) > before {
+		if len(d.found) > before {
 			keysWithProblems++
 		}
 	}
 	d.needsOrder = d.needsOrder || keysWithProblems > 1
+	d.written = seen
 	if !d.badLimit {
 		for _, l := range []struct {
 			name string
@@ -401,9 +463,10 @@ func decode(entries []entry, f Flags) (Config, *decoder) {
 				continue
 			}
 			if key, ok := seen[l.name]; ok {
-				d.errorf("%s: %d CIDRs exceed cidrLimit %d", key, l.n, c.CIDRLimit)
+				d.errorAt(key, -1, "%d CIDRs exceed cidrLimit %d", l.n, c.CIDRLimit)
 			} else {
-				d.errorf("%s: %d CIDRs (the defaults) exceed cidrLimit %d", l.name, l.n, c.CIDRLimit)
+				d.add(finding{key: l.name, index: -1, at: seen[keyLimit],
+					msg: fmt.Sprintf("%d CIDRs (the defaults) exceed cidrLimit %d", l.n, c.CIDRLimit)})
 			}
 		}
 	}
@@ -430,6 +493,7 @@ func (d *decoder) field(c *Config, name, key string, v any) {
 	if v == nil {
 		return // null keeps the default, as it did with encoding/json
 	}
+	d.present[name] = true
 	switch name {
 	case keyNonMasq:
 		c.NonMasqueradeCIDRs = d.cidrs(key, v)
@@ -453,7 +517,7 @@ func (d *decoder) field(c *Config, name, key string, v any) {
 func (d *decoder) cidrs(key string, v any) []netip.Prefix {
 	list, ok := v.([]any)
 	if !ok {
-		d.errorf("%s: expected a list of CIDRs, got %s", key, describe(v))
+		d.errorAt(key, -1, "expected a list of CIDRs, got %s", describe(v))
 		return nil
 	}
 	// One slot per item, valid or not, so that the cidrLimit check counts all.
@@ -467,23 +531,23 @@ func (d *decoder) cidrs(key string, v any) []netip.Prefix {
 func (d *decoder) cidr(key string, i int, v any) netip.Prefix {
 	s, ok := v.(string)
 	if !ok {
-		d.errorf("%s[%d]: expected a CIDR string such as \"10.0.0.0/8\", got %s", key, i, describe(v))
+		d.errorAt(key, i, "expected a CIDR string such as \"10.0.0.0/8\", got %s", describe(v))
 		return netip.Prefix{}
 	}
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
-		d.errorf("%s[%d]: %s is not a valid CIDR: %s", key, i, quote(s), prefixReason(s, err))
+		d.errorAt(key, i, "%s is not a valid CIDR: %s", quote(s), prefixReason(s, err))
 		return netip.Prefix{}
 	}
 	if m := p.Masked(); m != p {
-		d.errorf("%s[%d]: %s is not aligned to its prefix length (did you mean %q?)", key, i, quote(s), m.String())
+		d.errorAt(key, i, "%s is not aligned to its prefix length (did you mean %q?)", quote(s), m.String())
 		return netip.Prefix{}
 	}
 	if p.Addr().Is4In6() && p.Bits() >= ipv4MappedBits {
 		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-ipv4MappedBits)
-		d.warnf("%s[%d]: %s is an IPv4-mapped IPv6 CIDR; read as %q", key, i, quote(s), p.String())
+		d.warnAt(key, i, "%s is an IPv4-mapped IPv6 CIDR; read as %q", quote(s), p.String())
 	} else if p.Addr().Is6() && !d.f.EnableIPv6 {
-		d.errorf("%s[%d]: %s is an IPv6 CIDR; pass --enable-ipv6 to use IPv6", key, i, quote(s))
+		d.errorAt(key, i, "%s is an IPv6 CIDR; pass --enable-ipv6 to use IPv6", quote(s))
 	}
 	return p
 }
@@ -509,7 +573,7 @@ func prefixReason(s string, err error) string {
 func (d *decoder) boolean(key string, v any) bool {
 	b, ok := v.(bool)
 	if !ok {
-		d.errorf("%s: expected true or false, got %s", key, describe(v))
+		d.errorAt(key, -1, "expected true or false, got %s", describe(v))
 	}
 	return b
 }
@@ -518,7 +582,7 @@ func (d *decoder) limit(key string, v any) int {
 	num, ok := v.(json.Number)
 	if !ok {
 		d.badLimit = true
-		d.errorf("%s: expected an integer, got %s", key, describe(v))
+		d.errorAt(key, -1, "expected an integer, got %s", describe(v))
 		return 0
 	}
 	n, err := strconv.ParseInt(num.String(), 10, strconv.IntSize)
@@ -534,11 +598,11 @@ func (d *decoder) limit(key string, v any) int {
 	}
 	switch {
 	case errors.Is(err, strconv.ErrRange):
-		d.errorf("%s: %s is out of range", key, truncate(num.String()))
+		d.errorAt(key, -1, "%s is out of range", truncate(num.String()))
 	case err != nil:
-		d.errorf("%s: %s is not an integer", key, truncate(num.String()))
+		d.errorAt(key, -1, "%s is not an integer", truncate(num.String()))
 	case n < 1:
-		d.errorf("%s: %s must be at least 1", key, num.String())
+		d.errorAt(key, -1, "%s must be at least 1", num.String())
 	default:
 		return int(n)
 	}
@@ -549,17 +613,17 @@ func (d *decoder) limit(key string, v any) int {
 func (d *decoder) duration(key string, v any) time.Duration {
 	s, ok := v.(string)
 	if !ok {
-		d.errorf("%s: expected a duration string such as \"60s\", got %s", key, describe(v))
+		d.errorAt(key, -1, "expected a duration string such as \"60s\", got %s", describe(v))
 		return 0
 	}
 	dur, err := time.ParseDuration(s)
 	switch {
 	case err != nil:
-		d.errorf("%s: %s is not a valid duration (use a number with a unit, such as \"60s\" or \"5m\")", key, quote(s))
+		d.errorAt(key, -1, "%s is not a valid duration (use a number with a unit, such as \"60s\" or \"5m\")", quote(s))
 	case dur <= 0:
-		d.errorf("%s: %s must be positive", key, quote(s))
+		d.errorAt(key, -1, "%s must be positive", quote(s))
 	case dur < minResync:
-		d.warnf("%s: %s is below the minimum of %s; using %s", key, quote(s), minResync, minResync)
+		d.warnAt(key, -1, "%s is below the minimum of %s; using %s", quote(s), minResync, minResync)
 		dur = minResync
 	}
 	return dur

@@ -28,6 +28,7 @@ type agent struct {
 	applier *nft.Applier
 	metrics *metrics.Agent
 
+	loader       config.Loader  // reads --config, a file or a directory of files
 	applied      *config.Config // the config last put in the kernel, nil before
 	lastWarnings []string       // logged once, not every resync
 	lastErr      string         // likewise
@@ -39,9 +40,17 @@ type agent struct {
 // sync is retried sooner, with backoff, but never later than the resync
 // interval.
 func (a *agent) loop(ctx context.Context) {
-	fileChanged, err := filewatch.Watch(ctx, a.opts.configPath, debounce, func(err error) {
-		a.log.Warn("watching the config file", "err", err)
-	})
+	onError := func(err error) { a.log.Warn("watching the config file", "err", err) }
+	watch := func() (<-chan struct{}, error) {
+		return filewatch.Watch(ctx, a.opts.configPath, debounce, onError)
+	}
+	if fi, err := os.Stat(a.opts.configPath); err == nil && fi.IsDir() {
+		// A directory of files (a projected volume of ConfigMaps): config.Loader merges them.
+		watch = func() (<-chan struct{}, error) {
+			return filewatch.WatchDir(ctx, a.opts.configPath, config.IsConfigName, debounce, onError)
+		}
+	}
+	fileChanged, err := watch()
 	if err != nil {
 		// The periodic resync still picks changes up.
 		a.log.Error("cannot watch the config file; relying on the resync interval", "err", err)
@@ -127,7 +136,8 @@ func (a *agent) interval() time.Duration {
 // sync loads the config and puts it in the kernel. On a bad config the
 // kernel keeps the rules it has.
 func (a *agent) sync() error {
-	cfg, warnings, err := config.Load(a.opts.configPath, a.opts.flags)
+	cfg, warnings, err := a.loader.Load(a.opts.configPath, a.opts.flags)
+	partial := config.IsPartial(err)
 	if !slices.Equal(warnings, a.lastWarnings) {
 		for _, w := range warnings {
 			a.log.Warn(w)
@@ -135,6 +145,11 @@ func (a *agent) sync() error {
 		a.lastWarnings = warnings
 	}
 	switch _, serr := os.Stat(a.opts.configPath); {
+	case partial:
+		// Some files of a config directory are bad: the merge of the
+		// others with the bad ones' last good content is applied.
+		a.metrics.ConfigLoaded("error")
+		a.logError("config file not applied; its last good content stays in force with the other files", err)
 	case err != nil:
 		a.metrics.ConfigLoaded("error")
 		a.logError("config not applied; the rules in the kernel are unchanged", err)
@@ -158,7 +173,9 @@ func (a *agent) sync() error {
 	a.metrics.SyncDone("success", took)
 	a.metrics.SetStaleAfter(3 * cfg.ResyncInterval)
 	a.setElements(cfg, rs)
-	a.lastErr = ""
+	if !partial {
+		a.lastErr = ""
+	}
 
 	attrs := []any{"took", took.Round(time.Microsecond), "messages", res.Messages, "bytes", res.Bytes}
 	for _, s := range rs.Sets {

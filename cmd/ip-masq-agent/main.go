@@ -14,7 +14,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
@@ -28,28 +27,27 @@ func main() {
 
 // options are the parsed command line.
 type options struct {
-	configPath string
-	flags      config.Flags
-	nft        nft.Options
-	once       bool
-	cleanup    bool
-	httpAddr   string
+	rulesetFlags // --config and the flags that shape the ruleset (flags.go)
+	once         bool
+	cleanup      bool
+	httpAddr     string
 }
 
 func run(args []string, stderr io.Writer) int {
+	// ip-masq-agent COMMAND ...: the tools (commands.go); without a
+	// command, the daemon.
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return runCommand(args[0], args[1:], os.Stdout, stderr)
+	}
 	fs := flag.NewFlagSet("ip-masq-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() { daemonUsage(fs) }
 	var o options
-	var toPorts, logFormat, logLevel string
+	var logFormat, logLevel string
 	var verbosity int
 	var showVersion bool
 	// The original agent's flags, with its defaults.
-	fs.StringVar(&o.configPath, "config", config.DefaultPath, "config file (YAML or JSON); missing means defaults")
-	fs.BoolVar(&o.flags.NoMasqAllReservedRanges, "nomasq-all-reserved-ranges", false, "whether to disable masquerade for all IPv4 ranges reserved by RFCs (default nonMasqueradeCIDRs only)")
-	fs.BoolVar(&o.flags.EnableIPv6, "enable-ipv6", false, "whether to enable IPv6 (rules and IPv6 CIDRs)")
-	fs.BoolVar(&o.nft.RandomFully, "random-fully", true, "whether to masquerade with fully-random source ports")
-	fs.StringVar(&toPorts, "to-ports", "", `masquerade to these source ports only, e.g. "1024-29999,32768-65535"; applies to tcp, udp and sctp`)
-	fs.StringVar(&o.nft.Chain, "masq-chain", nft.DefaultChain, "name of the nft chain that holds the masquerade decisions")
+	o.register(fs)
 	// New in this agent.
 	fs.BoolVar(&o.once, "once", false, "apply the config once and exit: 0 on success, 1 on error")
 	fs.BoolVar(&o.cleanup, "cleanup", false, "delete the agent's table inet "+nft.TableName+" and exit")
@@ -77,16 +75,12 @@ func run(args []string, stderr io.Writer) int {
 	}
 	log, err := newLogger(stderr, logFormat, logLevel, verbosity)
 	if err == nil {
-		err = nft.ValidateChain(o.nft.Chain)
-	}
-	if err == nil {
-		o.nft.ToPorts, err = nft.ParsePorts(toPorts)
+		err = o.finish()
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
 		return 2
 	}
-	o.nft.EnableIPv6 = o.flags.EnableIPv6
 
 	attrs := []any{"version", version}
 	fs.VisitAll(func(f *flag.Flag) {

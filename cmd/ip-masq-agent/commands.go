@@ -1,0 +1,514 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// command is one of the tools for operators: ip-masq-agent COMMAND ...
+type command struct {
+	name    string
+	args    string // after "ip-masq-agent NAME"
+	summary string // one line, for the list of commands
+	about   string // paragraphs, for --help
+	example string
+	run     func(c *command, args []string, stdout, stderr io.Writer) int
+}
+
+var commands []*command
+
+func init() {
+	commands = []*command{
+		{
+			name: "validate", args: "[--strict] [--enable-ipv6] [--nomasq-all-reserved-ranges] FILE...",
+			summary: "check config files (or ConfigMap manifests) as the agent would; exit 1 on a problem",
+			about: `Parses and validates each FILE exactly as the agent would, and prints each
+problem on one line as FILE:LINE: key: message (warnings end in "(warning)").
+A FILE that is a ConfigMap manifest (kind: ConfigMap) is recognised: the
+value of its data key "config" (or of keys named ip-masq...) is checked, with
+lines pointing into the manifest; manifests of other objects (a DaemonSet, a
+kustomization) are passed over with a note, so a whole directory of
+manifests can be given. A directory stands for its files named
+ip-masq*, as with --config DIR. "-" reads standard input.
+
+Exit status: 0 when every file is valid (warnings alone are fine), 1 when
+any file has an error, 2 on bad usage. --strict also fails on warnings
+(unknown keys, i.e. typos; keys in another case; IPv4-mapped CIDRs; a
+resyncInterval below 1s) and on CIDRs that have no effect: contained in, or
+equal to, another of the same list, or a nonMasqueradeCIDRs entry inside a
+masqueradeCIDRs entry.`,
+			example: "ip-masq-agent validate --strict deploy/*.yaml",
+			run:     runValidate,
+		},
+		{
+			name: "render", args: "[--config FILE|DIR] [--format nft|windows-cni] [flags]",
+			summary: "print the ruleset the agent would program (nft -f input), or the Windows CNI policy",
+			about: `Prints the ruleset the agent would program for the config and flags, as
+input for nft -f, which the real nft accepts. It needs no privileges and
+does not touch the kernel. The first two lines ("table inet ip-masq-agent"
+and "delete table inet ip-masq-agent") make nft -f replace an existing table
+in the same transaction; --replace=false leaves them out, and the rest is
+the table as nft list table prints it (counters at 0).
+
+--config may also be a ConfigMap manifest (its data key "config" is read).
+
+--format windows-cni prints the same config as the OutBoundNAT endpoint
+policy of Windows nodes' CNI config (win-bridge, win-overlay: an entry of
+"policies"), so that one ConfigMap serves mixed clusters. Its ExceptionList
+holds the IPv4 nonMasqueradeCIDRs as written, then 169.254.0.0/16 unless
+masqLinkLocal is true. It cannot express masqueradeCIDRs, masqOutBound:
+false, nor IPv6: when the config sets them, a warning says so on stderr.`,
+			example: "ip-masq-agent render --config ip-masq-agent.yaml | nft -c -f -\n" +
+				"  ip-masq-agent render --config configmap.yaml --format windows-cni",
+			run: runRender,
+		},
+		{
+			name: "explain", args: "[--config FILE|DIR] [--live] [flags] ADDRESS...",
+			summary: "say whether traffic to each address is masqueraded, and which rule decides",
+			about: `For each destination ADDRESS, says whether new connections from pods to it
+are masqueraded, and why: the CIDR and the key it comes from (such as
+"nonMasqueradeCIDRs[2] 10.0.0.0/8"), the link-local default, or the
+outbound default, from the config and flags alone.
+
+--live also reads the kernel's current table inet ip-masq-agent (needs
+CAP_NET_ADMIN, run it on the node, e.g. in the agent's pod) and evaluates
+its rules as the kernel does, with the node's own addresses (never
+masqueraded); it prints both answers and DISAGREE where they differ (then
+"ip-masq-agent diff" says what differs). Exit status: 0; 1 when --live
+found a disagreement; 2 on errors.`,
+			example: "ip-masq-agent explain --config ip-masq-agent.yaml 10.0.0.1 169.254.169.254 203.0.113.10\n" +
+				"  ip-masq-agent explain --live 10.96.0.10",
+			run: runExplain,
+		},
+		{
+			name: "diff", args: "[--config FILE|DIR] [flags]",
+			summary: "show what the agent would change in the kernel's table; exit 0 when in sync, 1 when not",
+			about: `Reads the kernel's current table inet ip-masq-agent (needs CAP_NET_ADMIN:
+run it on the node) and prints what the agent, with this config and these
+flags, would change in it, one line each:
+
+  + nonmasq-v4 10.1.0.0/16        an element the agent would add
+  - nonmasq-v4 10.0.0.0/8         an element it would remove
+  ~ chain IP-MASQ-AGENT rules differ, followed by the rules it would
+                                  remove (-) and add (+)
+  + set NAME, - set NAME, + chain NAME, - chain NAME
+
+Exit status: 0 and "in sync" when the table is what the agent would
+program; 1 when it differs or is missing ("table inet ip-masq-agent
+missing"); 2 on errors.`,
+			example: "ip-masq-agent diff --config /etc/config/ip-masq-agent",
+			run:     runDiff,
+		},
+	}
+}
+
+// runCommand runs "ip-masq-agent NAME ARGS...".
+func runCommand(name string, args []string, stdout, stderr io.Writer) int {
+	if name == "help" {
+		if len(args) == 0 {
+			commandList(stdout)
+			return 0
+		}
+		name, args = args[0], []string{"--help"}
+	}
+	for _, c := range commands {
+		if c.name == name {
+			return c.run(c, args, stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "ip-masq-agent: unknown command %q\n\n", name)
+	commandList(stderr)
+	return 2
+}
+
+func commandList(w io.Writer) {
+	fmt.Fprintln(w, "Usage: ip-masq-agent [flags]             run the agent (the DaemonSet's command)")
+	fmt.Fprintln(w, "       ip-masq-agent COMMAND [ARGS...]   a tool for operators")
+	fmt.Fprintln(w, "\nCommands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun \"ip-masq-agent COMMAND --help\" for a command's flags and an example,")
+	fmt.Fprintln(w, "and \"ip-masq-agent --help\" for the agent's flags.")
+}
+
+// daemonUsage is the agent's --help.
+func daemonUsage(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprintln(w, "Usage: ip-masq-agent [flags]")
+	fmt.Fprintln(w, "\nKeeps the node's table inet ip-masq-agent in line with the config file.")
+	fmt.Fprintln(w, "\nExample:\n  ip-masq-agent --config /etc/config/ip-masq-agent --enable-ipv6")
+	fmt.Fprintln(w, "\nTools: ip-masq-agent validate|render|explain|diff ... (ip-masq-agent help)")
+	fmt.Fprintln(w, "\nFlags:")
+	fs.PrintDefaults()
+}
+
+// parse parses a command's flags, which may come before, between or after
+// its arguments ("--" ends the flags). --help prints the usage to stdout;
+// done is true when the command is to exit with code.
+func (c *command) parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (pos []string, code int, done bool) {
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage: ip-masq-agent %s %s\n\n%s\n\nExample:\n  %s\n", c.name, c.args, c.about, c.example)
+		var n int
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprintln(w, "\nFlags:")
+			fs.PrintDefaults()
+		}
+	}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "-h" || a == "-help" || a == "--help" || a == "--h" {
+			fs.SetOutput(stdout)
+		}
+	}
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, 0, true
+			}
+			return nil, 2, true
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, 0, false
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), 0, false
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+func usageError(c *command, stderr io.Writer, format string, a ...any) int {
+	fmt.Fprintf(stderr, "ip-masq-agent %s: %s\n", c.name, fmt.Sprintf(format, a...))
+	fmt.Fprintf(stderr, "Usage: ip-masq-agent %s %s (see --help)\n", c.name, c.args)
+	return 2
+}
+
+func runValidate(c *command, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	var r rulesetFlags
+	r.registerValidation(fs)
+	strict := fs.Bool("strict", false, "also fail on warnings (unknown keys, i.e. typos) and on CIDRs that have no effect (contained in others)")
+	files, code, done := c.parse(fs, args, stdout, stderr)
+	if done {
+		return code
+	}
+	if len(files) == 0 {
+		return usageError(c, stderr, "no FILE given")
+	}
+	var nFiles, nErrors, nWarnings int
+	for _, arg := range files {
+		paths, warn := configFiles(arg)
+		if warn != "" {
+			fmt.Fprintf(stdout, "%s: %s (warning)\n", arg, warn)
+			nWarnings++
+		}
+		for _, path := range paths {
+			nFiles++
+			data, err := readInput(path, os.Stdin)
+			if err != nil {
+				fmt.Fprintf(stdout, "%s: %v\n", path, err)
+				nErrors++
+				continue
+			}
+			if kinds := config.Kinds(data); len(kinds) > 0 && !slices.Contains(kinds, "ConfigMap") {
+				fmt.Fprintf(stderr, "%s: not checked: a manifest of %s, not of a ConfigMap\n", path, strings.Join(kinds, ", "))
+				nFiles--
+				continue
+			}
+			for _, p := range config.Check(data, r.flags, *strict) {
+				line := fmt.Sprintf("%s:%d: ", path, p.Line)
+				if p.Key != "" {
+					line += p.Key + ": "
+				}
+				line += p.Message
+				if p.Warning {
+					line += " (warning)"
+					nWarnings++
+				} else {
+					nErrors++
+				}
+				fmt.Fprintln(stdout, line)
+			}
+		}
+	}
+	fmt.Fprintf(stderr, "%s checked: %s, %s\n", plural(nFiles, "file"), plural(nErrors, "error"), plural(nWarnings, "warning"))
+	if nErrors > 0 {
+		return 1
+	}
+	return 0
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// configFiles returns the files an argument of validate stands for: itself,
+// or a directory's files named ip-masq*, as the agent reads them.
+func configFiles(arg string) ([]string, string) {
+	fi, err := os.Stat(arg)
+	if err != nil || !fi.IsDir() {
+		return []string{arg}, ""
+	}
+	entries, err := os.ReadDir(arg)
+	if err != nil {
+		return []string{arg}, ""
+	}
+	var out []string
+	for _, e := range entries {
+		path := filepath.Join(arg, e.Name())
+		if fi, err := os.Stat(path); config.IsConfigName(e.Name()) && err == nil && !fi.IsDir() {
+			out = append(out, path)
+		}
+	}
+	if len(out) == 0 {
+		return nil, `a directory without files named ip-masq*: the agent would use the defaults`
+	}
+	return out, ""
+}
+
+// readInput reads a file, or stdin for "-", up to config.MaxFileSize.
+func readInput(path string, stdin io.Reader) ([]byte, error) {
+	var r io.Reader = stdin
+	if path != "-" || stdin == nil {
+		f, err := os.Open(path)
+		if err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				return nil, fmt.Errorf("cannot %s: %w", pe.Op, pe.Err)
+			}
+			return nil, err
+		}
+		defer f.Close()
+		if fi, err := f.Stat(); err == nil && fi.IsDir() {
+			return nil, errors.New("is a directory")
+		}
+		r = f
+	}
+	data, err := io.ReadAll(io.LimitReader(r, config.MaxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > config.MaxFileSize {
+		return nil, fmt.Errorf("larger than the limit of %d bytes", config.MaxFileSize)
+	}
+	return data, nil
+}
+
+// loadConfig reads --config for a tool as the daemon reads it, and also
+// takes a ConfigMap manifest. Unlike the daemon, a tool fails on any bad
+// file of a directory (it has no last good content to fall back on).
+func loadConfig(path string, f config.Flags, stderr io.Writer) (config.Config, error) {
+	var cfg config.Config
+	var warns []string
+	var err error
+	fi, serr := os.Stat(path)
+	switch {
+	case serr == nil && fi.IsDir():
+		cfg, warns, err = (&config.Loader{}).Load(path, f)
+	case errors.Is(serr, fs.ErrNotExist):
+		fmt.Fprintf(stderr, "note: %s does not exist: the defaults apply, as they would for the agent\n", path)
+		return config.Default(f), nil
+	default:
+		var data []byte
+		if data, err = readInput(path, nil); err != nil {
+			return cfg, fmt.Errorf("%s: %w", path, err)
+		}
+		content, isManifest, merr := config.FromManifest(data)
+		switch {
+		case merr != nil:
+			return cfg, fmt.Errorf("%s: %w", path, merr)
+		case isManifest:
+			cfg, warns, err = config.Parse(content, f)
+			for i := range warns {
+				warns[i] = path + ": " + warns[i]
+			}
+			if err != nil {
+				err = fmt.Errorf("%s: %w", path, err)
+			}
+		default:
+			cfg, warns, err = config.Load(path, f)
+		}
+	}
+	for _, w := range warns {
+		fmt.Fprintln(stderr, "warning: "+w)
+	}
+	return cfg, err
+}
+
+// rulesetCommand parses a command's flags (the daemon's ruleset flags and
+// extra) and loads the config.
+func rulesetCommand(c *command, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (r rulesetFlags, cfg config.Config, pos []string, code int, done bool) {
+	r.register(fs)
+	pos, code, done = c.parse(fs, args, stdout, stderr)
+	if done {
+		return
+	}
+	if err := r.finish(); err != nil {
+		return r, cfg, pos, usageError(c, stderr, "%v", err), true
+	}
+	var err error
+	if cfg, err = loadConfig(r.configPath, r.flags, stderr); err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent %s: %v\n", c.name, err)
+		return r, cfg, pos, 2, true
+	}
+	return r, cfg, pos, 0, false
+}
+
+func runRender(c *command, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("render", flag.ContinueOnError)
+	format := fs.String("format", "nft", "nft (input for nft -f) or windows-cni (the OutBoundNAT policy of Windows nodes)")
+	replace := fs.Bool("replace", true, "begin with the lines that make nft -f replace an existing table")
+	r, cfg, pos, code, done := rulesetCommand(c, fs, args, stdout, stderr)
+	if done {
+		return code
+	}
+	if len(pos) > 0 {
+		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
+	}
+	switch *format {
+	case "nft":
+		if *replace {
+			fmt.Fprintf(stdout, "table inet %s\ndelete table inet %s\n", nft.TableName, nft.TableName)
+		}
+		fmt.Fprint(stdout, nft.Render(nft.Build(cfg, r.nft)))
+	case "windows-cni":
+		p, warns := nft.Windows(cfg, r.flags.EnableIPv6)
+		for _, w := range warns {
+			fmt.Fprintln(stderr, "warning: "+w)
+		}
+		fmt.Fprint(stdout, nft.RenderWindows(p))
+	default:
+		return usageError(c, stderr, "--format %q: want nft or windows-cni", *format)
+	}
+	return 0
+}
+
+func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
+	live := fs.Bool("live", false, "also evaluate the kernel's current table (CAP_NET_ADMIN) and say where it disagrees")
+	r, cfg, pos, code, done := rulesetCommand(c, fs, args, stdout, stderr)
+	if done {
+		return code
+	}
+	if len(pos) == 0 {
+		return usageError(c, stderr, "no ADDRESS given")
+	}
+	var addrs []netip.Addr
+	for _, s := range pos {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return usageError(c, stderr, "%q is not an IP address", s)
+		}
+		addrs = append(addrs, a)
+	}
+	if !*live {
+		width := 0
+		for _, a := range addrs {
+			width = max(width, len(a.String()))
+		}
+		for _, a := range addrs {
+			e := nft.Explain(cfg, r.nft, a)
+			fmt.Fprintf(stdout, "%-*s  %-15s  %s\n", width, a, e.Verdict(), e.Reason)
+		}
+		return 0
+	}
+	table, err := (&nft.Applier{}).Read()
+	if err != nil && !errors.Is(err, nft.ErrNoTable) {
+		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %v\n", hint(err))
+		return 2
+	}
+	local := localAddrs()
+	disagree := 0
+	for _, a := range addrs {
+		want := nft.Explain(cfg, r.nft, a)
+		got := nft.Explanation{Addr: want.Addr, Reason: nft.ErrNoTable.Error() + ": nothing is masqueraded by it"}
+		if table != nil {
+			got = nft.ExplainTable(table, a, local)
+		}
+		fmt.Fprintf(stdout, "%s\n  config: %s: %s\n  kernel: %s: %s\n", a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
+		if got.Rule != "" {
+			fmt.Fprintf(stdout, "          rule: %s\n", got.Rule)
+		}
+		switch {
+		case got.Undetermined || got.Masquerade != want.Masquerade:
+			if local(want.Addr) && !got.Masquerade && !got.Undetermined {
+				fmt.Fprintln(stdout, "  (the address is the node's own: the kernel never masquerades it, whatever the config)")
+				continue
+			}
+			disagree++
+			fmt.Fprintln(stdout, "  DISAGREE: the kernel's table does not do what the config says (see ip-masq-agent diff)")
+		}
+	}
+	if disagree > 0 {
+		return 1
+	}
+	return 0
+}
+
+// localAddrs returns whether an address is one of the node's own (its
+// interfaces' addresses and the loopback ranges), as fib daddr type local
+// would find.
+func localAddrs() func(netip.Addr) bool {
+	own := map[netip.Addr]bool{}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				own[p.Addr().Unmap()] = true
+			}
+		}
+	}
+	loop4 := netip.MustParsePrefix("127.0.0.0/8")
+	return func(a netip.Addr) bool {
+		a = a.Unmap()
+		return own[a] || loop4.Contains(a) || a == netip.IPv6Loopback()
+	}
+}
+
+func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("diff", flag.ContinueOnError)
+	r, cfg, pos, code, done := rulesetCommand(c, fs, args, stdout, stderr)
+	if done {
+		return code
+	}
+	if len(pos) > 0 {
+		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
+	}
+	table, err := (&nft.Applier{}).Read()
+	if errors.Is(err, nft.ErrNoTable) {
+		fmt.Fprintf(stdout, "table inet %s missing: the agent would create it\n", nft.TableName)
+		return 1
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent diff: %v\n", hint(err))
+		return 2
+	}
+	lines := nft.DiffTable(nft.Build(cfg, r.nft), table)
+	if len(lines) == 0 {
+		fmt.Fprintln(stdout, "in sync")
+		return 0
+	}
+	fmt.Fprintln(stdout, strings.Join(lines, "\n"))
+	return 1
+}

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = runCommand(args[0], args[1:], &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestHelp(t *testing.T) {
+	for _, c := range commands {
+		for _, h := range []string{"--help", "-h"} {
+			code, out, errOut := runCmd(t, c.name, h)
+			if code != 0 || !strings.HasPrefix(out, "Usage: ip-masq-agent "+c.name) || !strings.Contains(out, "Example:\n  ip-masq-agent "+c.name) || errOut != "" {
+				t.Errorf("%s %s: exit %d, stdout %q, stderr %q", c.name, h, code, out, errOut)
+			}
+		}
+		if code, out, _ := runCmd(t, "help", c.name); code != 0 || !strings.Contains(out, "Example:") {
+			t.Errorf("help %s: %d %q", c.name, code, out)
+		}
+	}
+	code, out, _ := runCmd(t, "help")
+	if code != 0 || !strings.Contains(out, "validate") || !strings.Contains(out, "diff") {
+		t.Errorf("help: %d %q", code, out)
+	}
+	code, _, errOut := runCmd(t, "frobnicate")
+	if code != 2 || !strings.Contains(errOut, `unknown command "frobnicate"`) {
+		t.Errorf("unknown command: %d %q", code, errOut)
+	}
+	// The daemon's --help mentions the commands and exits 0.
+	var errBuf bytes.Buffer
+	if code := run([]string{"--help"}, &errBuf); code != 0 || !strings.Contains(errBuf.String(), "validate|render|explain|diff") ||
+		!strings.Contains(errBuf.String(), "-masq-chain") {
+		t.Errorf("daemon --help: %d %q", code, errBuf.String())
+	}
+}
+
+func TestValidateCommand(t *testing.T) {
+	good := writeFile(t, "good.yaml", "nonMasqueradeCIDRs: [10.0.0.0/8]\n")
+	warn := writeFile(t, "warn.yaml", "nonMasqueradeCIDRs: [10.0.0.0/8, 10.1.0.0/16]\nmasqLinkLocl: true\n")
+	bad := writeFile(t, "cm.yaml", "apiVersion: v1\nkind: ConfigMap\ndata:\n  config: |\n    nonMasqueradeCIDRs:\n      - 10.0.0.1/8\n")
+	v6 := writeFile(t, "v6.yaml", "nonMasqueradeCIDRs: [\"fd00::/8\"]\n")
+
+	code, out, errOut := runCmd(t, "validate", good, warn)
+	if code != 0 || out != warn+`:2: masqLinkLocl: unknown key ignored (did you mean "masqLinkLocal"?) (warning)`+"\n" ||
+		errOut != "2 files checked: 0 errors, 1 warning\n" {
+		t.Errorf("warnings only: %d %q %q", code, out, errOut)
+	}
+	code, out, _ = runCmd(t, "validate", warn, "--strict")
+	if code != 1 || out != warn+`:1: nonMasqueradeCIDRs[1]: "10.1.0.0/16" is contained in nonMasqueradeCIDRs[0] "10.0.0.0/8", so it has no effect`+"\n"+
+		warn+`:2: masqLinkLocl: unknown key (did you mean "masqLinkLocal"?)`+"\n" {
+		t.Errorf("--strict: %d %q", code, out)
+	}
+	code, out, _ = runCmd(t, "validate", bad, good)
+	if code != 1 || out != bad+`:6: nonMasqueradeCIDRs[0]: "10.0.0.1/8" is not aligned to its prefix length (did you mean "10.0.0.0/8"?)`+"\n" {
+		t.Errorf("a manifest with an error: %d %q", code, out)
+	}
+	if code, out, _ = runCmd(t, "validate", v6); code != 1 || !strings.Contains(out, "--enable-ipv6") {
+		t.Errorf("IPv6 without --enable-ipv6: %d %q", code, out)
+	}
+	if code, out, _ = runCmd(t, "validate", "--enable-ipv6", v6); code != 0 || out != "" {
+		t.Errorf("IPv6 with --enable-ipv6: %d %q", code, out)
+	}
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	if code, out, _ = runCmd(t, "validate", missing); code != 1 || !strings.HasPrefix(out, missing+": cannot open: ") {
+		t.Errorf("missing file: %d %q", code, out)
+	}
+	if code, _, errOut = runCmd(t, "validate"); code != 2 || !strings.Contains(errOut, "no FILE") {
+		t.Errorf("no file: %d %q", code, errOut)
+	}
+	// A directory stands for its files named ip-masq*.
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "ip-masq-agent"), []byte("masqLinkLocal: 1\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "other"), []byte("not read: ["), 0o644)
+	if code, out, _ = runCmd(t, "validate", dir); code != 1 || out != filepath.Join(dir, "ip-masq-agent")+":1: masqLinkLocal: expected true or false, got number 1\n" {
+		t.Errorf("directory: %d %q", code, out)
+	}
+}
+
+func TestRenderCommand(t *testing.T) {
+	cfgText := "nonMasqueradeCIDRs: [10.0.0.0/8, \"fd00::/8\"]\nmasqueradeCIDRs: [10.10.10.10/32]\n"
+	path := writeFile(t, "ip-masq-agent", cfgText)
+	code, out, errOut := runCmd(t, "render", "--config", path, "--enable-ipv6", "--to-ports", "1024-65535", "--masq-chain", "X")
+	cfg, _, err := config.Parse([]byte(cfgText), config.Flags{EnableIPv6: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "table inet ip-masq-agent\ndelete table inet ip-masq-agent\n" + nft.Render(nft.Build(cfg, nft.Options{
+		Chain: "X", EnableIPv6: true, RandomFully: true, ToPorts: []nft.PortRange{{First: 1024, Last: 65535}}}))
+	if code != 0 || out != want || errOut != "" {
+		t.Errorf("render: %d %q\n%s\nwant\n%s", code, errOut, out, want)
+	}
+	if code, out, _ = runCmd(t, "render", "--config", path, "--enable-ipv6", "--replace=false", "--random-fully=false"); code != 0 ||
+		strings.Contains(out, "delete table") || strings.Contains(out, "fully-random") {
+		t.Errorf("--replace=false --random-fully=false: %d\n%s", code, out)
+	}
+	// A ConfigMap manifest works as --config.
+	manifest := writeFile(t, "cm.yaml", "apiVersion: v1\nkind: ConfigMap\ndata:\n  config: |\n    nonMasqueradeCIDRs: [10.0.0.0/8]\n")
+	if code, out, _ = runCmd(t, "render", "--config", manifest); code != 0 || !strings.Contains(out, "elements = { 10.0.0.0/8, 169.254.0.0/16 }") {
+		t.Errorf("manifest: %d\n%s", code, out)
+	}
+	// A missing file means the defaults, as for the agent.
+	code, out, errOut = runCmd(t, "render", "--config", filepath.Join(t.TempDir(), "none"))
+	if code != 0 || !strings.Contains(out, "172.16.0.0/12") || !strings.Contains(errOut, "the defaults apply") {
+		t.Errorf("missing file: %d %q\n%s", code, errOut, out)
+	}
+	// Errors.
+	bad := writeFile(t, "bad", "masqLinkLocal: 1\n")
+	if code, _, errOut = runCmd(t, "render", "--config", bad); code != 2 || !strings.Contains(errOut, bad+": masqLinkLocal: expected true or false") {
+		t.Errorf("bad config: %d %q", code, errOut)
+	}
+	for _, args := range [][]string{{"--to-ports", "0"}, {"--masq-chain", "postrouting"}, {"--format", "yaml"}, {"extra"}} {
+		if code, _, errOut = runCmd(t, append([]string{"render", "--config", path, "--enable-ipv6"}, args...)...); code != 2 || errOut == "" {
+			t.Errorf("render %v: %d %q", args, code, errOut)
+		}
+	}
+}
+
+func TestRenderWindowsCommand(t *testing.T) {
+	path := writeFile(t, "ip-masq-agent", "nonMasqueradeCIDRs: [192.168.0.0/16, 11.0.0.0/8, 10.137.196.0/23]\nmasqueradeCIDRs: [10.0.0.1/32]\n")
+	code, out, errOut := runCmd(t, "render", "--config", path, "--format", "windows-cni")
+	want := `{
+  "name": "EndpointPolicy",
+  "value": {
+    "Type": "OutBoundNAT",
+    "ExceptionList": [
+      "192.168.0.0/16",
+      "11.0.0.0/8",
+      "10.137.196.0/23",
+      "169.254.0.0/16"
+    ]
+  }
+}
+`
+	if code != 0 || out != want || !strings.HasPrefix(errOut, "warning: masqueradeCIDRs (1) cannot be expressed") {
+		t.Errorf("windows-cni: %d %q\n%s", code, errOut, out)
+	}
+}
+
+func TestExplainCommand(t *testing.T) {
+	path := writeFile(t, "ip-masq-agent", "nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.10.10.10/32]\n")
+	code, out, _ := runCmd(t, "explain", "--config", path, "10.1.2.3", "10.10.10.10", "169.254.169.254", "203.0.113.1", "2001:db8::1")
+	want := `10.1.2.3         not masqueraded  nonMasqueradeCIDRs[0] 10.0.0.0/8
+10.10.10.10      masquerade       masqueradeCIDRs[0] 10.10.10.10/32
+169.254.169.254  not masqueraded  link-local 169.254.0.0/16 (masqLinkLocal: false)
+203.0.113.1      masquerade       masqOutBound: true (no other rule matched)
+2001:db8::1      not masqueraded  IPv6 is not handled without --enable-ipv6
+`
+	if code != 0 || out != want {
+		t.Errorf("explain: %d\n%s\nwant\n%s", code, out, want)
+	}
+	// Flags after the addresses.
+	if code, out, _ = runCmd(t, "explain", "2001:db8::1", "--config", path, "--enable-ipv6"); code != 0 || !strings.Contains(out, "masqOutBoundIPv6: true") {
+		t.Errorf("flags after addresses: %d %q", code, out)
+	}
+	if code, _, errOut := runCmd(t, "explain", "--config", path, "10.0.0.300"); code != 2 || !strings.Contains(errOut, `"10.0.0.300" is not an IP address`) {
+		t.Errorf("bad address: %d %q", code, errOut)
+	}
+	if code, _, errOut := runCmd(t, "explain", "--config", path); code != 2 || !strings.Contains(errOut, "no ADDRESS") {
+		t.Errorf("no address: %d %q", code, errOut)
+	}
+}
+
+func TestDaemonFlagsUnchanged(t *testing.T) {
+	// The daemon still refuses positional arguments after its flags and
+	// bad values of the shared flags.
+	var errBuf bytes.Buffer
+	if code := run([]string{"--once", "render"}, &errBuf); code != 2 || !strings.Contains(errBuf.String(), "unexpected arguments: render") {
+		t.Errorf("positional argument: %d %q", code, errBuf.String())
+	}
+	errBuf.Reset()
+	if code := run([]string{"--to-ports", "5-1"}, &errBuf); code != 2 || !strings.Contains(errBuf.String(), "--to-ports") {
+		t.Errorf("bad --to-ports: %d %q", code, errBuf.String())
+	}
+	errBuf.Reset()
+	if code := run([]string{"--version"}, &errBuf); code != 0 || !strings.Contains(errBuf.String(), "ip-masq-agent") {
+		t.Errorf("--version: %d %q", code, errBuf.String())
+	}
+}

@@ -1,0 +1,234 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Loader loads the config from a file, as Load does, or from a directory
+// of files, such as a projected volume of two ConfigMaps (one managed by
+// the platform, one by the user, as with Azure's ip-masq-agent-v2). For a
+// directory it remembers each file's last good content, so that one bad
+// file does not take the others' CIDRs, or its own last good ones, out of
+// force. A Loader is safe for concurrent use.
+type Loader struct {
+	mu   sync.Mutex
+	dir  string
+	last map[string]part // file path: its last good content
+}
+
+// part is one file's config and the keys it sets.
+type part struct {
+	c       Config
+	present map[string]bool
+}
+
+// DirError says which files of a config directory are bad. When each of
+// them has a last good content, Loader.Load merged that instead and
+// returned the merged config with the error: Partial is true, and the
+// config is to be applied. Otherwise nothing is to be applied.
+type DirError struct {
+	Files   []FileError
+	Partial bool
+}
+
+// FileError is a bad file of a config directory.
+type FileError struct {
+	Path     string
+	Err      error // its problems, one line (without the path)
+	LastGood bool  // its last good content was merged instead
+}
+
+func (e *DirError) Error() string {
+	var parts []string
+	for _, f := range e.Files {
+		s := f.Path + ": " + f.Err.Error()
+		if f.LastGood {
+			s += " (its last good content stays in force)"
+		} else {
+			s += " (it has no good content yet, so no config is applied)"
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// IsPartial reports whether err, from Loader.Load, came with a config to
+// apply (some files of a directory are bad, and their last good content
+// was merged instead).
+func IsPartial(err error) bool {
+	var de *DirError
+	return errors.As(err, &de) && de.Partial
+}
+
+// Load reads path. A file (or a missing path) is read as Load reads it. A
+// directory's files whose names start with "ip-masq" (IsConfigName; the
+// kubelet's "..data" and other dot entries are not read, symlinks are
+// followed) are each parsed and validated alone, then merged:
+//
+//   - nonMasqueradeCIDRs: the union of the lists of the files that set it,
+//     in file name order; the defaults if no file sets it;
+//   - masqueradeCIDRs: the union;
+//   - masqLinkLocal, masqLinkLocalIPv6, masqOutBound, masqOutBoundIPv6:
+//     true if any file that sets the key sets it to true; the default if
+//     no file sets it;
+//   - resyncInterval: the smallest that a file sets;
+//   - cidrLimit: applies to each file's lists; the merge is not limited
+//     (its CIDRLimit is the largest of the files', at least the merged
+//     lists' lengths).
+//
+// A directory without such files gives the defaults, with a warning. A
+// bad file is reported in a *DirError, by name: if every bad file has a
+// last good content (from an earlier Load of the same directory), that is
+// merged instead and the merged config is returned with the error
+// (IsPartial); otherwise no config is returned, as for a bad single file.
+// Warnings are prefixed with the file's path.
+func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
+	fi, err := os.Stat(path)
+	if err != nil || !fi.IsDir() {
+		return Load(path, f)
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return Config{}, nil, fmt.Errorf("%s: %w", path, unwrapPath(err))
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dir != path || l.last == nil {
+		l.dir, l.last = path, make(map[string]part)
+	}
+	var (
+		parts []part
+		warns []string
+		de    DirError
+		seen  = make(map[string]bool)
+	)
+	for _, e := range entries { // sorted by name
+		if !IsConfigName(e.Name()) {
+			continue
+		}
+		file := filepath.Join(path, e.Name())
+		if fi, err := os.Stat(file); err == nil && fi.IsDir() {
+			warns = append(warns, file+": a directory, not read")
+			continue
+		} else if errors.Is(err, fs.ErrNotExist) {
+			continue // a dangling symlink, or gone since the listing
+		}
+		seen[file] = true
+		data, err := readFile(file)
+		var p part
+		var w []string
+		if err == nil {
+			p.c, p.present, w, err = parseKeys(data, f)
+		}
+		for _, s := range w {
+			warns = append(warns, file+": "+s)
+		}
+		if err != nil {
+			last, ok := l.last[file]
+			de.Files = append(de.Files, FileError{Path: file, Err: err, LastGood: ok})
+			if !ok {
+				continue
+			}
+			p = last
+		}
+		l.last[file] = p
+		parts = append(parts, p)
+	}
+	for file := range l.last {
+		if !seen[file] {
+			delete(l.last, file) // the file is gone: so is its part
+		}
+	}
+	if len(seen) == 0 {
+		warns = append(warns, path+": no file whose name starts with \"ip-masq\"; using the defaults")
+	}
+	if len(de.Files) > 0 {
+		de.Partial = true
+		for _, fe := range de.Files {
+			de.Partial = de.Partial && fe.LastGood
+		}
+		if !de.Partial {
+			return Config{}, warns, &de
+		}
+		return merge(f, parts), warns, &de
+	}
+	return merge(f, parts), warns, nil
+}
+
+// merge combines the configs of a directory's files (see Loader.Load).
+func merge(f Flags, parts []part) Config {
+	c := Default(f)
+	var nonMasq, masq []netip.Prefix
+	setNonMasq := false
+	inNonMasq, inMasq := make(map[netip.Prefix]bool), make(map[netip.Prefix]bool)
+	// union appends the prefixes of one file that no earlier file has
+	// (a file's own duplicates are kept, as Parse keeps them).
+	union := func(dst []netip.Prefix, seen map[netip.Prefix]bool, ps []netip.Prefix) []netip.Prefix {
+		for _, p := range ps {
+			if !seen[p] {
+				dst = append(dst, p)
+			}
+		}
+		for _, p := range ps {
+			seen[p] = true
+		}
+		return dst
+	}
+	bools := []struct {
+		key string
+		get func(*Config) *bool
+	}{
+		{keyLinkLocal, func(c *Config) *bool { return &c.MasqLinkLocal }},
+		{keyLinkLocal6, func(c *Config) *bool { return &c.MasqLinkLocalIPv6 }},
+		{keyOutBound, func(c *Config) *bool { return &c.MasqOutBound }},
+		{keyOutBound6, func(c *Config) *bool { return &c.MasqOutBoundIPv6 }},
+	}
+	setBool := make(map[string]bool)
+	var resync time.Duration
+	limit := 0
+	for _, p := range parts {
+		if p.present[keyNonMasq] {
+			setNonMasq = true
+			nonMasq = union(nonMasq, inNonMasq, p.c.NonMasqueradeCIDRs)
+		}
+		if p.present[keyMasq] {
+			masq = union(masq, inMasq, p.c.MasqueradeCIDRs)
+		}
+		for _, b := range bools {
+			if !p.present[b.key] {
+				continue
+			}
+			if !setBool[b.key] {
+				*b.get(&c) = false
+				setBool[b.key] = true
+			}
+			*b.get(&c) = *b.get(&c) || *b.get(&p.c)
+		}
+		if p.present[keyResync] && (resync == 0 || p.c.ResyncInterval < resync) {
+			resync = p.c.ResyncInterval
+		}
+		if p.present[keyLimit] {
+			limit = max(limit, p.c.CIDRLimit)
+		}
+	}
+	if setNonMasq {
+		c.NonMasqueradeCIDRs = nonMasq
+	}
+	c.MasqueradeCIDRs = masq
+	if resync != 0 {
+		c.ResyncInterval = resync
+	}
+	if limit != 0 {
+		c.CIDRLimit = limit
+	}
+	c.CIDRLimit = max(c.CIDRLimit, len(c.NonMasqueradeCIDRs), len(c.MasqueradeCIDRs))
+	return c
+}

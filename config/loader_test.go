@@ -1,0 +1,207 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestMerge(t *testing.T) {
+	tests := []struct {
+		name  string
+		files []string
+		f     Flags
+		want  Config
+	}{
+		{"no files: defaults", nil, v4Only, Default(v4Only)},
+		{"one file is that file", []string{"nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/8]\nmasqOutBound: false\ncidrLimit: 5\n"}, v4Only,
+			with(v4Only, func(c *Config) {
+				c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8", "10.0.0.0/8")
+				c.MasqOutBound = false
+				c.CIDRLimit = 5
+			})},
+		{"lists are unioned, in file order, repeats across files dropped", []string{
+			"nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\nmasqueradeCIDRs: [10.10.10.10/32]\n",
+			"nonMasqueradeCIDRs: [100.64.0.0/10, 192.168.0.0/16]\n",
+			"masqLinkLocal: false\n",
+		}, v4Only, with(v4Only, func(c *Config) {
+			c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8", "100.64.0.0/10", "192.168.0.0/16")
+			c.MasqueradeCIDRs = prefixes("10.10.10.10/32")
+		})},
+		{"a list absent everywhere keeps its default; present anywhere replaces it", []string{
+			"masqueradeCIDRs: [1.1.1.1/32]\n", "nonMasqueradeCIDRs: []\n",
+		}, v4Only, with(v4Only, func(c *Config) {
+			c.NonMasqueradeCIDRs = nil
+			c.MasqueradeCIDRs = prefixes("1.1.1.1/32")
+		})},
+		{"booleans are OR'd over the files that set them", []string{
+			"masqOutBound: false\nmasqLinkLocal: true\n", "masqLinkLocal: false\nmasqOutBoundIPv6: false\n", "resyncInterval: 10s\n",
+		}, v6, with(v6, func(c *Config) {
+			c.MasqOutBound = false
+			c.MasqLinkLocal = true
+			c.MasqOutBoundIPv6 = false
+			c.ResyncInterval = 10 * time.Second
+		})},
+		{"the smallest resyncInterval; the limit covers the union", []string{
+			"resyncInterval: 30s\ncidrLimit: 2\nnonMasqueradeCIDRs: [1.0.0.0/8, 2.0.0.0/8]\n",
+			"resyncInterval: 5m\ncidrLimit: 1\nnonMasqueradeCIDRs: [3.0.0.0/8]\n",
+		}, v4Only, with(v4Only, func(c *Config) {
+			c.ResyncInterval = 30 * time.Second
+			c.CIDRLimit = 3
+			c.NonMasqueradeCIDRs = prefixes("1.0.0.0/8", "2.0.0.0/8", "3.0.0.0/8")
+		})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var parts []part
+			for _, f := range tt.files {
+				c, present, _, err := parseKeys([]byte(f), tt.f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				parts = append(parts, part{c, present})
+			}
+			got := merge(tt.f, parts)
+			if !got.Equal(tt.want) {
+				t.Errorf("merge =\n%s\nwant\n%s", got, tt.want)
+			}
+			// The merge is a valid config: it parses back to itself.
+			if again, _, err := Parse([]byte(got.String()), tt.f); err != nil || !again.Equal(got) {
+				t.Errorf("the merge does not parse back: %v\n%s", err, again)
+			}
+		})
+	}
+}
+
+func TestLoaderDirectory(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"ip-masq-agent":            "nonMasqueradeCIDRs: [10.0.0.0/8]\n",
+		"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [192.168.0.0/16]\nmasqLinkLocal: true\n",
+		"README":                   "not read",
+		".hidden-ip-masq":          "not read",
+	})
+	var l Loader
+	load := func() (Config, []string, error) { t.Helper(); return l.Load(dir, v4Only) }
+	c, warns, err := load()
+	want := with(v4Only, func(c *Config) {
+		c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8", "192.168.0.0/16")
+		c.MasqLinkLocal = true
+	})
+	if err != nil || len(warns) != 0 || !c.Equal(want) {
+		t.Fatalf("Load = %s, %q, %v; want %s", c, warns, err, want)
+	}
+
+	// One file goes bad: it is named, and its last good content stays.
+	writeFiles(t, dir, map[string]string{"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [192.168.0.1/16]\n"})
+	c, _, err = load()
+	if !IsPartial(err) || !c.Equal(want) {
+		t.Fatalf("with a bad file: %s, %v; want the last good merge and a partial error", c, err)
+	}
+	bad := filepath.Join(dir, "ip-masq-agent-reconciled")
+	if msg := err.Error(); !strings.HasPrefix(msg, bad+": nonMasqueradeCIDRs[0]: ") || !strings.Contains(msg, "last good content stays") ||
+		strings.Contains(msg, filepath.Join(dir, "ip-masq-agent:")) {
+		t.Errorf("error %q should name the bad file only", msg)
+	}
+
+	// The good file changes meanwhile: its new content is merged with
+	// the bad one's last good content.
+	writeFiles(t, dir, map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [172.16.0.0/12]\n"})
+	c, _, err = load()
+	want.NonMasqueradeCIDRs = prefixes("172.16.0.0/12", "192.168.0.0/16")
+	if !IsPartial(err) || !c.Equal(want) {
+		t.Fatalf("good file changed: %s, %v; want %s", c, err, want)
+	}
+
+	// Fixed: no error.
+	writeFiles(t, dir, map[string]string{"ip-masq-agent-reconciled": "masqLinkLocal: true\n"})
+	if c, _, err = load(); err != nil || !c.Equal(with(v4Only, func(c *Config) {
+		c.NonMasqueradeCIDRs = prefixes("172.16.0.0/12")
+		c.MasqLinkLocal = true
+	})) {
+		t.Fatalf("fixed: %s, %v", c, err)
+	}
+
+	// A new file that has never been good: nothing to apply.
+	writeFiles(t, dir, map[string]string{"ip-masq-extra": "cidrLimit: 0\n"})
+	if _, _, err = load(); err == nil || IsPartial(err) || !strings.Contains(err.Error(), "no good content yet") {
+		t.Fatalf("a file bad from the start: %v, want a plain error", err)
+	}
+	// It goes away: so does the error.
+	os.Remove(filepath.Join(dir, "ip-masq-extra"))
+	if _, _, err = load(); err != nil {
+		t.Fatalf("after removing the bad file: %v", err)
+	}
+
+	// A removed file's content leaves the merge, and its last good
+	// content is forgotten.
+	os.Remove(filepath.Join(dir, "ip-masq-agent-reconciled"))
+	if c, _, err = load(); err != nil || c.MasqLinkLocal {
+		t.Fatalf("after removing a file: %s, %v", c, err)
+	}
+	writeFiles(t, dir, map[string]string{"ip-masq-agent-reconciled": "masqLinkLocal: 1\n"})
+	if _, _, err = load(); err == nil || IsPartial(err) {
+		t.Fatalf("a re-created bad file has no last good content: %v", err)
+	}
+}
+
+func TestLoaderKubeletLayout(t *testing.T) {
+	// A projected volume: each key a symlink through ..data to a
+	// timestamped directory.
+	dir := t.TempDir()
+	ts := filepath.Join(dir, "..2026_11_22_10_00_00.000000001")
+	if err := os.Mkdir(ts, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFiles(t, ts, map[string]string{"ip-masq-agent": "masqOutBound: false\n", "ip-masq-agent-reconciled": "masqueradeCIDRs: [1.2.3.4/32]\n"})
+	for _, l := range []struct{ name, to string }{
+		{"..data", filepath.Base(ts)}, {"ip-masq-agent", "..data/ip-masq-agent"}, {"ip-masq-agent-reconciled", "..data/ip-masq-agent-reconciled"},
+	} {
+		if err := os.Symlink(l.to, filepath.Join(dir, l.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "ip-masq-subdir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var l Loader
+	c, warns, err := l.Load(dir, v4Only)
+	want := with(v4Only, func(c *Config) { c.MasqOutBound = false; c.MasqueradeCIDRs = prefixes("1.2.3.4/32") })
+	if err != nil || !c.Equal(want) {
+		t.Fatalf("Load = %s, %v; want %s", c, err, want)
+	}
+	if len(warns) != 1 || !strings.Contains(warns[0], "ip-masq-subdir: a directory") {
+		t.Errorf("warnings %q, want one about the subdirectory", warns)
+	}
+}
+
+func TestLoaderFileAndEmptyDir(t *testing.T) {
+	var l Loader
+	dir := t.TempDir()
+	c, warns, err := l.Load(dir, v4Only)
+	if err != nil || !c.Equal(Default(v4Only)) || len(warns) != 1 || !strings.Contains(warns[0], "no file") {
+		t.Errorf("empty directory: %s, %q, %v", c, warns, err)
+	}
+	// A file, or a missing path, is read as Load reads it.
+	file := filepath.Join(dir, "config")
+	writeFiles(t, dir, map[string]string{"config": "masqLinkLocal: x\n"})
+	_, _, err = l.Load(file, v4Only)
+	_, _, want := Load(file, v4Only)
+	if err == nil || err.Error() != want.Error() || IsPartial(err) {
+		t.Errorf("file: %v, want %v", err, want)
+	}
+	if c, _, err := l.Load(filepath.Join(dir, "missing"), v4Only); err != nil || !c.Equal(Default(v4Only)) {
+		t.Errorf("missing: %s, %v", c, err)
+	}
+}

@@ -1,0 +1,157 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	yaml "go.yaml.in/yaml/v3"
+)
+
+// embeddedConfig is the config held by a data key of a ConfigMap manifest.
+type embeddedConfig struct {
+	key     string // the data key: "config", or a name starting with ip-masq
+	value   string
+	line    int  // the value's line (of its "|" for a block literal); of the problem if any
+	literal bool // a block literal: line l of value is line+l of the manifest
+	problem string
+	warning bool // the problem is a warning
+}
+
+// IsConfigName reports whether a file in a config directory, or a key of a
+// ConfigMap's data, holds agent config: its name starts with "ip-masq"
+// (not the kubelet's ..data and other dot entries).
+func IsConfigName(name string) bool { return strings.HasPrefix(name, "ip-masq") }
+
+// manifestConfigs finds the configs in a Kubernetes manifest (one or
+// several YAML documents, or JSON): the ConfigMaps' data keys "config"
+// (the original agent's) and ip-masq... (Azure's ip-masq-agent-v2's). ok
+// is false when data is not a manifest, that is when no document is a
+// mapping with apiVersion and kind. Objects other than ConfigMaps are
+// passed over; a ConfigMap with no such key gives a warning.
+func manifestConfigs(data []byte) (docs []embeddedConfig, ok bool) {
+	docs, _, ok = manifest(data)
+	return docs, ok
+}
+
+// Kinds returns the kinds of the Kubernetes objects in a manifest (YAML
+// documents or JSON with apiVersion and kind), or nil if data is not one.
+func Kinds(data []byte) []string {
+	_, kinds, _ := manifest(data)
+	return kinds
+}
+
+func manifest(data []byte) (docs []embeddedConfig, kinds []string, ok bool) {
+	if !bytes.Contains(data, []byte("apiVersion")) || !bytes.Contains(data, []byte("kind")) {
+		return nil, nil, false // the cheap test
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var doc yaml.Node
+		if err := dec.Decode(&doc); err == io.EOF {
+			break
+		} else if err != nil {
+			return nil, nil, false
+		}
+		if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+			continue
+		}
+		m := doc.Content[0]
+		kind, api := mapValue(m, "kind"), mapValue(m, "apiVersion")
+		if kind == nil || api == nil || kind.Kind != yaml.ScalarNode || api.Kind != yaml.ScalarNode {
+			continue
+		}
+		ok = true
+		kinds = append(kinds, kind.Value)
+		if kind.Value != "ConfigMap" {
+			continue
+		}
+		name := "ConfigMap"
+		if meta := mapValue(m, "metadata"); meta != nil {
+			if n := mapValue(meta, "name"); n != nil && n.Kind == yaml.ScalarNode {
+				name = fmt.Sprintf("ConfigMap %q", n.Value)
+			}
+		}
+		dataKey, dataNode := mapEntry(m, "data")
+		found := false
+		if dataNode != nil && dataNode.Kind == yaml.MappingNode {
+			for i := 0; i+1 < len(dataNode.Content); i += 2 {
+				k, v := dataNode.Content[i], dataNode.Content[i+1]
+				if k.Value != "config" && !IsConfigName(k.Value) {
+					continue
+				}
+				found = true
+				if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!null") {
+					docs = append(docs, embeddedConfig{key: "data." + k.Value, line: v.Line,
+						problem: "expected the config file's text as a string"})
+					continue
+				}
+				docs = append(docs, embeddedConfig{key: k.Value, value: v.Value, line: v.Line,
+					literal: v.Style&yaml.LiteralStyle != 0})
+			}
+		}
+		if !found {
+			line := kind.Line
+			if dataKey != nil {
+				line = dataKey.Line
+			}
+			docs = append(docs, embeddedConfig{line: line, warning: true,
+				problem: name + ` has no data key "config" (or named ip-masq...): not an ip-masq-agent config`})
+		}
+	}
+	return docs, kinds, ok
+}
+
+// mapValue returns the value of key in a mapping node, or nil.
+func mapValue(m *yaml.Node, key string) *yaml.Node {
+	_, v := mapEntry(m, key)
+	return v
+}
+
+// mapEntry returns the key's node and its value's in a mapping node, or nils.
+func mapEntry(m *yaml.Node, key string) (k, v *yaml.Node) {
+	if m == nil || m.Kind != yaml.MappingNode {
+		return nil, nil
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i], m.Content[i+1]
+		}
+	}
+	return nil, nil
+}
+
+// FromManifest returns the config held by a ConfigMap manifest: the value
+// of its data key "config" (or of the one key named ip-masq...). isManifest
+// is false, and data should be parsed as a config file, when data is not a
+// ConfigMap manifest.
+func FromManifest(data []byte) (config []byte, isManifest bool, err error) {
+	docs, ok := manifestConfigs(data)
+	if !ok {
+		return nil, false, nil
+	}
+	var good []embeddedConfig
+	for _, d := range docs {
+		if d.problem != "" {
+			return nil, true, fmt.Errorf("line %d: %s", d.line, strings.TrimPrefix(d.key+": "+d.problem, ": "))
+		}
+		good = append(good, d)
+	}
+	switch len(good) {
+	case 0:
+		return nil, true, errors.New("no ConfigMap in the manifest holds a config")
+	case 1:
+		return []byte(good[0].value), true, nil
+	}
+	return nil, true, fmt.Errorf("the manifest holds %d configs (data keys at lines %s); give the agent one", len(good), lines(good))
+}
+
+func lines(docs []embeddedConfig) string {
+	var s []string
+	for _, d := range docs {
+		s = append(s, fmt.Sprint(d.line))
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,467 @@
+package nft
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+)
+
+// Explanation says what the agent's rules do with new connections from a
+// pod to one destination address, and why.
+type Explanation struct {
+	Addr       netip.Addr
+	Masquerade bool
+	// Undetermined is set when the rules' outcome does not follow from the
+	// destination alone (a rule added by someone else matches on
+	// something else); Masquerade is then meaningless.
+	Undetermined bool
+	// Reason names what decided, e.g. "nonMasqueradeCIDRs[2] 10.0.0.0/8",
+	// "link-local 169.254.0.0/16 (masqLinkLocal: false)",
+	// "masqOutBound: true (no other rule matched)".
+	Reason string
+	// Rule is the rule that decided, in nft syntax; "" when none did.
+	Rule string
+}
+
+// Verdict is "masquerade", "not masqueraded" or "undetermined".
+func (e Explanation) Verdict() string {
+	switch {
+	case e.Undetermined:
+		return "undetermined"
+	case e.Masquerade:
+		return "masquerade"
+	}
+	return "not masqueraded"
+}
+
+// Explain says what the ruleset Build makes of cfg and o does with traffic
+// to addr, from the config alone: the rules are evaluated as the kernel
+// evaluates them (Build's decision chain, first match wins), and the
+// reason names the config entry behind the set element that matched. It
+// cannot know the node's own addresses, which the kernel never
+// masquerades (the base chain's `fib daddr type != local`).
+func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
+	addr = addr.Unmap()
+	e := Explanation{Addr: addr}
+	if addr.Is6() && !o.EnableIPv6 {
+		e.Reason = "IPv6 is not handled without --enable-ipv6"
+		return e
+	}
+	rs := Build(cfg, o)
+	fam := Family(4)
+	if addr.Is6() {
+		fam = 6
+	}
+	for _, r := range rs.Rules {
+		if r.Family != 0 && r.Family != fam {
+			continue
+		}
+		var matched netip.Prefix
+		if r.DaddrSet != "" {
+			i := slices.IndexFunc(rs.Sets, func(s Set) bool { return s.Name == r.DaddrSet })
+			p, ok := setLookup(rs.Sets[i].Prefixes, addr)
+			if !ok {
+				continue
+			}
+			matched = p
+		}
+		e.Rule = RenderRule(r)
+		e.Masquerade = r.Verdict == Goto && r.Target == MasqChainName
+		switch {
+		case matched.IsValid() && e.Masquerade:
+			e.Reason = source("masqueradeCIDRs", cfg.MasqueradeCIDRs, matched, false)
+		case matched.IsValid():
+			e.Reason = source("nonMasqueradeCIDRs", cfg.NonMasqueradeCIDRs, matched, isDefaultList(cfg.NonMasqueradeCIDRs))
+		case fam == 6:
+			e.Reason = "masqOutBoundIPv6: true (no other rule matched)"
+		default:
+			e.Reason = "masqOutBound: true (no other rule matched)"
+		}
+		return e
+	}
+	e.Reason = "masqOutBound: false (no other rule matched)"
+	if fam == 6 {
+		e.Reason = "masqOutBoundIPv6: false (no other rule matched)"
+	}
+	return e
+}
+
+// setLookup returns the prefix of a normalized set that holds addr.
+func setLookup(ps []netip.Prefix, addr netip.Addr) (netip.Prefix, bool) {
+	// Sorted and disjoint: the candidate is the last prefix that starts
+	// at or before addr.
+	i := sort.Search(len(ps), func(i int) bool { return ps[i].Addr().Compare(addr) > 0 })
+	if i > 0 && ps[i-1].Contains(addr) {
+		return ps[i-1], true
+	}
+	return netip.Prefix{}, false
+}
+
+// source names the config entry behind a set element: the first entry of
+// the list equal to it (normalization keeps, of nested entries, the
+// widest, which is one of them), or the link-local default.
+func source(key string, list []netip.Prefix, p netip.Prefix, defaults bool) string {
+	for i, q := range list {
+		if q.Addr().Is4In6() && q.Bits() >= 96 {
+			q = netip.PrefixFrom(q.Addr().Unmap(), q.Bits()-96)
+		}
+		if q.Masked() == p {
+			if defaults {
+				return fmt.Sprintf("%s[%d] %s (the default list)", key, i, p)
+			}
+			return fmt.Sprintf("%s[%d] %s", key, i, p)
+		}
+	}
+	switch p {
+	case linkLocal4:
+		return fmt.Sprintf("link-local %s (masqLinkLocal: false)", p)
+	case linkLocal6:
+		return fmt.Sprintf("link-local %s (masqLinkLocalIPv6: false)", p)
+	}
+	return fmt.Sprintf("%s %s", key, p)
+}
+
+// isDefaultList reports whether a nonMasqueradeCIDRs list is one of the
+// defaults (with or without --nomasq-all-reserved-ranges).
+func isDefaultList(ps []netip.Prefix) bool {
+	for _, r := range []bool{false, true} {
+		if slices.Equal(ps, config.Default(config.Flags{NoMasqAllReservedRanges: r}).NonMasqueradeCIDRs) {
+			return true
+		}
+	}
+	return false
+}
+
+// ExplainTable says what the kernel's table, as Read returned it, does
+// with traffic to addr: its base chains hooked at nat postrouting are
+// evaluated in priority order as the kernel would, expression by
+// expression (the first chain that masquerades wins). isLocal says
+// whether an address is one of the node's own (fib daddr type local); nil
+// means none is.
+func ExplainTable(t *Table, addr netip.Addr, isLocal func(netip.Addr) bool) Explanation {
+	addr = addr.Unmap()
+	ev := &evaluator{t: t, addr: addr, local: isLocal != nil && isLocal(addr)}
+	base := BaseChainName
+	e := Explanation{Addr: addr}
+	var bases []*Chain
+	for i := range t.Chains {
+		if t.Chains[i].natPostrouting {
+			bases = append(bases, &t.Chains[i])
+		}
+	}
+	if len(bases) == 0 {
+		e.Reason = "the table has no chain hooked at nat postrouting: it masquerades nothing"
+		return e
+	}
+	sort.SliceStable(bases, func(i, j int) bool { return bases[i].priority < bases[j].priority })
+	last := result{}
+	for _, c := range bases {
+		res := ev.chain(c, 0, nil)
+		base = c.Name
+		switch res.outcome {
+		case outMasquerade:
+			e.Masquerade = true
+			e.Reason, e.Rule = ev.reason(res, base)
+			return e
+		case outUndetermined:
+			e.Undetermined = true
+			e.Reason, e.Rule = ev.reason(res, base)
+			return e
+		case outDrop:
+			e.Reason, e.Rule = ev.reason(res, base)
+			e.Reason = "dropped: " + e.Reason
+			return e
+		}
+		if len(res.steps) > 0 || len(last.steps) == 0 {
+			last = res
+		}
+	}
+	e.Reason, e.Rule = ev.reason(last, base)
+	return e
+}
+
+type outcome uint8
+
+const (
+	outReturn outcome = iota // fell off or returned: not decided here
+	outMasquerade
+	outAccept
+	outDrop
+	outUndetermined
+)
+
+type result struct {
+	outcome outcome
+	steps   []step // the rules that matched with a verdict, outermost first
+	why     string // for outUndetermined
+}
+
+// step is a rule that matched on the way.
+type step struct {
+	chain   string
+	index   int // 1-based
+	text    string
+	set     string // the set a lookup matched in, if any
+	element netip.Prefix
+	verdict string
+}
+
+type evaluator struct {
+	t     *Table
+	addr  netip.Addr
+	local bool
+}
+
+const maxDepth = 16 // nft refuses deeper jumps too
+
+// chain walks c's rules as the kernel does; path holds the steps that led
+// to c.
+func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
+	if depth > maxDepth {
+		return result{outcome: outUndetermined, steps: path, why: fmt.Sprintf("jumps nest deeper than %d", maxDepth)}
+	}
+	var maybeMasq []step // rules that masquerade for some packets only
+	for i, r := range c.Rules {
+		m, s := ev.match(r)
+		s.chain, s.index, s.text, s.verdict = c.Name, i+1, r.Text, ruleVerdict(r)
+		switch {
+		case m == matchNo || s.verdict == "":
+			continue
+		case m == matchUnknown && s.verdict == "masquerade":
+			maybeMasq = append(maybeMasq, s)
+			continue
+		case m == matchUnknown:
+			return result{outcome: outUndetermined, steps: append(path, s),
+				why: fmt.Sprintf("rule %d of chain %s matches on more than the destination", s.index, c.Name)}
+		}
+		steps := append(slices.Clone(path), s)
+		var res result
+		switch s.verdict {
+		case "masquerade":
+			res = result{outcome: outMasquerade, steps: steps}
+		case "accept":
+			res = result{outcome: outAccept, steps: steps}
+		case "drop":
+			res = result{outcome: outDrop, steps: steps}
+		case "return":
+			res = result{outcome: outReturn, steps: steps}
+		default: // jump or goto
+			target := ev.t.Chain(r.target())
+			if target == nil {
+				return result{outcome: outUndetermined, steps: steps, why: "a jump to a missing chain"}
+			}
+			res = ev.chain(target, depth+1, steps)
+			if res.outcome == outReturn && strings.HasPrefix(s.verdict, "jump") {
+				path = res.steps // back from the jump: go on with the next rule
+				continue
+			}
+		}
+		return settle(res, maybeMasq)
+	}
+	return settle(result{outcome: outReturn, steps: path}, maybeMasq)
+}
+
+// settle turns an outcome other than masquerade into undetermined when a
+// rule on the way masquerades some packets.
+func settle(r result, maybeMasq []step) result {
+	if len(maybeMasq) == 0 || r.outcome == outMasquerade || r.outcome == outUndetermined {
+		return r
+	}
+	s := maybeMasq[0]
+	return result{outcome: outUndetermined, steps: append(r.steps, s),
+		why: fmt.Sprintf("rule %d of chain %s masquerades some packets to this destination", s.index, s.chain)}
+}
+
+// reason describes a result: the deciding rule and why it matched.
+func (ev *evaluator) reason(r result, base string) (reason, rule string) {
+	n := len(r.steps)
+	if r.why != "" {
+		if n == 0 {
+			return r.why, ""
+		}
+		return r.why, r.steps[n-1].text
+	}
+	if n == 0 {
+		if ev.local {
+			return "a local address of the node is never masqueraded (fib daddr type local)", ""
+		}
+		return "no rule of chain " + base + " matched", ""
+	}
+	d := r.steps[n-1]
+	switch {
+	case d.verdict == "masquerade" && n > 1 && r.steps[n-2].verdict != "" && strings.HasSuffix(r.steps[n-2].verdict, " "+d.chain):
+		d = r.steps[n-2] // the rule that sent it to the masquerade chain
+	case r.outcome == outReturn && d.verdict != "return":
+		// fell off the end of the chain the last step jumped to
+		return fmt.Sprintf("no rule of chain %s matched (after chain %s rule %d)", d.verdict[strings.Index(d.verdict, " ")+1:], d.chain, d.index), d.text
+	}
+	where := fmt.Sprintf("chain %s rule %d", d.chain, d.index)
+	if d.set != "" {
+		return fmt.Sprintf("set %s holds %s (%s)", d.set, d.element, where), d.text
+	}
+	return where, d.text
+}
+
+type match uint8
+
+const (
+	matchYes match = iota
+	matchNo
+	matchUnknown
+)
+
+// match evaluates a rule's expressions up to its verdict on a packet to
+// ev.addr. The step it returns records the set element a lookup matched.
+func (ev *evaluator) match(r KernelRule) (match, step) {
+	var s step
+	regs := map[uint32][]byte{} // a missing register is unknown
+	unknown := false
+	for _, e := range r.exprs {
+		switch e := e.(type) {
+		case *expr.Meta:
+			delete(regs, e.Register)
+			if e.Key == expr.MetaKeyNFPROTO && !e.SourceRegister {
+				if ev.addr.Is4() {
+					regs[e.Register] = []byte{unix.NFPROTO_IPV4}
+				} else {
+					regs[e.Register] = []byte{unix.NFPROTO_IPV6}
+				}
+			}
+		case *expr.Payload:
+			delete(regs, e.DestRegister)
+			if e.OperationType == expr.PayloadLoad && e.Base == expr.PayloadBaseNetworkHeader {
+				switch {
+				case ev.addr.Is4() && e.Offset == 16 && e.Len == 4, ev.addr.Is6() && e.Offset == 24 && e.Len == 16:
+					regs[e.DestRegister] = ev.addr.AsSlice()
+				}
+			}
+		case *expr.Fib:
+			delete(regs, e.Register)
+			if e.FlagDADDR && e.ResultADDRTYPE && !e.FlagSADDR && !e.FlagIIF && !e.FlagOIF && !e.FlagMARK {
+				typ := uint32(unix.RTN_UNICAST)
+				if ev.local {
+					typ = unix.RTN_LOCAL
+				}
+				regs[e.Register] = binaryutil.NativeEndian.PutUint32(typ)
+			}
+		case *expr.Bitwise:
+			v, ok := regs[e.SourceRegister]
+			delete(regs, e.DestRegister)
+			if ok && len(e.Mask) == len(v) && len(e.Xor) == len(v) {
+				out := make([]byte, len(v))
+				for i := range v {
+					out[i] = v[i]&e.Mask[i] ^ e.Xor[i]
+				}
+				regs[e.DestRegister] = out
+			}
+		case *expr.Immediate:
+			regs[e.Register] = e.Data
+		case *expr.Cmp:
+			v, ok := regs[e.Register]
+			if !ok || len(v) != len(e.Data) {
+				unknown = true
+				continue
+			}
+			c := bytes.Compare(v, e.Data)
+			if !map[expr.CmpOp]bool{expr.CmpOpEq: c == 0, expr.CmpOpNeq: c != 0, expr.CmpOpLt: c < 0,
+				expr.CmpOpLte: c <= 0, expr.CmpOpGt: c > 0, expr.CmpOpGte: c >= 0}[e.Op] {
+				return matchNo, s
+			}
+		case *expr.Range:
+			v, ok := regs[e.Register]
+			if !ok || len(v) != len(e.FromData) {
+				unknown = true
+				continue
+			}
+			in := bytes.Compare(v, e.FromData) >= 0 && bytes.Compare(v, e.ToData) <= 0
+			if in != (e.Op == expr.CmpOpEq) {
+				return matchNo, s
+			}
+		case *expr.Lookup:
+			v, ok := regs[e.SourceRegister]
+			set := ev.t.Set(e.SetName)
+			a, isAddr := netip.AddrFromSlice(v)
+			if !ok || set == nil || e.IsDestRegSet || !isAddr {
+				unknown = true
+				continue
+			}
+			p, found := setLookup(set.Prefixes, a)
+			if found == e.Invert {
+				return matchNo, s
+			}
+			if found {
+				s.set, s.element = set.Name, p
+			}
+		case *expr.Counter, *expr.Verdict, *expr.Masq, *expr.NAT:
+			// statements: no match
+		default:
+			// numgen, ct, limit, ...: what they load or match is unknown
+			if d, ok := destRegister(e); ok {
+				delete(regs, d)
+			} else {
+				unknown = true
+			}
+		}
+	}
+	if unknown {
+		return matchUnknown, s
+	}
+	return matchYes, s
+}
+
+// destRegister returns the register an expression loads, for the
+// expressions that only load.
+func destRegister(e expr.Any) (uint32, bool) {
+	switch e := e.(type) {
+	case *expr.Numgen:
+		return e.Register, true
+	case *expr.Ct:
+		return e.Register, true
+	case *expr.Byteorder:
+		return e.DestRegister, true
+	}
+	return 0, false
+}
+
+// ruleVerdict is "masquerade", "accept", "drop", "return", "jump CHAIN",
+// "goto CHAIN", or "" for a rule without one.
+func ruleVerdict(r KernelRule) string {
+	for _, e := range r.exprs {
+		switch e := e.(type) {
+		case *expr.Masq, *expr.NAT:
+			return "masquerade"
+		case *expr.Verdict:
+			switch e.Kind {
+			case expr.VerdictAccept:
+				return "accept"
+			case expr.VerdictDrop:
+				return "drop"
+			case expr.VerdictReturn:
+				return "return"
+			case expr.VerdictJump:
+				return "jump " + e.Chain
+			case expr.VerdictGoto:
+				return "goto " + e.Chain
+			}
+		}
+	}
+	return ""
+}
+
+func (r KernelRule) target() string {
+	for _, e := range r.exprs {
+		if v, ok := e.(*expr.Verdict); ok && (v.Kind == expr.VerdictJump || v.Kind == expr.VerdictGoto) {
+			return v.Chain
+		}
+	}
+	return ""
+}

@@ -1,0 +1,76 @@
+package nft
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+)
+
+// WindowsPolicy is the endpoint policy that Windows nodes' CNI plugins
+// (win-bridge, win-overlay) take in their config's "policies" list:
+// outbound traffic is masqueraded (OutBoundNAT) except to the
+// ExceptionList.
+type WindowsPolicy struct {
+	Name  string `json:"name"`
+	Value struct {
+		Type          string   `json:"Type"`
+		ExceptionList []string `json:"ExceptionList"`
+	} `json:"value"`
+}
+
+// Windows returns the OutBoundNAT policy equivalent to cfg, and a warning
+// for each part of cfg that the policy cannot express: masqueradeCIDRs,
+// masqOutBound: false, and IPv6 CIDRs (with enableIPv6). The
+// ExceptionList holds the IPv4 nonMasqueradeCIDRs as written (IPv4-mapped
+// ones unmapped, repeats dropped), then 169.254.0.0/16 unless
+// masqLinkLocal is true.
+func Windows(cfg config.Config, enableIPv6 bool) (WindowsPolicy, []string) {
+	var p WindowsPolicy
+	p.Name = "EndpointPolicy"
+	p.Value.Type = "OutBoundNAT"
+	p.Value.ExceptionList = []string{}
+	var warns []string
+	seen := make(map[netip.Prefix]bool)
+	v6 := 0
+	add := func(q netip.Prefix) {
+		if !seen[q] {
+			seen[q] = true
+			p.Value.ExceptionList = append(p.Value.ExceptionList, q.String())
+		}
+	}
+	for _, q := range cfg.NonMasqueradeCIDRs {
+		if q.Addr().Is4In6() && q.Bits() >= 96 {
+			q = netip.PrefixFrom(q.Addr().Unmap(), q.Bits()-96)
+		}
+		if q.Addr().Is6() {
+			v6++
+			continue
+		}
+		add(q)
+	}
+	if !cfg.MasqLinkLocal {
+		add(linkLocal4)
+	}
+	if n := len(cfg.MasqueradeCIDRs); n > 0 {
+		warns = append(warns, fmt.Sprintf("masqueradeCIDRs (%d) cannot be expressed: OutBoundNAT masquerades everything "+
+			"outside the ExceptionList, so those destinations are not masqueraded if an exception covers them", n))
+	}
+	if !cfg.MasqOutBound {
+		warns = append(warns, "masqOutBound: false cannot be expressed: OutBoundNAT masquerades all traffic outside the ExceptionList")
+	}
+	if enableIPv6 && v6 > 0 {
+		warns = append(warns, fmt.Sprintf("%d IPv6 nonMasqueradeCIDRs left out: the ExceptionList holds only IPv4 CIDRs", v6))
+	}
+	return p, warns
+}
+
+// RenderWindows returns Windows' policy as indented JSON, ending in a newline.
+func RenderWindows(p WindowsPolicy) string {
+	b, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		panic(err) // strings and a list of strings always marshal
+	}
+	return string(b) + "\n"
+}
