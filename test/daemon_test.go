@@ -195,7 +195,7 @@ func TestDaemonRepairs(t *testing.T) {
 		{"delete", "table", "inet", "ip-masq-agent"},
 		{"flush", "chain", "inet", "ip-masq-agent", "IP-MASQ-AGENT"},
 		{"add", "element", "inet", "ip-masq-agent", "nonmasq-v4", "{ 203.0.113.0/24 }"},
-		{"add", "rule", "inet", "ip-masq-agent", "IP-MASQ-AGENT", "position 0 ip daddr 10.250.0.10 goto masq-to-node"},
+		{"insert", "rule", "inet", "ip-masq-agent", "IP-MASQ-AGENT", "ip daddr 10.250.0.10 goto masq-to-node"},
 	} {
 		if out, err := topo.NFT(tamper...); err != nil {
 			t.Fatalf("nft %v: %v %s", tamper, err, out)
