@@ -62,7 +62,12 @@ type Result struct {
 func (a *Applier) Apply(rs Ruleset) (Result, error) {
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
-	last, epoch, err := a.known()
+	conn, err := a.dial()
+	if err != nil {
+		return Result{}, fmt.Errorf("apply table inet %s: open netlink socket: %w", TableName, err)
+	}
+	defer closeLater(conn)
+	last, epoch, err := a.known(conn)
 	if err != nil {
 		return Result{}, fmt.Errorf("apply table inet %s: read the nftables generation: %w", TableName, err)
 	}
@@ -114,9 +119,9 @@ func (a *Applier) Apply(rs Ruleset) (Result, error) {
 		return Result{}, fmt.Errorf("apply table inet %s: %w", TableName, b.err)
 	}
 	res.Messages, res.Bytes = len(b.msgs), b.size()
-	before, _ := a.generation()
-	err = b.send(a.NetNS, a.own)
-	after, _ := a.generation()
+	before, _ := generation(conn)
+	err = b.send(conn, a.own)
+	after, _ := generation(conn)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err != nil {
@@ -136,7 +141,7 @@ func (a *Applier) Apply(rs Ruleset) (Result, error) {
 
 // known returns the ruleset the kernel holds, if it is provably still the
 // last one applied, or nil when unsure; and the count of changes seen.
-func (a *Applier) known() (*Ruleset, uint64, error) {
+func (a *Applier) known(conn *netlink.Conn) (*Ruleset, uint64, error) {
 	a.mu.Lock()
 	last, gen, dirty, watching, epoch := a.applied, a.gen, a.dirty, a.watching, a.changes
 	a.mu.Unlock()
@@ -146,7 +151,7 @@ func (a *Applier) known() (*Ruleset, uint64, error) {
 	if watching {
 		return last, epoch, nil
 	}
-	cur, err := a.generation()
+	cur, err := generation(conn)
 	if err != nil || gen == 0 || cur != gen {
 		return nil, epoch, err
 	}
@@ -232,14 +237,21 @@ func (a *Applier) own(port uint32) {
 	}
 }
 
+// dial opens the socket of one Apply: the generation reads and the batch
+// share it.
+func (a *Applier) dial() (*netlink.Conn, error) {
+	return netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: a.NetNS})
+}
+
+// closeLater closes a netlink socket in the background: on kernel 6.18
+// closing an nftables socket waits for the objects of earlier transactions
+// to be freed (an RCU grace period, 10 ms and more), which would delay
+// Apply's return long after the rules are in force.
+func closeLater(c interface{ Close() error }) { go c.Close() }
+
 // generation returns the kernel's nftables generation id: one small
 // request, which says whether anything at all changed since a commit.
-func (a *Applier) generation() (uint32, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: a.NetNS})
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
+func generation(conn *netlink.Conn) (uint32, error) {
 	msgs, err := conn.Execute(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
 		Data:   nfgenmsg(unix.AF_UNSPEC, 0),
@@ -285,7 +297,12 @@ func (a *Applier) Delete() error {
 		return nil
 	})
 	a.Forget()
-	if err := b.send(a.NetNS, a.own); err != nil {
+	conn, err := a.dial()
+	if err != nil {
+		return fmt.Errorf("delete table inet %s: open netlink socket: %w", TableName, err)
+	}
+	defer conn.Close()
+	if err := b.send(conn, a.own); err != nil {
 		return fmt.Errorf("delete table inet %s: %w", TableName, err)
 	}
 	return nil
@@ -357,10 +374,12 @@ func objectsFor(rs Ruleset) objects {
 // inspect reports whether the table exists and whether its sets and chains
 // are exactly those rs needs (so that they can be refilled in place).
 func (a *Applier) inspect(rs Ruleset) (exists, sameShape bool, err error) {
-	c, err := nftables.New(nftables.WithNetNSFd(a.NetNS))
+	// One socket for the three reads (see closeLater).
+	c, err := nftables.New(nftables.WithNetNSFd(a.NetNS), nftables.AsLasting())
 	if err != nil {
 		return false, false, err
 	}
+	defer closeLater(closerFunc(c.CloseLasting))
 	t, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, false, nil
@@ -403,6 +422,10 @@ func (a *Applier) inspect(rs Ruleset) (exists, sameShape bool, err error) {
 	}
 	return true, true, nil
 }
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
 
 func sameNames(a, b []string) bool {
 	a, b = slices.Clone(a), slices.Clone(b)

@@ -84,20 +84,15 @@ func (b *batch) size() int {
 // replyTimeout bounds the wait for the kernel's answer to one batch.
 const replyTimeout = 30 * time.Second
 
-// send sends the batch as one transaction on a fresh socket and waits for
+// send sends the batch as one transaction on conn and waits for
 // the kernel's verdict. Only the last message asks for an ack; errors are
 // reported whatever the flags, so one ack means the whole batch committed.
 // own, if not nil, learns the socket's netlink port id before anything is
 // sent: the kernel's notifications of the transaction carry it.
-func (b *batch) send(netns int, own func(portID uint32)) error {
+func (b *batch) send(conn *netlink.Conn, own func(portID uint32)) error {
 	if len(b.msgs) == 0 {
 		return nil
 	}
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netns})
-	if err != nil {
-		return fmt.Errorf("open netlink socket: %w", err)
-	}
-	defer conn.Close()
 	// Acks and errors carry only the header of the failed message, not all
 	// of it: an element message can be 40 KiB.
 	if err := conn.SetOption(netlink.CapAcknowledge, true); err != nil {

@@ -30,6 +30,7 @@ type agent struct {
 
 	loader       config.Loader  // reads --config, a file or a directory of files
 	applied      *config.Config // the config last put in the kernel, nil before
+	ruleset      *nft.Ruleset   // and its ruleset
 	lastWarnings []string       // logged once, not every resync
 	lastErr      string         // likewise
 	failures     int            // consecutive failed syncs, for backoff
@@ -71,7 +72,14 @@ func (a *agent) loop(ctx context.Context) {
 			repair = &c
 		case <-timer.C:
 		}
-		err := a.sync()
+		var err error
+		if repair != nil && a.ruleset != nil {
+			// The file has not changed (its events come separately):
+			// put the last ruleset back without re-reading the file.
+			err = a.apply(*a.ruleset)
+		} else {
+			err = a.sync()
+		}
 		if repair != nil && err == nil {
 			a.log.Warn("undid a change to the table by another process", "change", repair.What)
 			a.metrics.Repaired(repairKind(*repair))
@@ -163,14 +171,9 @@ func (a *agent) sync() error {
 	start := time.Now()
 	res, err := a.applier.Apply(rs)
 	took := time.Since(start)
-	if err != nil {
-		err = hint(err)
-		a.metrics.SyncDone("error", took)
-		a.metrics.SyncFailed(err.Error())
-		a.logError("sync failed; the kernel keeps its previous rules", err)
+	if err := a.record(err, took); err != nil {
 		return err
 	}
-	a.metrics.SyncDone("success", took)
 	a.metrics.SetStaleAfter(3 * cfg.ResyncInterval)
 	a.setElements(cfg, rs)
 	if !partial {
@@ -194,7 +197,27 @@ func (a *agent) sync() error {
 	if a.applied == nil || !a.applied.Equal(cfg) {
 		a.log.Debug("ruleset", "nft", nft.Render(rs))
 	}
-	a.applied = &cfg
+	a.applied, a.ruleset = &cfg, &rs
+	return nil
+}
+
+// apply puts a ruleset in the kernel, as a sync does.
+func (a *agent) apply(rs nft.Ruleset) error {
+	start := time.Now()
+	_, err := a.applier.Apply(rs)
+	return a.record(err, time.Since(start))
+}
+
+// record counts and logs a sync's result.
+func (a *agent) record(err error, took time.Duration) error {
+	if err != nil {
+		err = hint(err)
+		a.metrics.SyncDone("error", took)
+		a.metrics.SyncFailed(err.Error())
+		a.logError("sync failed; the kernel keeps its previous rules", err)
+		return err
+	}
+	a.metrics.SyncDone("success", took)
 	return nil
 }
 
