@@ -1,0 +1,135 @@
+package bench
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// TestQuickRun runs every part of the harness with tiny sizes (the run of
+// BENCH_QUICK=1 make bench) and checks that it produces figures and a
+// report. It asserts nothing about the figures themselves: timings on a
+// shared machine prove nothing in a test.
+func TestQuickRun(t *testing.T) {
+	testnet.Require(t, "ip", "nft")
+	agent := filepath.Join(t.TempDir(), "ip-masq-agent")
+	build := exec.Command("go", "build", "-o", agent, "../cmd/ip-masq-agent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the agent: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var log strings.Builder
+	r := Run(ctx, Config{Agent: agent, Quick: true, Log: &log})
+	t.Logf("progress:\n%s", log.String())
+	if err := r.Err(); err != nil {
+		t.Fatalf("the run failed: %v", err)
+	}
+
+	if r.Control == nil || len(r.Control.Rows) == 0 {
+		t.Fatal("no control plane figures")
+	}
+	for _, row := range r.Control.Rows {
+		for s := range numScenarios {
+			if row.Times[0][s].Reps() == 0 || row.Times[0][s].Median() <= 0 {
+				t.Errorf("IPv%d %d CIDRs: no agent time for %s", row.Family, row.N, Scenario(s))
+			}
+		}
+		if have("nft") && row.Times[1][First].Reps() == 0 {
+			t.Errorf("IPv%d %d CIDRs: no nft -f time", row.Family, row.N)
+		}
+		if len(row.RSS) == 0 || row.RSS[0] <= 0 {
+			t.Errorf("IPv%d %d CIDRs: no peak RSS of the binary", row.Family, row.N)
+		}
+	}
+
+	if r.Data == nil {
+		t.Fatal("no data plane figures")
+	}
+	for _, p := range r.Data.Points {
+		if p.Skipped != "" {
+			t.Logf("%s: skipped: %s", p.Label(), p.Skipped)
+			continue
+		}
+		if !p.Measured() || p.Rate() <= 0 || p.CPUns() <= 0 {
+			t.Errorf("%s: no rate or CPU figure", p.Label())
+		}
+		if p.Conns > 0 && p.wrongNAT() > 0 {
+			t.Errorf("%s: %d connections with the wrong source address (masqueraded %d, direct %d)", p.Label(), p.wrongNAT(), p.Masq, p.Direct)
+		}
+	}
+	for _, kind := range []string{KindNone, KindConntrack, KindAgent} {
+		found := false
+		for _, p := range r.Data.Points {
+			found = found || (p.Kind == kind && p.Measured())
+		}
+		if !found {
+			t.Errorf("no measured data plane point for %s", kind)
+		}
+	}
+
+	if r.Live == nil || len(r.Live.Rows) == 0 {
+		t.Fatal("no live operation figures")
+	}
+	for _, row := range r.Live.Rows {
+		if len(row.Reload) == 0 || len(row.Repair) == 0 {
+			t.Errorf("%d CIDRs: reload trials %d (timed out %d), repair trials %d (timed out %d)",
+				row.N, len(row.Reload), row.ReloadFailed, len(row.Repair), row.RepairFailed)
+		}
+	}
+
+	md := Markdown(r)
+	for _, want := range []string{"## Machine", "## Targets", "## Control plane", "## Data plane", "## Live operation", "## Rerun"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if len(Targets(r)) == 0 {
+		t.Error("no targets evaluated")
+	}
+	// Nothing left behind.
+	if entries, err := os.ReadDir("/run/netns"); err == nil {
+		for _, e := range entries {
+			if m := staleRE.FindStringSubmatch(e.Name()); m != nil && m[1] == strconv.Itoa(os.Getpid()) {
+				t.Errorf("namespace %s left behind", e.Name())
+			}
+		}
+	}
+}
+
+// TestCIDRLists checks the synthesized lists: the sizes asked for, no
+// overlaps, and none covering the data plane's destination.
+func TestCIDRLists(t *testing.T) {
+	for _, family := range []int{4, 6} {
+		n := 100_000
+		if family == 6 {
+			n = 10_000
+		}
+		a, b := cidrList(family, 0, n), cidrList(family, 1, n)
+		if len(a) != n || len(b) != n {
+			t.Fatalf("IPv%d: %d and %d CIDRs, want %d", family, len(a), len(b), n)
+		}
+		all := append(append(a, b...), oneChanged(family, a)[n/2])
+		// Normalize drops duplicates and CIDRs contained in others.
+		if got := len(nft.Normalize(all)); got != len(all) {
+			t.Fatalf("IPv%d: the lists overlap (%d distinct of %d)", family, got, len(all))
+		}
+		for _, p := range all {
+			for _, dst := range []netip.Addr{dataDst, netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("192.0.2.1")} {
+				if p.Contains(dst) {
+					t.Fatalf("%s covers %s", p, dst)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,459 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// LiveRow is the reload and repair latencies of the daemon at one list size.
+type LiveRow struct {
+	N              int
+	Reload, Repair []time.Duration // one per successful trial
+	ReloadFailed   int             // trials with no commit by the agent within trialTimeout
+	RepairFailed   int
+	// How long the agent's threads waited on a run queue for a CPU during
+	// each trial (from /proc/PID/task/*/schedstat): on a loaded machine the
+	// slow trials are mostly this.
+	ReloadWait, RepairWait []time.Duration
+}
+
+// LiveResults are the live operation figures.
+type LiveResults struct {
+	Rows   []LiveRow
+	Trials int
+}
+
+// slowTrial is a trial slow enough for the agent's log to be shown.
+const slowTrial = 500 * time.Millisecond
+
+// trialTimeout bounds the wait for the agent's commit in one trial.
+const trialTimeout = 5 * time.Second
+
+// agentComm is the agent's command name, which the kernel puts in the
+// NEWGEN notification of every transaction it commits.
+const agentComm = "ip-masq-agent"
+
+// RunLive runs the agent binary as a daemon in a node namespace (resync
+// interval 1h, so that every commit it makes is caused by a trial) and
+// measures, from the nftables notifications of the namespace:
+//
+//   - reload latency: from the rename that swaps a ConfigMap volume's ..data
+//     symlink (the kubelet's atomic update; each trial changes one CIDR) to
+//     the agent's commit of the new rules;
+//   - repair latency: from the commit of a foreign `delete table` (sent by
+//     this process over netlink) to the agent's commit re-creating it.
+func RunLive(ctx context.Context, cfg Config) (*LiveResults, error) {
+	if cfg.Agent == "" {
+		return nil, errors.New("no agent binary given")
+	}
+	res := &LiveResults{Trials: 100}
+	sizes := []int{64, 10_000}
+	if cfg.Quick {
+		res.Trials, sizes = 5, []int{64}
+	}
+	for _, n := range sizes {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		cfg.logf("live operation: %d CIDRs, %d trials each", n, res.Trials)
+		row := LiveRow{N: n}
+		err := withTopology("live", func(topo *testnet.Topology) error {
+			return liveRow(ctx, cfg, topo, res.Trials, &row)
+		})
+		res.Rows = append(res.Rows, row)
+		if err != nil {
+			return res, fmt.Errorf("%d CIDRs: %w", n, err)
+		}
+	}
+	return res, nil
+}
+
+func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int, row *LiveRow) (err error) {
+	dir, err := os.MkdirTemp("", "ip-masq-agent-bench-live-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	configs := [2]string{}
+	for i := range configs {
+		c := config.Default(config.Flags{})
+		c.NonMasqueradeCIDRs = cidrList(4, 0, row.N)
+		if i == 1 {
+			c.NonMasqueradeCIDRs = oneChanged(4, c.NonMasqueradeCIDRs)
+		}
+		c.CIDRLimit = max(row.N, 64)
+		c.ResyncInterval = time.Hour
+		configs[i] = c.String()
+	}
+	cm, err := newConfigMapDir(dir, configs[0])
+	if err != nil {
+		return err
+	}
+
+	mon, err := newGenMonitor(int(topo.NodeHandle()))
+	if err != nil {
+		return err
+	}
+	defer mon.close()
+
+	d, err := startDaemon(ctx, topo, cfg.Agent, "--config", cm.path(), "--http-address=")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if serr := d.stop(); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		if err != nil {
+			err = fmt.Errorf("%w\nagent log (end):\n%s", err, tail(d.output(), 2000))
+		}
+	}()
+	if _, ok := mon.waitAgent(ctx, time.Time{}, 20*time.Second); !ok {
+		return errors.New("the agent made no first commit within 20s")
+	}
+	// Between trials, wait until the agent is done with the last one (it
+	// logs after its Apply returns), and a little more: in real use, updates
+	// come seconds apart, not while the agent still works on the last one.
+	idle := func(marker string, n int) {
+		deadline := time.Now().Add(trialTimeout)
+		for strings.Count(d.output(), marker) < n && time.Now().Before(deadline) && ctx.Err() == nil {
+			sleepCtx(ctx, 2*time.Millisecond)
+		}
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+	const reloaded, repaired = `msg="applied new config"`, `msg="undid a change to the table by another process"`
+	pid := d.cmd.Process.Pid
+	idle(`msg="applied config"`, 1)
+
+	for i := range trials {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		mon.drain()
+		w0 := runQueueWait(pid)
+		swapped, err := cm.update(configs[(i+1)%2])
+		if err != nil {
+			return err
+		}
+		if at, ok := mon.waitAgent(ctx, swapped, trialTimeout); ok {
+			row.Reload = append(row.Reload, at.Sub(swapped))
+			if at.Sub(swapped) > slowTrial {
+				cfg.logf("live operation: reload trial %d took %s; the agent's log ends:\n%s", i+1, at.Sub(swapped), tail(d.output(), 1500))
+			}
+			row.ReloadWait = append(row.ReloadWait, runQueueWait(pid)-w0)
+		} else {
+			row.ReloadFailed++
+		}
+		idle(reloaded, i+1)
+	}
+	for i := range trials {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		mon.drain()
+		w0 := runQueueWait(pid)
+		if err := deleteTable(int(topo.NodeHandle())); err != nil {
+			return fmt.Errorf("delete the table: %w", err)
+		}
+		deleted, ok := mon.waitForeign(ctx, trialTimeout)
+		if !ok {
+			return errors.New("the monitor did not see the table's deletion")
+		}
+		if at, ok := mon.waitAgent(ctx, deleted, trialTimeout); ok {
+			row.Repair = append(row.Repair, at.Sub(deleted))
+			if at.Sub(deleted) > slowTrial {
+				cfg.logf("live operation: repair trial %d took %s; the agent's log ends:\n%s", i+1, at.Sub(deleted), tail(d.output(), 1500))
+			}
+			row.RepairWait = append(row.RepairWait, runQueueWait(pid)-w0)
+		} else {
+			row.RepairFailed++
+		}
+		idle(repaired, i+1)
+	}
+	// The table is back and whole.
+	if _, err := topo.NFT("list", "set", "inet", nft.TableName, nft.SetNonMasqV4); err != nil {
+		return fmt.Errorf("after the trials: %w", err)
+	}
+	return nil
+}
+
+// runQueueWait is the time all threads of process pid have spent waiting
+// on a run queue for a CPU (the second field of schedstat).
+func runQueueWait(pid int) time.Duration {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if fields := strings.Fields(string(b)); len(fields) >= 2 {
+			v, _ := strconv.ParseInt(fields[1], 10, 64)
+			sum += v
+		}
+	}
+	return time.Duration(sum)
+}
+
+// deleteTable deletes the agent's table as another program would: one
+// transaction over netlink; Flush returns at the kernel's ack.
+func deleteTable(netnsFD int) error {
+	c, err := nftables.New(nftables.WithNetNSFd(netnsFD))
+	if err != nil {
+		return err
+	}
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: nft.TableName})
+	return c.Flush()
+}
+
+// --- the ConfigMap volume ---
+
+// configMapDir lays a directory out as the kubelet lays out a ConfigMap
+// volume: the key is a symlink through ..data to a timestamped directory,
+// and an update swaps ..data atomically (AtomicWriter).
+type configMapDir struct {
+	dir string
+	n   int
+}
+
+func newConfigMapDir(dir, content string) (*configMapDir, error) {
+	d := &configMapDir{dir: dir}
+	if _, err := d.update(content); err != nil {
+		return nil, err
+	}
+	return d, os.Symlink("..data/ip-masq-agent", d.path())
+}
+
+func (d *configMapDir) path() string { return filepath.Join(d.dir, "ip-masq-agent") }
+
+// update writes content to a new timestamped directory and swaps ..data to
+// it; it returns the time of the swap (just before the rename).
+func (d *configMapDir) update(content string) (time.Time, error) {
+	d.n++
+	ts := fmt.Sprintf("..2026_01_01_00_00_00.%09d", d.n)
+	if err := os.Mkdir(filepath.Join(d.dir, ts), 0o755); err != nil {
+		return time.Time{}, err
+	}
+	if err := os.WriteFile(filepath.Join(d.dir, ts, "ip-masq-agent"), []byte(content), 0o644); err != nil {
+		return time.Time{}, err
+	}
+	old, _ := os.Readlink(filepath.Join(d.dir, "..data"))
+	tmp := filepath.Join(d.dir, "..data_tmp")
+	if err := os.Symlink(ts, tmp); err != nil {
+		return time.Time{}, err
+	}
+	at := time.Now()
+	if err := os.Rename(tmp, filepath.Join(d.dir, "..data")); err != nil {
+		return time.Time{}, err
+	}
+	if old != "" {
+		os.RemoveAll(filepath.Join(d.dir, old))
+	}
+	return at, nil
+}
+
+// --- the daemon ---
+
+type daemon struct {
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	logs   bytes.Buffer
+	exited chan struct{} // closed when Wait returns
+	err    error         // Wait's error, set before exited is closed
+}
+
+func (d *daemon) Write(p []byte) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.logs.Len() < 1<<20 {
+		d.logs.Write(p)
+	}
+	return len(p), nil
+}
+
+func (d *daemon) output() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.logs.String()
+}
+
+func startDaemon(ctx context.Context, topo *testnet.Topology, bin string, args ...string) (*daemon, error) {
+	d := &daemon{exited: make(chan struct{})}
+	d.cmd = exec.Command(bin, args...)
+	d.cmd.Stdout, d.cmd.Stderr = d, d
+	// Should the harness die without stopping it, the kernel does.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := startIn(topo.NodeHandle(), d.cmd, nil); err != nil {
+		return nil, err
+	}
+	go func() { d.err = d.cmd.Wait(); close(d.exited) }()
+	go func() {
+		select {
+		case <-ctx.Done():
+			d.cmd.Process.Signal(syscall.SIGTERM)
+		case <-d.exited:
+		}
+	}()
+	return d, nil
+}
+
+// stop sends SIGTERM and waits (at most 10s, then SIGKILL).
+func (d *daemon) stop() error {
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+		return d.err
+	case <-time.After(10 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.exited
+		return errors.New("the agent did not exit within 10s of SIGTERM")
+	}
+}
+
+// --- the monitor ---
+
+// genEvent is one committed transaction, as the monitor saw it.
+type genEvent struct {
+	at   time.Time
+	gen  gen
+	port uint32 // netlink port id of the committing socket
+}
+
+// genMonitor timestamps the nftables NEWGEN notifications of a namespace:
+// one per committed transaction, naming the committing process.
+type genMonitor struct {
+	conn   *netlink.Conn
+	events chan genEvent
+	done   chan struct{}
+}
+
+func newGenMonitor(netnsFD int) (*genMonitor, error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netnsFD})
+	if err != nil {
+		return nil, err
+	}
+	if err := conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	// The re-creation of a table of 10,000 CIDRs is echoed as about 1 MiB.
+	if raw, err := conn.SyscallConn(); err == nil {
+		raw.Control(func(fd uintptr) {
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20) != nil {
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 64<<20)
+			}
+		})
+	}
+	m := &genMonitor{conn: conn, events: make(chan genEvent, 4096), done: make(chan struct{})}
+	go m.read()
+	return m, nil
+}
+
+func (m *genMonitor) read() {
+	defer close(m.done)
+	raw, err := m.conn.SyscallConn()
+	if err != nil {
+		return
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		var n int
+		var rerr error
+		err := raw.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			return rerr != unix.EAGAIN
+		})
+		now := time.Now()
+		if err == nil {
+			err = rerr
+		}
+		if errors.Is(err, unix.ENOBUFS) {
+			continue // lost notifications of elements; a NEWGEN is sent last
+		}
+		if err != nil {
+			return // closed
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			continue
+		}
+		for _, msg := range msgs {
+			if msg.Header.Type != unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWGEN {
+				continue
+			}
+			if g, ok := parseGen(msg.Data); ok {
+				select {
+				case m.events <- genEvent{at: now, gen: g, port: msg.Header.Pid}:
+				default:
+				}
+			}
+		}
+	}
+}
+
+func (m *genMonitor) drain() {
+	for {
+		select {
+		case <-m.events:
+		default:
+			return
+		}
+	}
+}
+
+// waitAgent returns the time of the agent's next commit seen after since.
+func (m *genMonitor) waitAgent(ctx context.Context, since time.Time, timeout time.Duration) (time.Time, bool) {
+	return m.wait(ctx, timeout, func(e genEvent) bool { return e.gen.proc == agentComm && !e.at.Before(since) })
+}
+
+// waitForeign returns the time of the next commit by another process than
+// the agent (this one).
+func (m *genMonitor) waitForeign(ctx context.Context, timeout time.Duration) (time.Time, bool) {
+	return m.wait(ctx, timeout, func(e genEvent) bool { return e.gen.proc != agentComm })
+}
+
+// waitGen returns the time of the commit that made generation id.
+func (m *genMonitor) waitGen(ctx context.Context, id uint32, timeout time.Duration) (time.Time, bool) {
+	return m.wait(ctx, timeout, func(e genEvent) bool { return e.gen.id == id })
+}
+
+func (m *genMonitor) wait(ctx context.Context, timeout time.Duration, match func(genEvent) bool) (time.Time, bool) {
+	deadline := time.After(timeout)
+	for {
+		select {
+		case e := <-m.events:
+			if match(e) {
+				return e.at, true
+			}
+		case <-deadline:
+			return time.Time{}, false
+		case <-ctx.Done():
+			return time.Time{}, false
+		case <-m.done:
+			return time.Time{}, false
+		}
+	}
+}
+
+func (m *genMonitor) close() {
+	m.conn.Close()
+	<-m.done
+}

@@ -1,0 +1,553 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Target is one goal of the project's issue 6 and what this run measured.
+type Target struct {
+	Goal     string
+	Measured string
+	Met      *bool // nil: not measured in this run
+}
+
+func (t Target) verdict() string {
+	switch {
+	case t.Met == nil:
+		return "not measured"
+	case *t.Met:
+		return "**met**"
+	default:
+		return "**missed**"
+	}
+}
+
+func ptr(b bool) *bool { return &b }
+
+// Targets evaluates the targets against the results.
+func Targets(r *Results) []Target {
+	var ts []Target
+	add := func(goal, measured string, met *bool) {
+		ts = append(ts, Target{Goal: goal, Measured: measured, Met: met})
+	}
+	row := func(family, n int) *ControlRow {
+		if r.Control == nil {
+			return nil
+		}
+		for i := range r.Control.Rows {
+			if x := &r.Control.Rows[i]; x.Family == family && x.N == n && x.Times[0][First].Reps() > 0 {
+				return x
+			}
+		}
+		return nil
+	}
+	// Control plane.
+	firstVsNFT := func(n int, limit time.Duration) {
+		goal := fmt.Sprintf("first apply of %s IPv4 CIDRs at most 0.5× the time of `nft -f`", num(n))
+		if limit > 0 {
+			goal += " and under " + fmtDur(limit)
+		}
+		x := row(4, n)
+		if x == nil || x.Times[1][First].Reps() == 0 {
+			add(goal, "", nil)
+			return
+		}
+		a, f := x.Times[0][First].Median(), x.Times[1][First].Median()
+		ratio := float64(a) / float64(f)
+		met := ratio <= 0.5 && (limit == 0 || a < limit)
+		add(goal, fmt.Sprintf("%s vs %s: %.2f×", fmtDur(a), fmtDur(f), ratio), &met)
+	}
+	firstVsNFT(10_000, 0)
+	firstVsNFT(100_000, time.Second)
+
+	if r.Control != nil && len(r.Control.Rows) > 0 {
+		var worst, parse, build time.Duration
+		var worstRow string
+		sent, moves := 0, 0
+		for _, x := range r.Control.Rows {
+			if d := x.Times[0][Unchanged].Median(); d >= worst {
+				worst, worstRow = d, fmt.Sprintf("IPv%d %s", x.Family, num(x.N))
+			}
+			parse, build = max(parse, x.Parse.Median()), max(build, x.Build.Median())
+			sent += x.UnchangedSent
+			moves += x.UnchangedGenMoves
+		}
+		add("an unchanged resync under 1 ms with no kernel write (every list size)",
+			fmt.Sprintf("`Apply` at most %s (%s); messages sent: %d, nftables generation moves: %d. "+
+				"The daemon's resync also re-reads the file: parsing up to %s and `nft.Build` up to %s (at the largest list)",
+				fmtDur(worst), worstRow, sent, moves, fmtDur(parse), fmtDur(build)),
+			ptr(worst < time.Millisecond && sent == 0 && moves == 0))
+	} else {
+		add("an unchanged resync under 1 ms with no kernel write", "", nil)
+	}
+	if x := row(4, 10_000); x != nil {
+		d := x.Times[0][OneChanged].Median()
+		add("one CIDR changed out of 10,000 under 5 ms",
+			fmt.Sprintf("%s until Apply returns; the new rules are in force after %s (%d messages; adding one CIDR alone: %s, removing one: %s)",
+				fmtDur(d), fmtDur(x.InForce[OneChanged].Median()), x.OneChangedMessages,
+				fmtDur(x.AddOne.Median()), fmtDur(x.RemoveOne.Median())),
+			ptr(d < 5*time.Millisecond))
+	} else {
+		add("one CIDR changed out of 10,000 under 5 ms", "", nil)
+	}
+	for _, c := range []struct {
+		n     int
+		limit int64
+	}{{64, 20 << 20}, {100_000, 100 << 20}} {
+		goal := fmt.Sprintf("peak RSS of the agent at %s CIDRs under %d MB", num(c.n), c.limit>>20)
+		if x := row(4, c.n); x != nil && len(x.RSS) > 0 {
+			m := median(x.RSS)
+			add(goal, fmtMB(m), ptr(m < c.limit))
+		} else {
+			add(goal, "", nil)
+		}
+	}
+
+	// Data plane.
+	if d := r.Data; d != nil {
+		a1, a50 := d.Find(KindAgent, 1), d.Find(KindAgent, 50_000)
+		goal := "data plane: the agent's CPU per new connection at 50,000 CIDRs within 10% of its cost at 1 CIDR"
+		if a1.Measured() && a50 != nil && a50.Measured() {
+			ratio := a50.CPUns() / a1.CPUns()
+			add(goal, fmt.Sprintf("%.1f µs vs %.1f µs: %+.1f%%", a50.CPUns()/1e3, a1.CPUns()/1e3, (ratio-1)*100), ptr(ratio <= 1.10))
+		} else {
+			add(goal, "", nil)
+		}
+		a10 := d.Find(KindAgent, 10_000)
+		for _, kind := range []string{KindIPTNFT, KindIPTLegacy} {
+			goal := fmt.Sprintf("data plane: at 10,000 CIDRs, at least 10× the new-connection rate of the %s", kind)
+			i10 := d.Find(kind, 10_000)
+			if a10 == nil || i10 == nil || !a10.Measured() || !i10.Measured() {
+				add(goal, "", nil)
+				continue
+			}
+			rate := a10.Rate() / i10.Rate()
+			cpu := i10.CPUns() / a10.CPUns()
+			none := d.Find(KindNone, 0)
+			extra := ""
+			if none.Measured() {
+				ea, ei := a10.CPUns()-none.CPUns(), i10.CPUns()-none.CPUns()
+				if ea > 0 {
+					extra = fmt.Sprintf("; CPU above the no-rules baseline: %.1f µs vs %.1f µs (%.0f×)", ea/1e3, ei/1e3, ei/ea)
+				} else {
+					extra = fmt.Sprintf("; CPU above the no-rules baseline: %.1f µs vs %.1f µs", ea/1e3, ei/1e3)
+				}
+			}
+			add(goal, fmt.Sprintf("rate %.0f vs %.0f conn/s: %.1f×; CPU per connection %.1f vs %.1f µs: %.1f×%s",
+				a10.Rate(), i10.Rate(), rate, a10.CPUns()/1e3, i10.CPUns()/1e3, cpu, extra), ptr(rate >= 10))
+		}
+	} else {
+		add("data plane targets", "", nil)
+	}
+
+	// Live operation, at each list size measured.
+	if l := r.Live; l != nil && len(l.Rows) > 0 {
+		for _, c := range []struct {
+			what  string
+			limit time.Duration
+			get   func(LiveRow) ([]time.Duration, int)
+		}{
+			{"reload (`..data` swap to rules in the kernel) p99 under 100 ms", 100 * time.Millisecond, func(x LiveRow) ([]time.Duration, int) { return x.Reload, x.ReloadFailed }},
+			{"repair (foreign `delete table` to the table restored) p99 under 50 ms", 50 * time.Millisecond, func(x LiveRow) ([]time.Duration, int) { return x.Repair, x.RepairFailed }},
+		} {
+			for _, x := range l.Rows {
+				ds, failed := c.get(x)
+				p99 := percentile(ds, 99)
+				measured := fmt.Sprintf("p99 %s (p50 %s, max %s) over %d trials", fmtDur(p99), fmtDur(percentile(ds, 50)), fmtDur(percentile(ds, 100)), len(ds)+failed)
+				if failed > 0 {
+					measured += fmt.Sprintf(", %d timed out", failed)
+				}
+				add(fmt.Sprintf("%s, %s CIDRs", c.what, num(x.N)), measured, ptr(len(ds) > 0 && failed == 0 && p99 < c.limit))
+			}
+		}
+	} else {
+		add("live operation targets", "", nil)
+	}
+	return ts
+}
+
+// Markdown renders the results as BENCHMARKS.md.
+func Markdown(r *Results) string {
+	var b strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	w("# Benchmarks\n\n")
+	w("<!-- Generated by `make bench` (bench/cmd/bench). Rerun it rather than editing this file. -->\n\n")
+	w("Measured on %s UTC by `%s` (what `make bench` runs), %s in all.\n", r.Start.UTC().Format("2006-01-02 15:04"), strings.TrimSpace(r.Command), r.End.Sub(r.Start).Round(time.Second))
+	if r.Quick {
+		w("**This is a quick smoke run (`BENCH_QUICK=1`): tiny sizes, single repetitions; the figures mean little.**\n")
+	}
+	w("The agent side by side with `nft -f` of the same ruleset and with `iptables-restore` of the chain the\n" +
+		"original ip-masq-agent writes (iptables-nft and iptables-legacy), on the control plane, the data plane\n" +
+		"and in live operation. The machine is shared with other tenants and noisy: every figure is the median\n" +
+		"of several repetitions and is compared with a reference measured in the same run.\n\n")
+	if err := r.Err(); err != nil {
+		w("**The run is incomplete:** %s\n\n", oneLine(err.Error()))
+	}
+
+	m := r.Machine
+	w("## Machine\n\n| | |\n| --- | --- |\n")
+	w("| kernel | `%s` |\n| CPU | %s, %d CPUs (`nproc`) |\n| memory | %s |\n| Go | %s |\n", m.Kernel, m.CPU, m.CPUs, m.MemTotal, m.Go)
+	w("| nft | %s |\n| iptables | %s; %s |\n", m.NFT, m.IPTablesNFT, m.IPTablesLegacy)
+	w("| iptables-legacy in a network namespace | %s |\n", legacyStatus(r))
+	w("| load average (`/proc/loadavg`) | at the start `%s`; control plane `%s`; data plane `%s`; live operation `%s`; at the end `%s` |\n\n",
+		m.LoadStart, orDash(r.Load["control"]), orDash(r.Load["data"]), orDash(r.Load["live"]), r.LoadEnd)
+
+	w("## Targets\n\nThe goals of the issue that asked for these benchmarks, and this run's figures.\n\n")
+	w("| target | measured | |\n| --- | --- | --- |\n")
+	for _, t := range Targets(r) {
+		measured := t.Measured
+		if measured == "" {
+			measured = "—"
+		}
+		w("| %s | %s | %s |\n", t.Goal, measured, t.verdict())
+	}
+	w("\n")
+
+	controlMarkdown(&b, r)
+	dataMarkdown(&b, r)
+	liveMarkdown(&b, r)
+
+	w("## Rerun\n\n```sh\n" +
+		"make bench                # everything, about 6 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
+		"BENCH_QUICK=1 make bench  # a smoke run of seconds; prints the report, writes nothing\n" +
+		"go run ./bench/cmd/bench -help   # -only control,data,live; -out FILE; -timeout\n" +
+		"go test ./bench/          # the smoke run as a test (part of make test)\n" +
+		"```\n\n" +
+		"Needs root (it creates network namespaces; nothing is changed in the machine's own namespace), Linux with\n" +
+		"nf_tables, and the Debian packages `nftables` (nft), `iptables` (iptables-nft, iptables-legacy and their\n" +
+		"-restore commands, for the references; missing ones are left out and said so), `iproute2` (ip) and a Go 1.26\n" +
+		"toolchain. `make bench` installs nothing. The legacy backend needs the kernel's ip_tables and iptable_nat\n" +
+		"(built in or as modules); every namespace the run creates is named `" + nsPrefix + "-*` and is deleted when it ends,\n" +
+		"also on Ctrl-C or SIGTERM; a run killed with SIGKILL leaves them for the next run to delete.\n")
+	return b.String()
+}
+
+func controlMarkdown(b *strings.Builder, r *Results) {
+	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	w("## Control plane\n\n")
+	c := r.Control
+	if c == nil {
+		w("Not run.\n\n")
+		return
+	}
+	if r.ControlErr != nil {
+		w("**Incomplete:** %s\n\n", oneLine(r.ControlErr.Error()))
+	}
+	w("Time to put N `nonMasqueradeCIDRs` in the kernel of a fresh network namespace (no traffic), median of the\n" +
+		"repetitions (5; 3 at 100,000; `(n=…)` marks cells cut short after 20 s). The list is /29s from 100.64.0.0/10\n" +
+		"(IPv6: /48s from fd42::/16); \"one CIDR changed\" replaces its middle entry, \"full change\" swaps it for\n" +
+		"another list of the same size (from 240.0.0.0/4; IPv6 fd43::/16), and back.\n\n" +
+		"- **agent**: `nft.Applier.Apply` in-process on the namespace, one Applier from the first apply on (it\n" +
+		"  remembers what the kernel holds: an unchanged resync reads the nftables generation id and sends\n" +
+		"  nothing, a change sends only the differences). Parsing the YAML and `nft.Build` come before it and\n" +
+		"  are listed separately below.\n" +
+		"- **`nft -f`**: `nft.Render` of the same ruleset, prefixed with `table inet ip-masq-agent` and\n" +
+		"  `delete table inet ip-masq-agent` so that it replaces the table; a new `nft` process each time.\n" +
+		"- **iptables-…-restore**: `iptables-restore --noflush` of what the original agent writes on every\n" +
+		"  sync: `:IP-MASQ-AGENT`, one `-d CIDR -m comment --comment … -j RETURN` per CIDR (link-local\n" +
+		"  first), then `-j MASQUERADE --random-fully`; the chain and the POSTROUTING jump exist beforehand\n" +
+		"  (for \"first apply\" the chain is empty). The original agent also runs `iptables -N` and\n" +
+		"  `iptables -C` on each sync; they are not counted. These tools rewrite everything on every run.\n\n")
+	w("Starting a process in the namespace (`nft --version`) takes %s: part of every `nft -f` and\n"+
+		"iptables figure, as in real use.\n\n", fmtDur(c.ExecOverhead.Median()))
+
+	w("| CIDRs | apply | agent | agent: rules in force | `nft -f` | agent ÷ `nft -f` | iptables-nft-restore | iptables-legacy-restore |\n")
+	w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, x := range c.Rows {
+		for s := range numScenarios {
+			label := ""
+			if s == 0 {
+				label = fmt.Sprintf("IPv%d %s", x.Family, num(x.N))
+			}
+			cells := make([]string, 4)
+			for i := range x.Tools {
+				if i < len(x.Times) {
+					cells[i] = timingCell(x.Times[i][s], x.Reps)
+				}
+			}
+			ratio := "—"
+			if a, f := x.Times[0][s], x.Times[1][s]; a.Reps() > 0 && f.Reps() > 0 {
+				ratio = fmt.Sprintf("%.2g×", float64(a.Median())/float64(f.Median()))
+			}
+			w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, Scenario(s), cells[0], timingCell(x.InForce[s], 0), cells[1], ratio, cells[2], cells[3])
+		}
+	}
+	w("\n")
+	var skipped []string
+	for _, x := range c.Rows {
+		for _, s := range x.Skipped {
+			skipped = append(skipped, fmt.Sprintf("IPv%d %s: %s", x.Family, num(x.N), s))
+		}
+	}
+	if len(skipped) > 0 {
+		w("Not measured: %s.\n\n", strings.Join(skipped, "; "))
+	}
+
+	w("The agent in detail: what the daemon does besides `Apply` on each sync (parse the file, `nft.Build`),\n" +
+		"what it sends, CPU time of the first apply (the harness process around the in-process `Apply`, and\n" +
+		"the `nft -f` process; user + kernel, split by the kernel in proportion to 4 ms ticks, so small\n" +
+		"figures are rough), a full change written as after a foreign change (sets and\n" +
+		"chains flushed and refilled in place, one transaction), and the real binary: its peak RSS (VmHWM)\n" +
+		"running as a daemon right after its first sync, and the wall time of `ip-masq-agent --once --config\n" +
+		"FILE` (a first apply, YAML parsing included). The peak RSS is not `ru_maxrss` of an `--once` child:\n" +
+		"Go starts children with vfork, and exec records the high-water mark of the address space it leaves,\n" +
+		"the harness's, as the child's.\n\n")
+	w("| CIDRs | parse YAML | `nft.Build` | first apply CPU: agent | first apply CPU: `nft -f` | unchanged: messages sent, generation moves | one changed: messages | one CIDR added | one CIDR removed | full change, flush and refill | binary peak RSS | binary `--once` |\n")
+	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, x := range c.Rows {
+		rss := "—"
+		if len(x.RSS) > 0 {
+			rss = fmtMB(median(x.RSS))
+		}
+		w("| IPv%d %s | %s | %s | %s | %s | %d, %d | %d | %s | %s | %s | %s | %s |\n", x.Family, num(x.N),
+			fmtDur(x.Parse.Median()), fmtDur(x.Build.Median()),
+			cpuCell(x.AgentUser, x.AgentKernel), cpuCell(x.NFTUser, x.NFTKernel),
+			x.UnchangedSent, x.UnchangedGenMoves,
+			x.OneChangedMessages, timingCell(x.AddOne, 0), timingCell(x.RemoveOne, 0), timingCell(x.Rewrite, 0), rss, timingCell(x.OnceWall, 0))
+	}
+	w("\n")
+	for _, x := range c.Rows {
+		for _, e := range x.Errors {
+			w("- IPv%d %s: %s\n", x.Family, num(x.N), e)
+		}
+	}
+	w("\"Agent\" is the time until `Apply` returns. For one-CIDR changes, \"rules in force\" is the time until\n" +
+		"the kernel's notification of the agent's commit reaches a monitor socket (a netlink subscription to\n" +
+		"the namespace's nftables events, open only while those are timed: with a listener the kernel also\n" +
+		"builds a notification per element, which would slow the large applies): the new rules decide from\n" +
+		"then on. The difference is the closing of the agent's netlink\n" +
+		"socket: on this kernel, closing any nftables socket while the last transaction's replaced objects\n" +
+		"(here: deleted set elements) await freeing waits for that work, which waits for an RCU grace period\n" +
+		"(`nft_rcv_nl_event` → `nf_tables_trans_destroy_flush_work`). A change that only adds elements\n" +
+		"returns at once; one that removes any takes that wait (the \"one CIDR added\" and \"removed\" columns).\n\n")
+}
+
+// legacyStatus says whether the legacy iptables backend worked in the
+// namespaces (it needs the kernel's ip_tables and iptable_nat).
+func legacyStatus(r *Results) string {
+	var reasons []string
+	if r.Control != nil {
+		for _, x := range r.Control.Rows {
+			for i, t := range x.Tools {
+				if strings.Contains(t.Name, "legacy") && i < len(x.Times) && x.Times[i][First].Reps() > 0 {
+					return "works (measured below)"
+				}
+			}
+			for _, s := range x.Skipped {
+				if strings.Contains(s, "legacy") {
+					reasons = append(reasons, s)
+				}
+			}
+		}
+	}
+	if r.Data != nil {
+		for _, p := range r.Data.Points {
+			if p.Kind == KindIPTLegacy {
+				if p.Measured() {
+					return "works (measured below)"
+				}
+				if p.Skipped != "" {
+					reasons = append(reasons, p.Skipped)
+				}
+			}
+		}
+	}
+	if len(reasons) > 0 {
+		return "does not work here, so only iptables-nft is compared: " + reasons[0]
+	}
+	return "not tried"
+}
+
+// cpuCell is "user + kernel" CPU time, medians.
+func cpuCell(user, kernel []time.Duration) string {
+	if len(user) == 0 {
+		return "—"
+	}
+	f := func(d time.Duration) string {
+		if d <= 0 {
+			return "0"
+		}
+		return fmtDur(d)
+	}
+	return f(median(user)) + " + " + f(median(kernel))
+}
+
+func timingCell(t Timing, planned int) string {
+	if t.Reps() == 0 {
+		return "—"
+	}
+	s := fmtDur(t.Median())
+	if planned > 0 && t.Reps() < planned {
+		s += fmt.Sprintf(" (n=%d)", t.Reps())
+	}
+	return s
+}
+
+func dataMarkdown(b *strings.Builder, r *Results) {
+	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	w("## Data plane\n\n")
+	d := r.Data
+	if d == nil {
+		w("Not run.\n\n")
+		return
+	}
+	if r.DataErr != nil {
+		w("**Incomplete:** %s\n\n", oneLine(r.DataErr.Error()))
+	}
+	w("New TCP connections from a pod namespace through the node namespace (forwarding, and the node's\n"+
+		"rules) to a host in the ext namespace (203.0.113.10, covered by none of the CIDRs, so each new\n"+
+		"connection is masqueraded after checking all of them). %d threads in the pod each loop on socket,\n"+
+		"connect (the whole handshake) and close with SO_LINGER 0 (a reset: no TIME_WAIT); a server in the\n"+
+		"ext namespace accepts and closes. Each configuration has its own namespaces; %d repetitions of %s go\n"+
+		"round all configurations in turn, and each figure is the median.\n\n", d.Clients, d.Reps, d.Duration)
+	w("**CPU per connection** is the CPU time of the harness process (clients, server, and the kernel's\n" +
+		"packet processing done in their context) plus the ksoftirqd threads', divided by the connections:\n" +
+		"other tenants' load does not enter it, while it does enter the rates and the system-wide figure\n" +
+		"(busy time of all CPUs from /proc/stat, shown for reference). In parentheses: the lowest and highest\n" +
+		"repetition, a measure of the noise. \"Ruleset cost\" is the CPU per\n" +
+		"connection above the no-rules baseline. \"Source seen\" is checked by the server for every connection:\n" +
+		"the node's address when masqueraded, the pod's otherwise.\n\n")
+	none := d.Find(KindNone, 0)
+	w("| node's rules | CIDRs | new connections/s | CPU per connection | ruleset cost | rate ÷ no rules | system-wide CPU per connection | source seen | failed |\n")
+	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n")
+	for _, p := range d.Points {
+		n := "—"
+		if p.Kind != KindNone && p.Kind != KindConntrack {
+			n = num(p.N)
+		}
+		if !p.Measured() {
+			reason := "not measured"
+			if p.Skipped != "" {
+				reason += ": " + p.Skipped
+			}
+			w("| %s | %s | %s | | | | | | |\n", p.Kind, n, reason)
+			continue
+		}
+		cost, vs := "—", "—"
+		if none.Measured() {
+			cost = fmt.Sprintf("%+.1f µs", (p.CPUns()-none.CPUns())/1e3)
+			vs = fmt.Sprintf("%.2f", p.Rate()/none.Rate())
+		}
+		seen := fmt.Sprintf("node %d, pod %d", p.Masq, p.Direct)
+		if p.wrongNAT() > 0 {
+			seen += " **(wrong)**"
+		}
+		w("| %s | %s | %.0f | %.1f µs (%.0f–%.0f) | %s | %s | %.1f µs | %s | %d |\n", p.Kind, n, p.Rate(), p.CPUns()/1e3,
+			slices.Min(p.CPU)/1e3, slices.Max(p.CPU)/1e3, cost, vs, p.SysNs()/1e3, seen, p.Errors)
+	}
+	w("\n")
+	// What a rate target asks of the chain.
+	a10, n10 := d.Find(KindAgent, 10_000), d.Find(KindIPTLegacy, 10_000)
+	if none.Measured() && a10.Measured() && n10.Measured() {
+		w("A new connection costs %.1f µs of CPU here with no rules at all (socket, handshake and reset\n"+
+			"through three namespaces); at 10,000 CIDRs the agent's table adds %.1f µs and the legacy chain\n"+
+			"%.1f µs. The rate ratio is bounded by the ratio of the totals: for the agent to reach 10× the\n"+
+			"chain's rate, the chain would have to cost about 9× that baseline more than the agent does.\n\n",
+			none.CPUns()/1e3, (a10.CPUns()-none.CPUns())/1e3, (n10.CPUns()-none.CPUns())/1e3)
+	}
+	// Per-CIDR slopes.
+	ns := d.Ns()
+	if len(ns) >= 2 {
+		lo, hi := ns[0], ns[len(ns)-1]
+		w("Cost of one more CIDR per new connection, from the %s-CIDR to the %s-CIDR point: ", num(lo), num(hi))
+		var parts []string
+		for _, kind := range []string{KindAgent, KindIPTNFT, KindIPTLegacy} {
+			a, z := d.Find(kind, lo), d.Find(kind, hi)
+			if a == nil || z == nil || !a.Measured() || !z.Measured() {
+				continue
+			}
+			parts = append(parts, fmt.Sprintf("%s %.2f ns", kind, (z.CPUns()-a.CPUns())/float64(hi-lo)))
+		}
+		w("%s.\n\n", strings.Join(parts, "; "))
+	}
+}
+
+func liveMarkdown(b *strings.Builder, r *Results) {
+	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	w("## Live operation\n\n")
+	l := r.Live
+	if l == nil {
+		w("Not run.\n\n")
+		return
+	}
+	if r.LiveErr != nil {
+		w("**Incomplete:** %s\n\n", oneLine(r.LiveErr.Error()))
+	}
+	w("The agent binary runs as a daemon in a node namespace (`--http-address=`, `resyncInterval: 1h`, so\n" +
+		"that the periodic resync plays no part). Times come from one netlink subscription to the namespace's\n" +
+		"nftables notifications: each committed transaction ends with a NEWGEN message naming the committing\n" +
+		"process.\n\n" +
+		"- **reload**: from the `rename` that swaps the ConfigMap volume's `..data` symlink to a new\n" +
+		"  timestamped directory (the kubelet's atomic update; each trial changes one CIDR) to the agent's\n" +
+		"  commit. The agent coalesces file events for 10 ms before reading.\n" +
+		"- **repair**: from the commit of a foreign `delete table inet ip-masq-agent` (sent by the harness\n" +
+		"  over netlink) to the agent's commit that re-creates the whole table: it re-reads the file and\n" +
+		"  writes everything, as a first apply (see the control plane). The original agent repairs only at\n" +
+		"  its next resync: up to one interval, 60 s by default.\n\n" +
+		"Between trials the harness waits until the agent has logged the end of its sync, and 50 ms more.\n" +
+		"Before it writes, the agent reads the table and the generation id over netlink, on sockets it opens\n" +
+		"and closes; as the control plane shows, on this kernel a close waits while an earlier transaction's\n" +
+		"removed objects are being freed (an RCU grace period), which a repair right after a foreign\n" +
+		"`delete table` often meets, and which grows with the load from other tenants.\n\n")
+	w("\"Waiting for a CPU\" is how long the agent's threads, summed, sat on a run queue from just before\n" +
+		"a trial's trigger to just after its commit was seen (`/proc/PID/task/*/schedstat`): time in which\n" +
+		"other work ran instead. It is an indicator of contention, not a part of the latency to subtract.\n\n")
+	w("| CIDRs | | trials | p50 | p90 | p99 | max | timed out (%s) | waiting for a CPU: p50, p99, max |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n", trialTimeout)
+	for _, x := range l.Rows {
+		for _, c := range []struct {
+			name     string
+			ds, wait []time.Duration
+			failed   int
+		}{{"reload", x.Reload, x.ReloadWait, x.ReloadFailed}, {"repair", x.Repair, x.RepairWait, x.RepairFailed}} {
+			w("| %s | %s | %d | %s | %s | %s | %s | %d | %s, %s, %s |\n", num(x.N), c.name, len(c.ds)+c.failed,
+				fmtDur(percentile(c.ds, 50)), fmtDur(percentile(c.ds, 90)), fmtDur(percentile(c.ds, 99)), fmtDur(percentile(c.ds, 100)), c.failed,
+				fmtWait(percentile(c.wait, 50)), fmtWait(percentile(c.wait, 99)), fmtWait(percentile(c.wait, 100)))
+		}
+	}
+	w("\n")
+}
+
+// --- formatting ---
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "—"
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0f µs", float64(d)/1e3)
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.2f ms", float64(d)/1e6)
+	case d < time.Second:
+		return fmt.Sprintf("%.1f ms", float64(d)/1e6)
+	default:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}
+
+func fmtWait(d time.Duration) string {
+	if d <= 0 {
+		return "0"
+	}
+	return fmtDur(d)
+}
+
+func fmtMB(bytes int64) string { return fmt.Sprintf("%.1f MB", float64(bytes)/(1<<20)) }
+
+// num writes n with thousands separators.
+func num(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
