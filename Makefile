@@ -29,11 +29,30 @@ demo: build
 ## fuzz: each fuzz target for FUZZTIME (default 30s)
 FUZZTIME ?= 30s
 fuzz:
-	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./config/
+	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./config/
+	$(GO) test -run='^$$' -fuzz='^FuzzBuild$$' -fuzztime=$(FUZZTIME) ./nft/
 
-## bench: apply-time benchmarks against the kernel (root); see BENCHMARKS.md
+## fuzz-ci: each fuzz target for a short fixed time (CI); seeds in */testdata/fuzz/
+FUZZCITIME ?= 10s
+.PHONY: fuzz-ci
+fuzz-ci:
+	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZCITIME) ./config/
+	$(GO) test -run='^$$' -fuzz='^FuzzBuild$$' -fuzztime=$(FUZZCITIME) ./nft/
+
+## soak: the fault, load and hostile-input tests at full length (root): hundreds
+## of flips and kills, the largest inputs (about 40 minutes; the full log in
+## bin/soak.out); `make test` runs them shortened
+SOAK_TESTS ?= TestAtomicity|TestKillMidSync|TestHostileConfigs|TestNetlinkFaults|TestCoexistence|TestLeastPrivilege
+.PHONY: soak
+soak: build
+	SOAK=1 $(GO) test -count=1 -timeout=3h -v -run='$(SOAK_TESTS)' ./test/ >bin/soak.out 2>&1; status=$$?; \
+	grep -E '^(ok|FAIL|PASS)|^ *--- |_test.go:[0-9]+: ' bin/soak.out | cut -c1-600; exit $$status
+
+## bench: control plane, data plane and live operation against nft -f and
+## iptables, in namespaces (root, about 6 minutes); writes BENCHMARKS.md.
+## BENCH_QUICK=1: a smoke run of seconds that prints the report instead
 bench: build
-	$(GO) test -run='^$$' -bench=. -benchtime=5x -count=1 ./test/ | tee bench.out
+	$(GO) run ./bench/cmd/bench -agent bin/ip-masq-agent $(if $(filter-out 0,$(BENCH_QUICK)),-quick,-out BENCHMARKS.md)
 
 # Container images (see Dockerfile). Offline, set BASE_IMAGE=scratch: the
 # default base must be pulled.
@@ -84,3 +103,12 @@ FORCE:
 
 clean:
 	rm -rf bin bench.out
+
+## e2e-cluster: the agent as a DaemonSet on a real single-node Kubernetes
+## (v1.36, built from the Go module proxy and cached in e2e/.cache), with
+## containerd and the bridge CNI in namespaces the run creates, proved with
+## real packets from a pod (root; see README.md, "End-to-end on a real node")
+.PHONY: e2e-cluster
+e2e-cluster:
+	cd e2e && GOWORK=off CGO_ENABLED=0 $(GO) build -o .cache/e2e-cluster ./cluster
+	GO=$(GO) e2e/.cache/e2e-cluster -repo $(CURDIR)
