@@ -1,0 +1,421 @@
+package nft
+
+import (
+	"bytes"
+	"encoding/binary"
+	"hash/fnv"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+)
+
+// FuzzBuild builds the ruleset of a config made from the fuzzer's bytes and
+// checks it against a reference model written from the README, on the
+// edges of every prefix of the config and on pseudo-random addresses:
+//
+//   - an address is masqueraded by the generated rules (the Ruleset's
+//     chains evaluated in Go, with set membership taken from the
+//     normalized prefixes AND from the interval elements sent to the
+//     kernel) exactly when the model says so;
+//   - every set is normalized: masked, sorted, of the set's family,
+//     pairwise disjoint, and covering exactly what the config listed;
+//   - every rule encodes to a netlink message and the ruleset renders.
+//
+// The seed corpus is in testdata/fuzz/FuzzBuild; `make fuzz-ci` runs it for
+// a fixed time, `go test` runs the seeds.
+func FuzzBuild(f *testing.F) {
+	seeds := []struct {
+		data                         []byte
+		ipv6, ll, ll6, out, out6, rf bool
+		ports                        uint32
+	}{
+		{nil, false, false, false, true, true, true, 0},
+		{[]byte{0x00, 10, 0, 0, 0, 8, 0x02, 10, 250, 0, 0, 24}, false, false, false, true, true, true, 0},
+		{[]byte{0x01, 0xfd, 0, 0, 0, 0, 0, 8, 0x03, 0x20, 0x01, 0x0d, 0xb8, 0, 0, 32}, true, false, true, false, true, false, 1024<<16 | 29999},
+		{[]byte{0x04, 10, 0, 0, 0, 104, 0x00, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0}, true, true, false, true, false, true, 0},
+		{[]byte{0x00, 240, 0, 0, 0, 4, 0x00, 255, 255, 255, 255, 32, 0x01, 0xff, 0xff, 0, 0, 0, 16}, true, false, false, true, true, true, 32768<<16 | 65535},
+		{[]byte{0x00, 169, 254, 0, 0, 16, 0x02, 169, 254, 169, 254, 32, 0x01, 0xfe, 0x80, 0, 0, 0, 10}, true, true, true, false, false, true, 0},
+		{[]byte{0x00, 192, 168, 1, 0, 24, 0x00, 192, 168, 0, 0, 16, 0x00, 192, 168, 0, 0, 23, 0x00, 192, 169, 0, 0, 16}, false, false, false, true, true, true, 0},
+	}
+	for _, s := range seeds {
+		f.Add(s.data, s.ipv6, s.ll, s.ll6, s.out, s.out6, s.rf, s.ports)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, ipv6, ll, ll6, out, out6, rf bool, ports uint32) {
+		if len(data) > maxFuzzBytes {
+			data = data[:maxFuzzBytes] // at most ~800 prefixes: enough to overlap in every way, fast to check
+		}
+		cfg := fuzzConfig(data)
+		cfg.MasqLinkLocal, cfg.MasqLinkLocalIPv6, cfg.MasqOutBound, cfg.MasqOutBoundIPv6 = ll, ll6, out, out6
+		o := Options{Chain: DefaultChain, EnableIPv6: ipv6, RandomFully: rf, ToPorts: fuzzPorts(ports)}
+		if len(data) > 0 && data[0]&0x80 != 0 {
+			o.Chain = "MY-CHAIN"
+		}
+		rs := Build(cfg, o)
+
+		checkSets(t, cfg, o, rs)
+		checkMasqChain(t, o, rs)
+		for i, rules := range rs.chains() {
+			for _, r := range rules {
+				if _, err := ruleMessage(objectsFor(rs).chains[i].Name, r); err != nil {
+					t.Fatalf("rule %q does not encode: %v", RenderRule(r), err)
+				}
+			}
+		}
+		if !strings.Contains(Render(rs), "table inet "+TableName) {
+			t.Fatal("Render lost the table")
+		}
+
+		h := fnv.New64a()
+		h.Write(data)
+		rng := rand.New(rand.NewPCG(h.Sum64(), uint64(len(data))))
+		for _, a := range probeAddrs(cfg, rng) {
+			want := modelMasquerades(cfg, o, a)
+			got, trace := evalRuleset(t, rs, a)
+			if got != want {
+				t.Fatalf("%s: the ruleset says masquerade=%v (%s), the model says %v\nconfig:\n%s\nruleset:\n%s",
+					a, got, trace, want, cfg, Render(rs))
+			}
+		}
+	})
+}
+
+// maxFuzzBytes bounds the input FuzzBuild reads.
+const maxFuzzBytes = 4096
+
+// fuzzConfig turns bytes into CIDR lists. Each entry is a kind byte and an
+// address: bit 0 selects IPv6 (5 bytes: the top 4 bytes of the address,
+// then the prefix length; the last byte of the address gets the top bits
+// of the kind byte, so that nearby prefixes overlap), else IPv4 (4 bytes
+// and the prefix length); bit 1 selects masqueradeCIDRs; bit 2 writes an
+// IPv4 prefix IPv4-mapped (::ffff:a.b.c.d/96+n). Prefixes are masked as
+// config.Parse requires; prefix lengths wrap modulo the address size + 1.
+func fuzzConfig(data []byte) config.Config {
+	cfg := config.Config{
+		NonMasqueradeCIDRs: []netip.Prefix{}, ResyncInterval: time.Minute, CIDRLimit: 1 << 20,
+	}
+	for len(data) > 0 {
+		kind := data[0]
+		n := 5
+		if kind&1 != 0 {
+			n = 6
+		}
+		if len(data) < n {
+			break
+		}
+		b, bits := data[1:n], int(data[n-1])
+		data = data[n:]
+		var p netip.Prefix
+		if kind&1 != 0 {
+			var a [16]byte
+			copy(a[:], b[:4])
+			a[15] = kind >> 3
+			p = netip.PrefixFrom(netip.AddrFrom16(a), bits%129).Masked()
+		} else {
+			a := netip.AddrFrom4([4]byte(b[:4]))
+			p = netip.PrefixFrom(a, bits%33).Masked()
+			if kind&4 != 0 {
+				p = netip.PrefixFrom(netip.AddrFrom16(p.Addr().As16()), 96+p.Bits())
+			}
+		}
+		if kind&2 != 0 {
+			cfg.MasqueradeCIDRs = append(cfg.MasqueradeCIDRs, p)
+		} else {
+			cfg.NonMasqueradeCIDRs = append(cfg.NonMasqueradeCIDRs, p)
+		}
+	}
+	return cfg
+}
+
+// fuzzPorts makes zero, one or two --to-ports ranges from 32 bits.
+func fuzzPorts(v uint32) []PortRange {
+	lo, hi := uint16(v>>16), uint16(v)
+	switch {
+	case v == 0 || lo == 0:
+		return nil
+	case lo <= hi:
+		return []PortRange{{lo, hi}}
+	case hi == 0:
+		return []PortRange{{lo, lo}}
+	default: // two ranges: [hi, hi] and [lo, lo], disjoint since hi < lo
+		return []PortRange{{hi, hi}, {lo, lo}}
+	}
+}
+
+// unmapped returns p as the agent reads it: an IPv4-mapped prefix of at
+// least 96 bits is the IPv4 prefix (README: ::ffff:10.0.0.0/104 is 10.0.0.0/8).
+func unmapped(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	return p
+}
+
+// modelMasquerades is the README's decision for a new connection to a
+// non-local destination a, written independently of Build: masqueradeCIDRs
+// first, then nonMasqueradeCIDRs and link-local (unless masqLinkLocal*),
+// then masqOutBound* of the family; IPv6 only with --enable-ipv6.
+func modelMasquerades(c config.Config, o Options, a netip.Addr) bool {
+	if a.Is6() && !o.EnableIPv6 {
+		return false
+	}
+	in := func(list []netip.Prefix) bool {
+		for _, p := range list {
+			if p = unmapped(p); p.Addr().BitLen() == a.BitLen() && p.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case in(c.MasqueradeCIDRs):
+		return true
+	case in(c.NonMasqueradeCIDRs):
+		return false
+	case a.Is4() && !c.MasqLinkLocal && linkLocal4.Contains(a):
+		return false
+	case a.Is6() && !c.MasqLinkLocalIPv6 && linkLocal6.Contains(a):
+		return false
+	case a.Is4():
+		return c.MasqOutBound
+	default:
+		return c.MasqOutBoundIPv6
+	}
+}
+
+// evalRuleset runs a packet to a through the base chain and the decision
+// chain as the kernel would (fib says non-local), and reports whether it
+// reaches the masquerade chain, with the rules it took.
+func evalRuleset(t *testing.T, rs Ruleset, a netip.Addr) (bool, string) {
+	fam := Family(4)
+	if a.Is6() {
+		fam = 6
+	}
+	sets := map[string]Set{}
+	for _, s := range rs.Sets {
+		sets[s.Name] = s
+	}
+	matches := func(r Rule) bool {
+		if r.Family != 0 && r.Family != fam {
+			return false
+		}
+		if r.DaddrSet != "" {
+			s, ok := sets[r.DaddrSet]
+			if !ok {
+				t.Fatalf("rule %q looks up a set that does not exist", RenderRule(r))
+			}
+			if s.Family != fam {
+				return false // ip daddr @set never matches an IPv6 packet, and the reverse
+			}
+			byPrefix, byElements := inPrefixes(s.Prefixes, a), inIntervals(intervals(s.Prefixes), a)
+			if byPrefix != byElements {
+				t.Fatalf("%s: set %s: the normalized prefixes say %v, the interval elements sent to the kernel say %v",
+					a, s.Name, byPrefix, byElements)
+			}
+			return byPrefix
+		}
+		return r.L4Proto == 0 && r.Share == nil
+	}
+	var trace []string
+	for _, base := range rs.Base {
+		if !matches(base) {
+			continue
+		}
+		if base.Verdict != Jump || base.Target != rs.Chain {
+			t.Fatalf("base chain rule %q: want a jump to %s", RenderRule(base), rs.Chain)
+		}
+		for _, r := range rs.Rules {
+			if !matches(r) {
+				continue
+			}
+			trace = append(trace, r.Comment)
+			switch r.Verdict {
+			case Goto:
+				if r.Target != MasqChainName {
+					t.Fatalf("rule %q goes to %q", RenderRule(r), r.Target)
+				}
+				return true, strings.Join(trace, " / ")
+			case Return:
+				return false, strings.Join(trace, " / ")
+			default:
+				t.Fatalf("unexpected verdict in the decision chain: %q", RenderRule(r))
+			}
+		}
+		trace = append(trace, "fell off the end of "+rs.Chain)
+	}
+	return false, strings.Join(append(trace, "base chain policy accept"), " / ")
+}
+
+func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
+	// Sorted and disjoint (checkSets): the only candidate is the last
+	// prefix that starts at or before a.
+	i, _ := slices.BinarySearchFunc(ps, a, func(p netip.Prefix, a netip.Addr) int { return p.Addr().Compare(a) })
+	if i < len(ps) && ps[i].Addr() == a {
+		return true
+	}
+	return i > 0 && ps[i-1].Contains(a)
+}
+
+// inIntervals evaluates an interval set as the kernel does: an element
+// starts an interval that ends before the next element flagged as an
+// interval end, or at the top of the address space if there is none.
+func inIntervals(elems []nftables.SetElement, a netip.Addr) bool {
+	key := a.AsSlice()
+	// The elements are sorted by key (an end and the next start may share
+	// one, the end first): the last element at or below a decides.
+	i := sort.Search(len(elems), func(i int) bool { return bytes.Compare(elems[i].Key, key) > 0 })
+	return i > 0 && !elems[i-1].IntervalEnd
+}
+
+// checkSets checks that each set is normalized and covers exactly the
+// config's prefixes of its kind and family (plus link-local).
+func checkSets(t *testing.T, c config.Config, o Options, rs Ruleset) {
+	want := map[string][]netip.Prefix{}
+	for _, p := range c.MasqueradeCIDRs {
+		p = unmapped(p).Masked()
+		name := SetMasqV4
+		if p.Addr().Is6() {
+			name = SetMasqV6
+		}
+		want[name] = append(want[name], p)
+	}
+	for _, p := range c.NonMasqueradeCIDRs {
+		p = unmapped(p).Masked()
+		name := SetNonMasqV4
+		if p.Addr().Is6() {
+			name = SetNonMasqV6
+		}
+		want[name] = append(want[name], p)
+	}
+	if !c.MasqLinkLocal {
+		want[SetNonMasqV4] = append(want[SetNonMasqV4], linkLocal4)
+	}
+	if !c.MasqLinkLocalIPv6 {
+		want[SetNonMasqV6] = append(want[SetNonMasqV6], linkLocal6)
+	}
+	if !o.EnableIPv6 {
+		delete(want, SetMasqV6)
+		delete(want, SetNonMasqV6)
+	}
+	if len(rs.Sets) != 4 {
+		t.Fatalf("%d sets, want 4", len(rs.Sets))
+	}
+	for _, s := range rs.Sets {
+		for i, p := range s.Prefixes {
+			if p != p.Masked() || (p.Addr().Is4() != (s.Family == 4)) || unmapped(p) != p {
+				t.Fatalf("set %s: %s is not masked or not of family %d", s.Name, p, s.Family)
+			}
+			if i > 0 {
+				prev := s.Prefixes[i-1]
+				if comparePrefix(prev, p) >= 0 {
+					t.Fatalf("set %s: %s before %s: not sorted", s.Name, prev, p)
+				}
+				if prev.Overlaps(p) {
+					t.Fatalf("set %s: %s and %s overlap (the kernel would refuse the batch)", s.Name, prev, p)
+				}
+			}
+		}
+		// The same addresses: every listed prefix is inside one normalized
+		// prefix, and every normalized prefix is one of the listed ones.
+		for _, p := range want[s.Name] {
+			if !inPrefixes(s.Prefixes, p.Addr()) || !inPrefixes(s.Prefixes, lastAddr(p)) {
+				t.Fatalf("set %s lacks %s", s.Name, p)
+			}
+		}
+		listed := map[netip.Prefix]bool{}
+		for _, p := range want[s.Name] {
+			listed[p] = true
+		}
+		for _, p := range s.Prefixes {
+			if !listed[p] {
+				t.Fatalf("set %s holds %s, which the config does not list", s.Name, p)
+			}
+		}
+	}
+}
+
+// checkMasqChain checks the masquerade chain: an unconditional masquerade
+// last, and with --to-ports, per protocol, ranges chosen in proportion to
+// their sizes (P(range i) = Below_i/Of_i of what the earlier ranges left:
+// Of must be what is left and Below the range's size).
+func checkMasqChain(t *testing.T, o Options, rs Ruleset) {
+	last := rs.Masq[len(rs.Masq)-1]
+	if last.Verdict != Masquerade || last.L4Proto != 0 || last.Ports != nil || last.Share != nil || last.FullyRandom != o.RandomFully {
+		t.Fatalf("last masquerade rule %q: want an unconditional masquerade", RenderRule(last))
+	}
+	if want := 3*len(o.ToPorts) + 1; len(rs.Masq) != want {
+		t.Fatalf("%d masquerade rules, want %d", len(rs.Masq), want)
+	}
+	total := uint32(0)
+	for _, p := range o.ToPorts {
+		total += p.size()
+	}
+	for proto := 0; proto < 3; proto++ {
+		left := total
+		for i, p := range o.ToPorts {
+			r := rs.Masq[proto*len(o.ToPorts)+i]
+			if r.Ports == nil || *r.Ports != p || r.FullyRandom != o.RandomFully {
+				t.Fatalf("rule %q: want ports %s", RenderRule(r), p)
+			}
+			switch {
+			case i == len(o.ToPorts)-1 && r.Share != nil:
+				t.Fatalf("rule %q: the last range takes what is left, without numgen", RenderRule(r))
+			case i < len(o.ToPorts)-1 && (r.Share == nil || r.Share.Below != p.size() || r.Share.Of != left):
+				t.Fatalf("rule %q: want numgen random mod %d < %d", RenderRule(r), left, p.size())
+			}
+			left -= p.size()
+		}
+	}
+}
+
+// probeAddrs returns addresses to check: the edges of every prefix of the
+// config and of link-local (first, last, one before, one after), the ends
+// of the address spaces, IPv4-mapped IPv6 forms of IPv4 edges (which are
+// IPv6 destinations), and pseudo-random addresses near and far.
+func probeAddrs(c config.Config, rng *rand.Rand) []netip.Addr {
+	var out []netip.Addr
+	add := func(a netip.Addr) {
+		if a.IsValid() {
+			out = append(out, a)
+			if a.Is4() {
+				out = append(out, netip.AddrFrom16(a.As16()))
+			}
+		}
+	}
+	edges := func(p netip.Prefix) {
+		for _, q := range []netip.Prefix{p, unmapped(p)} {
+			first, last := q.Masked().Addr(), lastAddr(q.Masked())
+			add(first)
+			add(last)
+			add(first.Prev())
+			add(last.Next())
+		}
+	}
+	for _, p := range append(append([]netip.Prefix{linkLocal4, linkLocal6}, c.MasqueradeCIDRs...), c.NonMasqueradeCIDRs...) {
+		edges(p)
+	}
+	for _, s := range []string{"0.0.0.0", "255.255.255.255", "::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "10.0.0.1", "fe80::1"} {
+		add(netip.MustParseAddr(s))
+	}
+	for range 64 {
+		var b [16]byte
+		binary.BigEndian.PutUint64(b[:8], rng.Uint64())
+		binary.BigEndian.PutUint64(b[8:], rng.Uint64())
+		add(netip.AddrFrom4([4]byte(b[:4])))
+		add(netip.AddrFrom16(b))
+		if n := len(out); n > 0 {
+			// Near an address already probed: flip one low bit.
+			a := out[rng.IntN(n)].As16()
+			a[15] ^= 1 << rng.IntN(8)
+			add(netip.AddrFrom16(a).Unmap())
+		}
+	}
+	return out
+}
