@@ -46,7 +46,7 @@ type Config struct {
 const DefaultPath = "/etc/config/ip-masq-agent"
 
 // MaxFileSize bounds the file size; larger files are refused before parsing.
-const MaxFileSize = 16 << 20
+const MaxFileSize = 4 << 20
 
 const (
 	defaultCIDRLimit = 64
@@ -152,7 +152,8 @@ func Load(path string, f Flags) (Config, []string, error) {
 }
 
 func readFile(path string) ([]byte, error) {
-	file, err := os.Open(path)
+	// O_NONBLOCK: opening a FIFO must not block the daemon's loop forever.
+	file, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, unwrapPath(err)
 	}
@@ -163,6 +164,9 @@ func readFile(path string) ([]byte, error) {
 	}
 	if fi.IsDir() {
 		return nil, errors.New("is a directory, expected a file")
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("is not a regular file (%s)", fi.Mode().Type())
 	}
 	tooBig := fmt.Errorf("file is larger than the limit of %d bytes", MaxFileSize)
 	if fi.Size() > MaxFileSize {
@@ -208,9 +212,9 @@ func parseKeys(data []byte, f Flags) (Config, map[string]bool, []string, error) 
 	if err != nil {
 		return Config{}, nil, nil, err
 	}
-	warns := capped(d.messages(true), "warnings")
+	warns := capped(d.messages(true), d.dropped[1], "warnings")
 	if errs := d.messages(false); len(errs) > 0 {
-		return Config{}, nil, warns, errors.New(strings.Join(capped(errs, "errors"), "; "))
+		return Config{}, nil, warns, errors.New(strings.Join(capped(errs, d.dropped[0], "errors"), "; "))
 	}
 	return c, d.present, warns, nil
 }
@@ -238,6 +242,11 @@ func parse(data []byte, f Flags) (Config, *decoder, error) {
 	if err != nil {
 		return Config{}, nil, err
 	}
+	if !ordered && moreDocuments(data) {
+		// The original agent read only the first document; content after
+		// it was silently lost. Say so instead.
+		return Config{}, nil, parseError("content after the first YAML document (a second \"---\" document or trailing text): a config is one document")
+	}
 	c, d := decode(entries, f)
 	// YAMLToJSON sorts keys. Only when the order shows in the messages is
 	// it worth parsing the YAML again to learn it.
@@ -250,11 +259,31 @@ func parse(data []byte, f Flags) (Config, *decoder, error) {
 	return c, d, nil
 }
 
-func capped(msgs []string, what string) []string {
-	if len(msgs) <= maxReported {
+func capped(msgs []string, dropped int, what string) []string {
+	if len(msgs) <= maxReported && dropped == 0 {
 		return msgs
 	}
-	return append(msgs[:maxReported:maxReported], fmt.Sprintf("and %d more %s", len(msgs)-maxReported, what))
+	return append(msgs[:maxReported:maxReported], fmt.Sprintf("and %d more %s", len(msgs)+dropped-maxReported, what))
+}
+
+// moreDocuments reports whether YAML data holds anything after its first
+// document (empty documents aside).
+func moreDocuments(data []byte) bool {
+	dec := yamlv2.NewDecoder(bytes.NewReader(data))
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return false // the first document's errors are reported elsewhere
+	}
+	for {
+		v = nil
+		err := dec.Decode(&v)
+		if err == io.EOF {
+			return false
+		}
+		if err != nil || v != nil {
+			return true
+		}
+	}
 }
 
 func parseError(reason string) error {
@@ -374,6 +403,7 @@ func oneLine(s string) string {
 type decoder struct {
 	f          Flags
 	found      []finding         // errors and warnings, in the order found
+	dropped    [2]int            // errors, warnings not stored past maxStored
 	present    map[string]bool   // known keys (canonical) set to a non-null value
 	written    map[string]string // known keys (canonical) as written
 	badLimit   bool              // cidrLimit is invalid, so the lists cannot be checked against it
@@ -399,7 +429,19 @@ func (d *decoder) warnAt(key string, index int, format string, a ...any) {
 	d.add(finding{warning: true, key: key, index: index, msg: fmt.Sprintf(format, a...)})
 }
 
+// maxStored bounds the findings kept: a 1 MiB list of bad items would
+// otherwise hold half a million messages in memory.
+const maxStored = 1000
+
 func (d *decoder) add(f finding) {
+	if len(d.found) >= maxStored {
+		if f.warning {
+			d.dropped[1]++
+		} else {
+			d.dropped[0]++
+		}
+		return
+	}
 	if f.text == "" {
 		f.text = keyPath(f.key, f.index) + ": " + f.msg
 	}

@@ -396,6 +396,9 @@ func (a *Applier) inspect(rs Ruleset) (exists, sameShape bool, err error) {
 		return true, false, fmt.Errorf("list sets: %w", err)
 	}
 	want := objectsFor(rs)
+	if t.Flags != 0 { // e.g. dormant: the rules would not run
+		return true, false, nil
+	}
 	var gotChains []string
 	for _, ch := range chains {
 		if ch.Table == nil || ch.Table.Name != TableName {
@@ -403,7 +406,8 @@ func (a *Applier) inspect(rs Ruleset) (exists, sameShape bool, err error) {
 		}
 		gotChains = append(gotChains, ch.Name)
 		if ch.Name == BaseChainName && (ch.Hooknum == nil || *ch.Hooknum != *nftables.ChainHookPostrouting ||
-			ch.Priority == nil || *ch.Priority != Priority || ch.Type != nftables.ChainTypeNAT) {
+			ch.Priority == nil || *ch.Priority != Priority || ch.Type != nftables.ChainTypeNAT ||
+			ch.Policy == nil || *ch.Policy != nftables.ChainPolicyAccept) {
 			return true, false, nil
 		}
 	}
@@ -416,7 +420,14 @@ func (a *Applier) inspect(rs Ruleset) (exists, sameShape bool, err error) {
 	}
 	for _, w := range want.sets {
 		i := slices.IndexFunc(sets, func(s *nftables.Set) bool { return s.Name == w.Name })
-		if i < 0 || !sets[i].Interval || sets[i].KeyType.Name != w.KeyType.Name || sets[i].IsMap {
+		// Anything but a plain interval set (a size limit, a timeout, ...)
+		// was set by someone else and would make refills fail or expire.
+		if i < 0 {
+			return true, false, nil
+		}
+		g := sets[i]
+		if !g.Interval || g.KeyType.Name != w.KeyType.Name || g.IsMap || g.Size != 0 ||
+			g.Constant || g.HasTimeout || g.Dynamic || g.Concatenation || g.Anonymous {
 			return true, false, nil
 		}
 	}

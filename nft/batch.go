@@ -162,10 +162,22 @@ func (b *batch) wait(conn *netlink.Conn, begin, last uint32) error {
 				errs = append(errs, fmt.Errorf("%s: %w", b.what[s-begin-1], syscall.Errno(-code)))
 			}
 			if s == last || (s == begin && code != 0) {
-				return errors.Join(errs...)
+				return firstOf(errs)
 			}
 		}
 	}
+}
+
+// firstOf returns the first error and how many more messages failed: when
+// one message is refused the kernel reports the rest of the batch too.
+func firstOf(errs []error) error {
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return fmt.Errorf("%w (and %d more messages of the transaction refused)", errs[0], len(errs)-1)
 }
 
 // receive reads one datagram and splits it into netlink messages. It reads

@@ -663,12 +663,6 @@ func TestNetlinkFaults(t *testing.T) {
 // flags, the base chain's policy); the agent must still restore its
 // ruleset, since an in-place refill keeps those changes or fails forever.
 func TestForeignShapeRepaired(t *testing.T) {
-	knownBug(t, "nft.Applier.inspect (nft/apply.go) compares only the names of chains and sets, the base chain's "+
-		"hook/priority/type and the sets' key type, interval and map flags, so a foreign `size 2` on a set makes every "+
-		"refill fail with ENFILE forever (and the decision chain stays flushed: nothing is masqueraded), and `flags dormant` "+
-		"on the table or `policy drop` on the base chain survive every repair. Fix: in inspect, also return sameShape=false "+
-		"when t.Flags != 0, when the base chain's Policy is not accept, and when a set has Size != 0, Constant, HasTimeout, "+
-		"Dynamic, Concatenation, or a Comment other than the agent's")
 	for _, tc := range []struct{ name, tamper string }{
 		{"a set resized", "flush chain inet ip-masq-agent IP-MASQ-AGENT\ndelete set inet ip-masq-agent nonmasq-v4\n" +
 			"add set inet ip-masq-agent nonmasq-v4 { type ipv4_addr; flags interval; size 2; }\n"},

@@ -324,7 +324,7 @@ func TestManifestsDaemonSet(t *testing.T) {
 		if cpu.IsZero() || mem.IsZero() {
 			t.Errorf("resources.%s %v: set cpu and memory", rl.what, rl.list)
 		}
-		if cpu.MilliValue() > 500 || mem.Value() > 256<<20 {
+		if cpu.MilliValue() > 500 || mem.Value() > 512<<20 {
 			t.Errorf("resources.%s %v: not small", rl.what, rl.list)
 		}
 	}

@@ -161,11 +161,6 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 
 	t.Run("daemon without capabilities fails at start", func(t *testing.T) {
-		knownBug(t, "without CAP_NET_ADMIN the daemon does not exit: it logs the sync error once and then "+
-			"retries forever, logging `watching nftables for foreign changes failed; retrying` (EPERM, without the "+
-			"CAP_NET_ADMIN hint) at every backoff; fix: in cmd/ip-masq-agent/main.go run(), before starting the HTTP "+
-			"server and the loop, run a.sync() once and `return 1` if errors.Is(err, syscall.EPERM) (sync has logged the "+
-			"one line with hint()); and log hint(err) in agent.watchTable")
 		cmd := privileged(topo, rootNoCaps, bin, "--config", cfg, "--http-address=")
 		var out strings.Builder
 		cmd.Stdout, cmd.Stderr = &out, &out

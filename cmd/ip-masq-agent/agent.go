@@ -114,7 +114,7 @@ func (a *agent) watchTable(ctx context.Context, tampered chan<- nft.Change) {
 		if ctx.Err() != nil {
 			return
 		}
-		a.log.Error("watching nftables for foreign changes failed; retrying", "err", err, "in", backoff)
+		a.log.Error("watching nftables for foreign changes failed; retrying", "err", hint(err), "in", backoff)
 		select {
 		case <-ctx.Done():
 		case <-time.After(backoff):

@@ -11,8 +11,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -115,6 +118,13 @@ func run(args []string, stderr io.Writer) int {
 		}
 		return 0
 	}
+	// Without CAP_NET_ADMIN nothing will ever work: fail at start with one
+	// line rather than retry forever. (EPERM alone does not tell: a table
+	// owned by another process's socket is refused with EPERM too.)
+	if !hasCapNetAdmin() {
+		log.Error("cannot program nftables", "err", hint(syscall.EPERM))
+		return 1
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	served := make(chan error, 1)
@@ -160,4 +170,19 @@ func hint(err error) error {
 		return fmt.Errorf("%w (the agent needs CAP_NET_ADMIN in the node's network namespace)", err)
 	}
 	return err
+}
+
+// hasCapNetAdmin reports whether CAP_NET_ADMIN is in the effective set.
+func hasCapNetAdmin() bool {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return true // cannot tell: let the kernel decide
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			return err != nil || caps&(1<<unix.CAP_NET_ADMIN) != 0
+		}
+	}
+	return true
 }
