@@ -56,41 +56,13 @@ type dirWatcher struct {
 
 func (w *dirWatcher) run(ctx context.Context, debounce time.Duration) {
 	defer close(w.out)
-	defer w.fs.Close()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	pending, force := false, false
-	schedule := func() {
-		if !pending {
-			pending = true
-			timer.Reset(debounce)
-		}
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-w.fs.Events:
-			if !ok {
-				return
-			}
-			// A write in place of the same size within one mtime tick
-			// leaves the fingerprint equal: signal anyway.
-			if ev.Has(fsnotify.Write) && w.match(filepath.Base(ev.Name)) && filepath.Dir(ev.Name) != filepath.Dir(w.dir) {
-				force = true
-			}
-			schedule()
-		case err, ok := <-w.fs.Errors:
-			if !ok {
-				return
-			}
-			w.report(err)
-			if errors.Is(err, fsnotify.ErrEventOverflow) {
-				force = true
-			}
-			schedule()
-		case <-timer.C:
-			pending = false
+	debounced(ctx, w.fs, debounce, w.report,
+		// A write in place of the same size within one mtime tick leaves
+		// the fingerprint equal: signal anyway.
+		func(ev fsnotify.Event) bool {
+			return ev.Has(fsnotify.Write) && w.match(filepath.Base(ev.Name)) && filepath.Dir(ev.Name) != filepath.Dir(w.dir)
+		},
+		func(force bool) {
 			w.report(w.sync())
 			if fp := w.fingerprint(); fp != w.last || force {
 				w.last = fp
@@ -99,9 +71,7 @@ func (w *dirWatcher) run(ctx context.Context, debounce time.Duration) {
 				default: // a send is pending
 				}
 			}
-			force = false
-		}
-	}
+		})
 }
 
 func (w *dirWatcher) report(err error) {

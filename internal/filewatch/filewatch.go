@@ -78,8 +78,22 @@ type watcher struct {
 
 func (w *watcher) run(ctx context.Context, debounce time.Duration) {
 	defer close(w.out)
-	defer w.fs.Close()
+	debounced(ctx, w.fs, debounce, w.report,
+		// An in-place write of the same size within one mtime tick leaves
+		// the fingerprint equal: signal anyway. (Not so for creates: a
+		// check may already have seen and reported the change before its
+		// event arrives, and inode, path or mtime differ for a replacement.)
+		func(ev fsnotify.Event) bool { return ev.Has(fsnotify.Write) && filepath.Clean(ev.Name) == w.file },
+		w.check)
+}
 
+// debounced runs a watcher's event loop until ctx is done or the watcher
+// closes: each event or error schedules one call of check, debounce after
+// the first; check is forced when an event says so (forces) or events were
+// lost. It closes fs.
+func debounced(ctx context.Context, fs *fsnotify.Watcher, debounce time.Duration, report func(error),
+	forces func(fsnotify.Event) bool, check func(force bool)) {
+	defer fs.Close()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	pending, force := false, false
@@ -93,31 +107,24 @@ func (w *watcher) run(ctx context.Context, debounce time.Duration) {
 		select {
 		case <-ctx.Done():
 			return
-		case ev, ok := <-w.fs.Events:
+		case ev, ok := <-fs.Events:
 			if !ok {
 				return
 			}
-			// An in-place write of the same size within one mtime tick
-			// leaves the fingerprint equal: signal anyway. (Not so for
-			// creates: a check may already have seen and reported the
-			// change before its event arrives, and inode, path or mtime
-			// differ for a replacement.)
-			if ev.Has(fsnotify.Write) && filepath.Clean(ev.Name) == w.file {
-				force = true
-			}
+			force = force || forces(ev)
 			schedule()
-		case err, ok := <-w.fs.Errors:
+		case err, ok := <-fs.Errors:
 			if !ok {
 				return
 			}
-			w.report(err)
+			report(err)
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
 				force = true // events were lost
 			}
 			schedule()
 		case <-timer.C:
 			pending = false
-			w.check(force)
+			check(force)
 			force = false
 		}
 	}
