@@ -214,33 +214,12 @@ func readTrim(path string) string {
 // to what is timed than `ip netns exec`. The thread is moved back; if that
 // fails it stays locked and the runtime discards it.
 func startIn(ns netns.NsHandle, cmd *exec.Cmd, started *time.Time) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
+	return testnet.InNS(ns, func() error {
 		if started != nil {
 			*started = time.Now()
 		}
-		err = cmd.Start()
-		if serr := netns.Set(orig); serr != nil {
-			errc <- errors.Join(err, fmt.Errorf("setns back: %w", serr))
-			return // still locked: the thread ends with this goroutine
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	return <-errc
+		return cmd.Start()
+	})
 }
 
 // cmdResult is what a finished command took.

@@ -408,30 +408,12 @@ func newAcceptServer(topo *testnet.Topology, port int) (*acceptServer, error) {
 	}
 	defer ext.Close()
 	// The socket is created in ext; accepting works from any thread.
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ext); err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
+	err = testnet.InNS(ext, func() error {
+		var err error
 		s.fd, err = listen(port)
-		if serr := netns.Set(orig); serr != nil {
-			errc <- errors.Join(err, serr)
-			return // stays locked: the thread is discarded
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
+		return err
+	})
+	if err != nil {
 		if s.fd >= 0 {
 			unix.Close(s.fd)
 		}

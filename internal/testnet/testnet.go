@@ -449,10 +449,10 @@ func (t *Topology) owner(addr netip.Addr) (string, error) {
 	return "", fmt.Errorf("testnet: no namespace of %s owns %s (AddDestination first)", t.Name, addr)
 }
 
-// inNS runs f on a fresh locked OS thread that is inside namespace h, and then
+// InNS runs f on a fresh locked OS thread that is inside namespace h, and then
 // moves the thread back. If moving back fails the thread stays locked and is
 // terminated when the goroutine exits, so no other goroutine ever runs in h.
-func inNS(h netns.NsHandle, f func() error) error {
+func InNS(h netns.NsHandle, f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -492,7 +492,7 @@ func (t *Topology) server(ns string) (*server, error) {
 	}
 	s := &server{conns: map[net.Conn]struct{}{}}
 	laddr := fmt.Sprintf(":%d", ServerPort) // wildcard: one dual-stack socket
-	err := inNS(t.ns[ns], func() error {
+	err := InNS(t.ns[ns], func() error {
 		var err error
 		if s.tcp, err = net.Listen("tcp", laddr); err != nil {
 			return err
@@ -663,7 +663,7 @@ func (t *Topology) dial(ns, zoneIf, network string, src, dst netip.Addr, port ui
 		}
 	}
 	var c net.Conn
-	err := inNS(t.ns[ns], func() error {
+	err := InNS(t.ns[ns], func() error {
 		var err error
 		c, err = d.Dial(network, netip.AddrPortFrom(dst, port).String())
 		return err
