@@ -53,7 +53,7 @@ func tools(family int) []Tool {
 		six = "6"
 	}
 	return []Tool{
-		{Name: "agent (nft.Applier)"},
+		{Name: "agent (nft.Netlink)"},
 		{Name: "nft -f", Restore: "nft", NFT: true},
 		{Name: "ip" + six + "tables-nft-restore", Restore: "ip" + six + "tables-nft-restore", Setup: "ip" + six + "tables-nft"},
 		{Name: "ip" + six + "tables-legacy-restore", Restore: "ip" + six + "tables-legacy-restore", Setup: "ip" + six + "tables-legacy"},
@@ -176,7 +176,7 @@ func withTopology(part string, f func(*testnet.Topology) error) (err error) {
 // lists are the configs of a row: the list, the list with one CIDR
 // changed, another list of the same size, and the list with one CIDR added.
 type lists struct {
-	rules [4]nft.Ruleset
+	rules [4]nft.Table
 	yaml  [4]string // the config files (paths)
 	nft   [4]string // nft -f files
 	ipt   [4]string // iptables-restore files
@@ -212,7 +212,7 @@ func makeLists(dir string, family, n int) (lists, error) {
 
 // nftReplaceText is the agent's ruleset as `nft -f` input that replaces
 // the table whether or not it exists.
-func nftReplaceText(rs nft.Ruleset) string {
+func nftReplaceText(rs nft.Table) string {
 	return "table inet " + nft.TableName + "\ndelete table inet " + nft.TableName + "\n" + nft.Render(rs)
 }
 
@@ -342,7 +342,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 	var mon *genMonitor
 	// apply times a.Apply(rs) and, while mon is set, the commit's
 	// notification.
-	apply := func(a *nft.Applier, sc Scenario, rs nft.Ruleset) (nft.Result, time.Duration, error) {
+	apply := func(a *nft.Netlink, sc Scenario, rs nft.Table) (nft.Result, time.Duration, error) {
 		g0, err := generation(fd)
 		if err != nil {
 			return nft.Result{}, 0, err
@@ -367,13 +367,13 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 		}
 		return res, took, nil
 	}
-	var a *nft.Applier
+	var a *nft.Netlink
 	var err error
 	times[First], err = reps(ctx, c.reps, func(int) (time.Duration, error) {
-		if err := (&nft.Applier{NetNS: fd}).Delete(); err != nil {
+		if err := (&nft.Netlink{NetNS: fd}).Delete(); err != nil {
 			return 0, err
 		}
-		a = &nft.Applier{NetNS: fd}
+		a = &nft.Netlink{NetNS: fd}
 		res, took, err := apply(a, First, l.rules[0])
 		if err == nil && !res.Created {
 			err = fmt.Errorf("first apply did not create the table: %+v", res)
@@ -469,7 +469,6 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 		if i%2 == 1 {
 			rs = l.rules[0]
 		}
-		a.Forget()
 		_, took, err := apply(a, numScenarios, rs)
 		return took, err
 	})
@@ -488,7 +487,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 	}
 	runs := min(c.reps, 3)
 	for range runs {
-		if err := (&nft.Applier{NetNS: fd}).Delete(); err != nil {
+		if err := (&nft.Netlink{NetNS: fd}).Delete(); err != nil {
 			return err
 		}
 		r, err := runIn(ctx, topo.NodeHandle(), cfg.Agent, append([]string{"--once"}, args...)...)
@@ -498,7 +497,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 		row.OnceWall.All = append(row.OnceWall.All, r.Took)
 	}
 	for range runs {
-		if err := (&nft.Applier{NetNS: fd}).Delete(); err != nil {
+		if err := (&nft.Netlink{NetNS: fd}).Delete(); err != nil {
 			return err
 		}
 		rss, err := peakRSS(ctx, topo, cfg.Agent, args...)
@@ -571,7 +570,7 @@ func toolTimes(ctx context.Context, topo *testnet.Topology, tool Tool, l lists, 
 	}
 	if tool.NFT {
 		files = l.nft
-		reset = func() error { return (&nft.Applier{NetNS: int(ns)}).Delete() }
+		reset = func() error { return (&nft.Netlink{NetNS: int(ns)}).Delete() }
 	} else if err := iptablesSetup(ctx, ns, tool.Setup); err != nil {
 		return err
 	}

@@ -240,7 +240,7 @@ func controlMarkdown(b *strings.Builder, r *Results) {
 		"repetitions (5; 3 at 100,000; `(n=…)` marks cells cut short after 20 s). The list is /29s from 100.64.0.0/10\n" +
 		"(IPv6: /48s from fd42::/16); \"one CIDR changed\" replaces its middle entry, \"full change\" swaps it for\n" +
 		"another list of the same size (from 240.0.0.0/4; IPv6 fd43::/16), and back.\n\n" +
-		"- **agent**: `nft.Applier.Apply` in-process on the namespace, one Applier from the first apply on (it\n" +
+		"- **agent**: `nft.Netlink.Apply` in-process on the namespace, one Applier from the first apply on (it\n" +
 		"  remembers what the kernel holds: an unchanged resync reads the nftables generation id and sends\n" +
 		"  nothing, a change sends only the differences). Parsing the YAML and `nft.Build` come before it and\n" +
 		"  are listed separately below.\n" +

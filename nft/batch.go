@@ -6,71 +6,200 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"syscall"
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// batch collects the messages of one nftables transaction, each with what
-// it does, and sends them itself (send) rather than with
+// batch is the netlink messages of one transaction, each with the plan
+// operation it encodes. It is sent by send rather than with
 // nftables.Conn.Flush: google/nftables v0.3.0 cannot say which message
 // failed, leaves a lasting connection out of step after a failed Flush,
 // overflows the default socket buffers on large batches (EMSGSIZE on send,
 // ENOBUFS on receive although the transaction committed), and has the
-// kernel echo every message back. Messages are still encoded by
-// google/nftables: a Conn whose Flush only records them (see newBatch).
+// kernel echo every message back. Sets, elements and chains are still
+// encoded by google/nftables: a Conn whose Flush only records messages.
 type batch struct {
 	cc   *nftables.Conn
 	msgs []netlink.Message
-	what []string
-	err  error
+	op   []int // index in the plan of each message's operation
 }
 
-func newBatch() *batch {
+// elementsPerMessage bounds one NEWSETELEM message well below 64 KiB: a
+// netlink attribute's length is 16 bits, and google/nftables v0.3.0 lets a
+// larger element list wrap silently, so the kernel keeps a fragment of the
+// set while the batch succeeds. 512 IPv6 intervals take about 36 KiB.
+const elementsPerMessage = 512
+
+// encode turns a plan into the messages of one transaction.
+func encode(p Plan) (*batch, error) {
 	b := &batch{}
 	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
 	b.cc, _ = nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
 		if req == nil { // Flush waiting for an ack
 			return ack, nil
 		}
-		// Drop the batch begin and end; send adds its own.
-		b.msgs = append(b.msgs, req[1:len(req)-1]...)
+		b.msgs = append(b.msgs, req[1:len(req)-1]...) // without its batch begin and end
 		return nil, nil
 	}))
-	return b
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+	for i, op := range p.Ops {
+		n := len(b.msgs)
+		if err := b.encodeOp(t, op); err != nil {
+			return nil, fmt.Errorf("encode %q: %w", op, err)
+		}
+		if err := b.cc.Flush(); err != nil {
+			return nil, fmt.Errorf("encode %q: %w", op, err)
+		}
+		for range b.msgs[n:] {
+			b.op = append(b.op, i)
+		}
+	}
+	return b, nil
 }
 
-// add records the messages f has google/nftables encode.
-func (b *batch) add(what string, f func(cc *nftables.Conn) error) {
-	if b.err != nil {
-		return
+func (b *batch) encodeOp(t *nftables.Table, op Op) error {
+	cc := b.cc
+	set := func(s *Set) *nftables.Set {
+		key := nftables.TypeIPAddr
+		if s != nil && s.Family == 6 {
+			key = nftables.TypeIP6Addr
+		}
+		out := &nftables.Set{Table: t, Name: op.Name, KeyType: key, Interval: true, KeyByteOrder: binaryutil.BigEndian}
+		if s != nil {
+			out.Comment = s.Comment
+		}
+		return out
 	}
-	n := len(b.msgs)
-	if err := f(b.cc); err != nil {
-		b.err = fmt.Errorf("%s: %w", what, err)
-		return
+	switch op.Kind {
+	case KindTable:
+		b.msgs = append(b.msgs, tableMessage(op))
+	case KindSet:
+		if op.Verb == Add {
+			return cc.AddSet(set(op.Set), nil)
+		}
+		cc.DelSet(set(nil))
+	case KindElements:
+		// The key type does not matter for encoding: the key's bytes do.
+		for start := 0; start < len(op.Elements); start += elementsPerMessage {
+			chunk := intervals(op.Elements[start:min(start+elementsPerMessage, len(op.Elements))])
+			var err error
+			if op.Verb == Delete {
+				err = cc.SetDeleteElements(set(nil), chunk)
+			} else {
+				err = cc.SetAddElements(set(nil), chunk)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	case KindChain:
+		c := &nftables.Chain{Table: t, Name: op.Name}
+		switch op.Verb {
+		case Flush:
+			cc.FlushChain(c)
+		case Delete:
+			cc.DelChain(c)
+		default:
+			if h := op.Chain.Hook; h != nil {
+				policy := nftables.ChainPolicyAccept
+				if h.Policy == "drop" {
+					policy = nftables.ChainPolicyDrop
+				}
+				hooknum := slices.Index([]string{"prerouting", "input", "forward", "output", "postrouting"}, h.Hook)
+				if hooknum < 0 {
+					return fmt.Errorf("unknown hook %q", h.Hook)
+				}
+				c.Type, c.Hooknum, c.Priority, c.Policy = nftables.ChainType(h.Type), nftables.ChainHookRef(nftables.ChainHook(hooknum)),
+					nftables.ChainPriorityRef(nftables.ChainPriority(h.Priority)), &policy
+			}
+			cc.AddChain(c)
+		}
+	case KindRule:
+		m, err := ruleMessage(op.Name, *op.Rule)
+		if err != nil {
+			return err
+		}
+		b.msgs = append(b.msgs, m)
+	case KindObject:
+		b.msgs = append(b.msgs, objectMessage(*op.Object))
 	}
-	if err := b.cc.Flush(); err != nil {
-		b.err = fmt.Errorf("%s: %w", what, err)
-		return
+	return nil
+}
+
+// tableMessage encodes add, create, update or delete table, with the
+// flags: google/nftables v0.3.0 always sends flags 0 (which would turn an
+// owned table's update into EOPNOTSUPP) and cannot create exclusively.
+func tableMessage(op Op) netlink.Message {
+	typ, flags := unix.NFT_MSG_NEWTABLE, netlink.Request|netlink.Create
+	attrs := []netlink.Attribute{attr(unix.NFTA_TABLE_NAME, cstring(TableName))}
+	if op.Verb == Delete {
+		typ, flags = unix.NFT_MSG_DELTABLE, netlink.Request
+	} else {
+		var f uint32
+		if op.Owned {
+			f |= tableFlagOwner
+		}
+		if op.Persist {
+			f |= tableFlagPersist
+		}
+		attrs = append(attrs, attr(unix.NFTA_TABLE_FLAGS, binaryutil.BigEndian.PutUint32(f)))
+		if op.Exclusive {
+			flags |= netlink.Excl
+		}
 	}
-	for range b.msgs[n:] {
-		b.what = append(b.what, what)
+	data, _ := netlink.MarshalAttributes(attrs)
+	return netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
+		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), data...),
 	}
 }
 
-func (b *batch) fail(err error) {
-	if b.err == nil {
-		b.err = err
+// objectMessage deletes a stateful object or a flowtable.
+func objectMessage(o Object) netlink.Message {
+	typ := unix.NFT_MSG_DELOBJ
+	attrs := []netlink.Attribute{attr(unix.NFTA_OBJ_TABLE, cstring(TableName)), attr(unix.NFTA_OBJ_NAME, cstring(o.Name)),
+		attr(unix.NFTA_OBJ_TYPE, binaryutil.BigEndian.PutUint32(o.Type))}
+	if o.Kind == "flowtable" {
+		typ = unix.NFT_MSG_DELFLOWTABLE
+		attrs = []netlink.Attribute{attr(flowtableAttrTable, cstring(TableName)), attr(flowtableAttrName, cstring(o.Name))}
+	}
+	data, _ := netlink.MarshalAttributes(attrs)
+	return netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: netlink.Request},
+		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), data...),
 	}
 }
 
-func (b *batch) addMessage(what string, m netlink.Message) {
-	b.msgs = append(b.msgs, m)
-	b.what = append(b.what, what)
+// ruleMessage encodes a NEWRULE message (appended to its chain; without
+// the echo that nftables.Conn.AddRule asks for).
+func ruleMessage(chain string, r Rule) (netlink.Message, error) {
+	exprs, err := marshalExprs(r.expressions())
+	if err != nil {
+		return netlink.Message{}, err
+	}
+	data, err := netlink.MarshalAttributes([]netlink.Attribute{
+		attr(unix.NFTA_RULE_TABLE, cstring(TableName)),
+		attr(unix.NFTA_RULE_CHAIN, cstring(chain)),
+		attr(unix.NLA_F_NESTED|unix.NFTA_RULE_EXPRESSIONS, exprs),
+		attr(unix.NFTA_RULE_USERDATA, userdata.AppendString(nil, userdata.TypeComment, r.Comment)),
+	})
+	if err != nil {
+		return netlink.Message{}, err
+	}
+	return netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWRULE),
+			Flags: netlink.Request | netlink.Create | unix.NLM_F_APPEND,
+		},
+		Data: append(nfgenmsg(unix.NFPROTO_INET, 0), data...),
+	}, nil
 }
 
 func (b *batch) size() int {
@@ -84,33 +213,29 @@ func (b *batch) size() int {
 // replyTimeout bounds the wait for the kernel's answer to one batch.
 const replyTimeout = 30 * time.Second
 
-// send sends the batch as one transaction on conn and waits for
-// the kernel's verdict. Only the last message asks for an ack; errors are
-// reported whatever the flags, so one ack means the whole batch committed.
-// own, if not nil, learns the socket's netlink port id before anything is
-// sent: the kernel's notifications of the transaction carry it.
-func (b *batch) send(conn *netlink.Conn, own func(portID uint32)) error {
-	if len(b.msgs) == 0 {
-		return nil
-	}
-	// Acks and errors carry only the header of the failed message, not all
-	// of it: an element message can be 40 KiB.
-	if err := conn.SetOption(netlink.CapAcknowledge, true); err != nil {
-		return fmt.Errorf("set NETLINK_CAP_ACK: %w", err)
-	}
-	_ = conn.SetOption(netlink.ExtendedAcknowledge, true) // error strings, where the kernel has them
+// errNoAnswer: the kernel did not answer in time; the socket is out of step.
+var errNoAnswer = errors.New("no answer from the kernel")
+
+// send sends the batch as one transaction on conn and waits for the
+// kernel's verdict; with gen not 0 the kernel refuses the batch with
+// ERESTART if the generation moved on. Only the last message asks for an
+// ack; errors are reported whatever the flags, so one ack means the whole
+// batch committed. failed is the index of the first refused message (-1:
+// none, or the batch as a whole).
+func (b *batch) send(conn *netlink.Conn, gen uint32) (failed int, err error) {
 	size := b.size() + 4096
 	if err := setBuffer(conn, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, size); err != nil {
-		return fmt.Errorf("set socket send buffer to %d bytes: %w", size, err)
-	}
-
-	if own != nil {
-		own(conn.PID())
+		return -1, fmt.Errorf("set socket send buffer to %d bytes: %w", size, err)
 	}
 	seq := rand.Uint32()>>1 + 1
+	beginData := nfgenmsg(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
+	if gen != 0 {
+		a, _ := netlink.MarshalAttributes([]netlink.Attribute{attr(unix.NFNL_BATCH_GENID, binaryutil.BigEndian.PutUint32(gen))})
+		beginData = append(beginData, a...)
+	}
 	begin := netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), Flags: netlink.Request, Sequence: seq},
-		Data:   nfgenmsg(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES),
+		Data:   beginData,
 	}
 	out := make([]netlink.Message, 0, len(b.msgs)+2)
 	out = append(out, begin)
@@ -128,26 +253,28 @@ func (b *batch) send(conn *netlink.Conn, own func(portID uint32)) error {
 		Data:   nfgenmsg(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES),
 	})
 	if _, err := conn.SendMessages(out); err != nil {
-		return fmt.Errorf("send %d messages (%d bytes): %w", len(out), size, err)
+		return -1, fmt.Errorf("send %d messages (%d bytes): %w", len(out), size, err)
 	}
 	return b.wait(conn, seq, last)
 }
 
 // wait reads the kernel's replies until the ack or error of the last
 // message, or an error on the batch itself, and names the failed messages.
-func (b *batch) wait(conn *netlink.Conn, begin, last uint32) error {
+func (b *batch) wait(conn *netlink.Conn, begin, last uint32) (int, error) {
 	if err := conn.SetReadDeadline(time.Now().Add(replyTimeout)); err != nil {
-		return err
+		return -1, err
 	}
+	defer conn.SetReadDeadline(time.Time{})
 	buf := make([]byte, 1<<16)
 	var errs []error
+	failed := -1
 	for {
 		msgs, err := receive(conn, buf)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				err = fmt.Errorf("no answer from the kernel within %s", replyTimeout)
+				err = fmt.Errorf("%w within %s", errNoAnswer, replyTimeout)
 			}
-			return errors.Join(append(errs, fmt.Errorf("receive the kernel's answer: %w", err))...)
+			return failed, errors.Join(append(errs, fmt.Errorf("receive the kernel's answer: %w", err))...)
 		}
 		for _, m := range msgs {
 			if m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4 {
@@ -159,10 +286,13 @@ func (b *batch) wait(conn *netlink.Conn, begin, last uint32) error {
 			case code != 0 && s == begin:
 				errs = append(errs, fmt.Errorf("transaction refused: %w", syscall.Errno(-code)))
 			case code != 0 && s > begin && s <= last:
-				errs = append(errs, fmt.Errorf("%s: %w", b.what[s-begin-1], syscall.Errno(-code)))
+				if failed < 0 {
+					failed = int(s - begin - 1)
+				}
+				errs = append(errs, fmt.Errorf("%d messages in, %w", s-begin, syscall.Errno(-code)))
 			}
 			if s == last || (s == begin && code != 0) {
-				return firstOf(errs)
+				return failed, firstOf(errs)
 			}
 		}
 	}

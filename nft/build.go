@@ -2,7 +2,6 @@ package nft
 
 import (
 	"net/netip"
-	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -24,8 +23,8 @@ const (
 	commentMasq     = "ip-masq-agent: masquerade to the node's address"
 )
 
-// Build returns the ruleset for a config: the whole policy, top to bottom.
-func Build(c config.Config, o Options) Ruleset {
+// Build returns the table for a config: the whole policy, top to bottom.
+func Build(c config.Config, o Options) Table {
 	nonMasq4, nonMasq6 := splitFamilies(c.NonMasqueradeCIDRs)
 	masq4, masq6 := splitFamilies(c.MasqueradeCIDRs)
 
@@ -42,24 +41,25 @@ func Build(c config.Config, o Options) Ruleset {
 		nonMasq6, masq6 = nil, nil
 	}
 
-	rs := Ruleset{
-		Chain: o.Chain,
+	t := Table{
 		Sets: []Set{
-			{Name: SetMasqV4, Family: 4, Prefixes: Normalize(masq4), Comment: "ip-masq-agent: masqueradeCIDRs"},
-			{Name: SetNonMasqV4, Family: 4, Prefixes: Normalize(nonMasq4), Comment: "ip-masq-agent: nonMasqueradeCIDRs and link-local"},
-			{Name: SetMasqV6, Family: 6, Prefixes: Normalize(masq6), Comment: "ip-masq-agent: masqueradeCIDRs"},
-			{Name: SetNonMasqV6, Family: 6, Prefixes: Normalize(nonMasq6), Comment: "ip-masq-agent: nonMasqueradeCIDRs and link-local"},
+			{Name: SetMasqV4, Family: 4, Elements: rangesOf(masq4), Comment: "ip-masq-agent: masqueradeCIDRs"},
+			{Name: SetNonMasqV4, Family: 4, Elements: rangesOf(nonMasq4), Comment: "ip-masq-agent: nonMasqueradeCIDRs and link-local"},
+			{Name: SetMasqV6, Family: 6, Elements: rangesOf(masq6), Comment: "ip-masq-agent: masqueradeCIDRs"},
+			{Name: SetNonMasqV6, Family: 6, Elements: rangesOf(nonMasq6), Comment: "ip-masq-agent: nonMasqueradeCIDRs and link-local"},
 		},
 	}
 
 	// The hook: only traffic to non-local destinations is considered, as with
 	// the original agent's `-m addrtype ! --dst-type LOCAL -j IP-MASQ-AGENT`.
-	rs.Base = []Rule{{NotLocal: true, Verdict: Jump, Target: o.Chain, Comment: commentGuard}}
+	base := Chain{Name: BaseChainName, Hook: &Hook{Type: "nat", Hook: "postrouting", Priority: Priority, Policy: "accept"},
+		Rules: []Rule{{NotLocal: true, Verdict: Jump, Target: o.Chain, Comment: commentGuard}}}
 
 	// The decision, per family: masqueradeCIDRs first (they win over
 	// nonMasqueradeCIDRs, as in Baidu CCE's agent), then nonMasqueradeCIDRs
 	// return, then everything else is masqueraded if masqOutBound says so.
 	// A connection that falls off the end is not masqueraded by the agent.
+	decision := Chain{Name: o.Chain}
 	type family struct {
 		f              Family
 		masq, nonMasq  string
@@ -72,17 +72,17 @@ func Build(c config.Config, o Options) Ruleset {
 		if !fam.want {
 			continue
 		}
-		rs.Rules = append(rs.Rules,
+		decision.Rules = append(decision.Rules,
 			Rule{Family: fam.f, DaddrSet: fam.masq, Verdict: Goto, Target: MasqChainName, Comment: commentMasqSet},
 			Rule{Family: fam.f, DaddrSet: fam.nonMasq, Verdict: Return, Comment: commentNonMasq},
 		)
 		if fam.outbound {
-			rs.Rules = append(rs.Rules, Rule{Family: fam.f, Verdict: Goto, Target: MasqChainName, Comment: commentOutbound})
+			decision.Rules = append(decision.Rules, Rule{Family: fam.f, Verdict: Goto, Target: MasqChainName, Comment: commentOutbound})
 		}
 	}
 
-	rs.Masq = masqRules(o)
-	return rs
+	t.Chains = []Chain{base, decision, {Name: MasqChainName, Rules: masqRules(o)}}
+	return t
 }
 
 // masqRules spells out the masquerade statement. With --to-ports, TCP, UDP
@@ -107,51 +107,4 @@ func masqRules(o Options) []Rule {
 		}
 	}
 	return append(rules, Rule{Verdict: Masquerade, FullyRandom: o.RandomFully, Comment: commentMasq})
-}
-
-// splitFamilies also unmaps IPv4-mapped IPv6 prefixes (::ffff:10.0.0.0/104
-// is 10.0.0.0/8), which the kernel would otherwise never match.
-func splitFamilies(ps []netip.Prefix) (v4, v6 []netip.Prefix) {
-	for _, p := range ps {
-		if p.Addr().Is4In6() && p.Bits() >= 96 {
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-		}
-		if p.Addr().Is4() {
-			v4 = append(v4, p)
-		} else {
-			v6 = append(v6, p)
-		}
-	}
-	return v4, v6
-}
-
-// Normalize returns the prefixes the kernel can take as one interval set:
-// masked, sorted, without duplicates and without
-// prefixes contained in others (the kernel rejects overlapping intervals
-// with EEXIST for the whole batch). Adjacent prefixes are kept apart, so
-// that `nft list` shows what the operator wrote.
-func Normalize(in []netip.Prefix) []netip.Prefix {
-	ps := make([]netip.Prefix, 0, len(in))
-	for _, p := range in {
-		ps = append(ps, p.Masked())
-	}
-	// Sorted by address, then shorter first: a prefix that contains others
-	// comes right before them, so one sweep drops every contained prefix.
-	slices.SortFunc(ps, comparePrefix)
-	out := ps[:0]
-	for _, p := range ps {
-		if n := len(out); n > 0 && out[n-1].Addr().BitLen() == p.Addr().BitLen() && out[n-1].Contains(p.Addr()) {
-			continue
-		}
-		out = append(out, p)
-	}
-	return slices.Clip(out)
-}
-
-// comparePrefix orders by address, then shorter prefix first.
-func comparePrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
 }

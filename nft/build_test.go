@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"go4.org/netipx"
+
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
 
@@ -111,7 +113,12 @@ func TestSplitFamiliesUnmaps(t *testing.T) {
 }
 
 func TestIntervals(t *testing.T) {
-	got := intervals(prefixes("10.0.0.0/8", "240.0.0.0/4", "255.255.255.255/32", "::/0", "2001:db8::/32"))
+	var rs []netipx.IPRange
+	for _, p := range prefixes("10.0.0.0/8", "240.0.0.0/4", "255.255.255.255/32", "::/0", "2001:db8::/32") {
+		rs = append(rs, netipx.RangeOfPrefix(p))
+	}
+	rs = append(rs, netipx.IPRangeFrom(netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::5")))
+	got := intervals(rs)
 	var s []string
 	for _, e := range got {
 		a, _ := netip.AddrFromSlice(e.Key)
@@ -122,7 +129,7 @@ func TestIntervals(t *testing.T) {
 		}
 	}
 	// The top of the address space has no end element.
-	want := []string{"10.0.0.0", "end 11.0.0.0", "240.0.0.0", "255.255.255.255", "::", "2001:db8::", "end 2001:db9::"}
+	want := []string{"10.0.0.0", "end 11.0.0.0", "240.0.0.0", "255.255.255.255", "::", "2001:db8::", "end 2001:db9::", "fd00::1", "end fd00::6"}
 	if !slices.Equal(s, want) {
 		t.Errorf("intervals = %v, want %v", s, want)
 	}

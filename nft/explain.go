@@ -56,23 +56,22 @@ func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
 		e.Reason = "IPv6 is not handled without --enable-ipv6"
 		return e
 	}
-	rs := Build(cfg, o)
+	t := Build(cfg, o)
 	fam := Family(4)
 	if addr.Is6() {
 		fam = 6
 	}
-	for _, r := range rs.Rules {
+	for _, r := range t.DecisionChain().Rules {
 		if r.Family != 0 && r.Family != fam {
 			continue
 		}
 		var matched netip.Prefix
 		if r.DaddrSet != "" {
-			i := slices.IndexFunc(rs.Sets, func(s Set) bool { return s.Name == r.DaddrSet })
-			p, ok := setLookup(rs.Sets[i].Prefixes, addr)
+			elem, ok := lookup(t.Set(r.DaddrSet).Elements, addr)
 			if !ok {
 				continue
 			}
-			matched = p
+			matched, _ = elem.Prefix() // Build makes one range per prefix
 		}
 		e.Rule = RenderRule(r)
 		e.Masquerade = r.Verdict == Goto && r.Target == MasqChainName
@@ -93,17 +92,6 @@ func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
 		e.Reason = "masqOutBoundIPv6: false (no other rule matched)"
 	}
 	return e
-}
-
-// setLookup returns the prefix of a normalized set that holds addr.
-func setLookup(ps []netip.Prefix, addr netip.Addr) (netip.Prefix, bool) {
-	// Sorted and disjoint: the candidate is the last prefix that starts
-	// at or before addr.
-	i := sort.Search(len(ps), func(i int) bool { return ps[i].Addr().Compare(addr) > 0 })
-	if i > 0 && ps[i-1].Contains(addr) {
-		return ps[i-1], true
-	}
-	return netip.Prefix{}, false
 }
 
 // source names the config entry behind a set element: the first entry of
@@ -154,7 +142,7 @@ func ExplainTable(t *Table, addr netip.Addr, isLocal func(netip.Addr) bool) Expl
 	e := Explanation{Addr: addr}
 	var bases []*Chain
 	for i := range t.Chains {
-		if t.Chains[i].natPostrouting {
+		if h := t.Chains[i].Hook; h != nil && h.Type == "nat" && h.Hook == "postrouting" {
 			bases = append(bases, &t.Chains[i])
 		}
 	}
@@ -162,7 +150,7 @@ func ExplainTable(t *Table, addr netip.Addr, isLocal func(netip.Addr) bool) Expl
 		e.Reason = "the table has no chain hooked at nat postrouting: it masquerades nothing"
 		return e
 	}
-	sort.SliceStable(bases, func(i, j int) bool { return bases[i].priority < bases[j].priority })
+	sort.SliceStable(bases, func(i, j int) bool { return bases[i].Hook.Priority < bases[j].Hook.Priority })
 	last := result{}
 	for _, c := range bases {
 		res := ev.chain(c, 0, nil)
@@ -211,7 +199,7 @@ type step struct {
 	index   int // 1-based
 	text    string
 	set     string // the set a lookup matched in, if any
-	element netip.Prefix
+	element string
 	verdict string
 }
 
@@ -232,7 +220,7 @@ func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
 	var maybeMasq []step // rules that masquerade for some packets only
 	for i, r := range c.Rules {
 		m, s := ev.match(r)
-		s.chain, s.index, s.text, s.verdict = c.Name, i+1, r.Text, ruleVerdict(r)
+		s.chain, s.index, s.text, s.verdict = c.Name, i+1, RenderRule(r), ruleVerdict(r)
 		switch {
 		case m == matchNo || s.verdict == "":
 			continue
@@ -321,11 +309,11 @@ const (
 
 // match evaluates a rule's expressions up to its verdict on a packet to
 // ev.addr. The step it returns records the set element a lookup matched.
-func (ev *evaluator) match(r KernelRule) (match, step) {
+func (ev *evaluator) match(r Rule) (match, step) {
 	var s step
 	regs := map[uint32][]byte{} // a missing register is unknown
 	unknown := false
-	for _, e := range r.exprs {
+	for _, e := range r.expressions() {
 		switch e := e.(type) {
 		case *expr.Meta:
 			delete(regs, e.Register)
@@ -394,12 +382,12 @@ func (ev *evaluator) match(r KernelRule) (match, step) {
 				unknown = true
 				continue
 			}
-			p, found := setLookup(set.Prefixes, a)
+			elem, found := lookup(set.Elements, a)
 			if found == e.Invert {
 				return matchNo, s
 			}
 			if found {
-				s.set, s.element = set.Name, p
+				s.set, s.element = set.Name, rangeString(elem)
 			}
 		case *expr.Counter, *expr.Verdict, *expr.Masq, *expr.NAT:
 			// statements: no match
@@ -434,8 +422,8 @@ func destRegister(e expr.Any) (uint32, bool) {
 
 // ruleVerdict is "masquerade", "accept", "drop", "return", "jump CHAIN",
 // "goto CHAIN", or "" for a rule without one.
-func ruleVerdict(r KernelRule) string {
-	for _, e := range r.exprs {
+func ruleVerdict(r Rule) string {
+	for _, e := range r.expressions() {
 		switch e := e.(type) {
 		case *expr.Masq, *expr.NAT:
 			return "masquerade"
@@ -457,8 +445,8 @@ func ruleVerdict(r KernelRule) string {
 	return ""
 }
 
-func (r KernelRule) target() string {
-	for _, e := range r.exprs {
+func (r Rule) target() string {
+	for _, e := range r.expressions() {
 		if v, ok := e.(*expr.Verdict); ok && (v.Kind == expr.VerdictJump || v.Kind == expr.VerdictGoto) {
 			return v.Chain
 		}

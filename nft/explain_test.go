@@ -1,7 +1,6 @@
 package nft
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -10,35 +9,32 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
 
-// kernelTable turns a ruleset into what Read would return for it: each
-// rule encoded by ruleMessage, as Apply sends it, and decoded by
-// google/nftables' expression decoders, as Read receives it.
-func kernelTable(t *testing.T, rs Ruleset) *Table {
+// kernelTable turns a table into what Read would return for it: each
+// rule encoded by ruleMessage, as Send sends it, and decoded by
+// decodeRuleMessage, as Read receives it.
+func kernelTable(t *testing.T, want Table) *Table {
 	t.Helper()
-	tbl := &Table{}
-	for _, s := range rs.Sets {
-		tbl.Sets = append(tbl.Sets, Set{Name: s.Name, Family: s.Family, Prefixes: s.Prefixes})
-	}
-	for i, rules := range rs.chains() {
-		c := Chain{Name: []string{BaseChainName, rs.Chain, MasqChainName}[i]}
-		if i == 0 {
-			c.Hook = fmt.Sprintf("type nat hook postrouting priority srcnat + %d; policy accept;", Priority-100)
-			c.natPostrouting, c.priority = true, Priority
+	tbl := want.Clone()
+	for i := range tbl.Chains {
+		c := &tbl.Chains[i]
+		if c.Hook != nil {
+			h := *c.Hook
+			c.Hook = &h
 		}
-		for _, r := range rules {
-			c.Rules = append(c.Rules, kernelRule(decodeMessage(t, c.Name, r)))
+		for j, r := range c.Rules {
+			c.Rules[j] = decodeMessage(t, c.Name, r)
 		}
-		tbl.Chains = append(tbl.Chains, c)
 	}
 	return tbl
 }
 
-func decodeMessage(t *testing.T, chain string, r Rule) *nftables.Rule {
+func decodeMessage(t *testing.T, chain string, r Rule) Rule {
 	t.Helper()
 	msg, err := ruleMessage(chain, r)
 	if err != nil {
@@ -60,16 +56,19 @@ func TestDecodeRuleRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		ports, _ := ParsePorts(tc.ports)
-		rs := Build(cfg, Options{Chain: DefaultChain, EnableIPv6: tc.flags.EnableIPv6, RandomFully: !tc.noRF, ToPorts: ports})
-		tbl := kernelTable(t, rs)
-		for i, rules := range rs.chains() {
-			for j, r := range rules {
+		want := Build(cfg, Options{Chain: DefaultChain, EnableIPv6: tc.flags.EnableIPv6, RandomFully: !tc.noRF, ToPorts: ports})
+		tbl := kernelTable(t, want)
+		for i, c := range want.Chains {
+			for j, r := range c.Rules {
 				kr := tbl.Chains[i].Rules[j]
-				if kr.Rule == nil || !kr.Rule.equal(r) || kr.Text != RenderRule(r) {
-					t.Errorf("%s: %q read back as %+v, %q", tc.name, RenderRule(r), kr.Rule, kr.Text)
+				if kr.Foreign != "" || !kr.equal(r) || RenderRule(kr) != RenderRule(r) || kr.exprs == nil {
+					t.Errorf("%s: %q read back as %+v, %q", tc.name, RenderRule(r), kr, RenderRule(kr))
 				}
 				n++
 			}
+		}
+		if !want.Equal(*tbl) {
+			t.Errorf("%s: the table read back differs from the wanted one:\n%s", tc.name, DiffPlan(tbl, want))
 		}
 	}
 	t.Logf("%d rules", n)
@@ -101,9 +100,14 @@ func TestDecodeRuleForeign(t *testing.T) {
 			&expr.Cmp{Register: 1, Data: []byte{0, 80}}, &expr.Counter{}, &expr.Masq{Random: true}},
 			"meta l4proto tcp th dport 80 counter masquerade"},
 	} {
-		kr := kernelRule(&nftables.Rule{Exprs: tc.exprs, UserData: userdata.AppendString(nil, userdata.TypeComment, "x")})
-		if kr.Rule != nil || kr.Text != tc.text+` comment "x"` {
-			t.Errorf("got %+v %q, want a foreign rule %q", kr.Rule, kr.Text, tc.text)
+		kr := foundRule(&nftables.Rule{Exprs: tc.exprs, UserData: userdata.AppendString(nil, userdata.TypeComment, "x")})
+		if kr.Foreign != tc.text+` comment "x"` || RenderRule(kr) != kr.Foreign {
+			t.Errorf("got %+v %q, want a foreign rule %q", kr, RenderRule(kr), tc.text)
+		}
+		// A foreign rule never equals a rule of the agent's, even one
+		// with the same fields otherwise.
+		if kr.equal(Rule{Comment: "x"}) || kr.equal(Rule{Verdict: Goto, Target: MasqChainName, Comment: "x"}) {
+			t.Errorf("foreign rule %q equals an agent's rule", kr.Foreign)
 		}
 	}
 }
@@ -165,13 +169,12 @@ func TestExplainAgreesWithTable(t *testing.T) {
 		}
 		ports, _ := ParsePorts(tc.ports)
 		o := Options{Chain: DefaultChain, EnableIPv6: tc.flags.EnableIPv6, RandomFully: !tc.noRF, ToPorts: ports}
-		rs := Build(cfg, o)
-		tbl := kernelTable(t, rs)
+		tbl := kernelTable(t, Build(cfg, o))
 		addrs := []netip.Addr{netip.MustParseAddr("0.0.0.0"), netip.MustParseAddr("255.255.255.255"),
 			netip.MustParseAddr("8.8.8.8"), netip.MustParseAddr("::"), netip.MustParseAddr("2001:db8::1")}
-		for _, s := range rs.Sets {
-			for _, p := range s.Prefixes {
-				first, last := p.Addr(), lastAddr(p)
+		for _, s := range tbl.Sets {
+			for _, r := range s.Elements {
+				first, last := r.From(), r.To()
 				addrs = append(addrs, first, last, first.Prev(), last.Next())
 			}
 		}
@@ -194,11 +197,11 @@ func TestExplainAgreesWithTable(t *testing.T) {
 
 func TestExplainTable(t *testing.T) {
 	cfg, _, _ := config.Parse([]byte("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.10.10.10/32]\n"), config.Flags{})
-	rs := Build(cfg, Options{Chain: DefaultChain, RandomFully: true, ToPorts: []PortRange{{1024, 2047}, {4096, 8191}}})
+	want := Build(cfg, Options{Chain: DefaultChain, RandomFully: true, ToPorts: []PortRange{{1024, 2047}, {4096, 8191}}})
 	explain := func(tbl *Table, addr string, local bool) Explanation {
 		return ExplainTable(tbl, netip.MustParseAddr(addr), func(netip.Addr) bool { return local })
 	}
-	tbl := kernelTable(t, rs)
+	tbl := kernelTable(t, want)
 	for _, tc := range []struct {
 		addr    string
 		local   bool
@@ -206,7 +209,7 @@ func TestExplainTable(t *testing.T) {
 		reason  string
 	}{
 		{"10.1.1.1", false, "not masqueraded", "set nonmasq-v4 holds 10.0.0.0/8 (chain IP-MASQ-AGENT rule 2)"},
-		{"10.10.10.10", false, "masquerade", "set masq-v4 holds 10.10.10.10/32 (chain IP-MASQ-AGENT rule 1)"},
+		{"10.10.10.10", false, "masquerade", "set masq-v4 holds 10.10.10.10 (chain IP-MASQ-AGENT rule 1)"},
 		{"8.8.8.8", false, "masquerade", "chain IP-MASQ-AGENT rule 3"},
 		{"8.8.8.8", true, "not masqueraded", "a local address of the node is never masqueraded (fib daddr type local)"},
 		{"2001:db8::1", false, "not masqueraded", "no rule of chain IP-MASQ-AGENT matched (after chain postrouting rule 1)"},
@@ -218,15 +221,19 @@ func TestExplainTable(t *testing.T) {
 
 	// Tampered: an element added, a rule inserted first, a rule that
 	// depends on more than the destination.
-	tbl = kernelTable(t, rs)
+	tbl = kernelTable(t, want)
 	nonmasq := tbl.Set(SetNonMasqV4)
-	nonmasq.Prefixes = append(nonmasq.Prefixes, netip.MustParsePrefix("203.0.113.0/24"))
-	slices.SortFunc(nonmasq.Prefixes, comparePrefix)
+	nonmasq.Elements = append(nonmasq.Elements, netipx.RangeOfPrefix(netip.MustParsePrefix("203.0.113.0/24")),
+		netipx.IPRangeFrom(netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("198.51.100.9")))
+	slices.SortFunc(nonmasq.Elements, compareRange)
 	if e := explain(tbl, "203.0.113.7", false); e.Masquerade || e.Reason != "set nonmasq-v4 holds 203.0.113.0/24 (chain IP-MASQ-AGENT rule 2)" {
 		t.Errorf("added element: %s %q", e.Verdict(), e.Reason)
 	}
+	if e := explain(tbl, "198.51.100.8", false); e.Masquerade || e.Reason != "set nonmasq-v4 holds 198.51.100.7-198.51.100.9 (chain IP-MASQ-AGENT rule 2)" {
+		t.Errorf("added range: %s %q", e.Verdict(), e.Reason)
+	}
 	c := tbl.Chain(DefaultChain)
-	c.Rules = append([]KernelRule{kernelRule(&nftables.Rule{Exprs: []expr.Any{
+	c.Rules = append([]Rule{foundRule(&nftables.Rule{Exprs: []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 255, 0, 0}, Xor: []byte{0, 0, 0, 0}},
@@ -240,7 +247,7 @@ func TestExplainTable(t *testing.T) {
 	if e := explain(tbl, "10.251.0.10", false); e.Masquerade {
 		t.Errorf("inserted rule matched outside its prefix: %s %q", e.Verdict(), e.Reason)
 	}
-	c.Rules = append([]KernelRule{kernelRule(&nftables.Rule{Exprs: []expr.Any{
+	c.Rules = append([]Rule{foundRule(&nftables.Rule{Exprs: []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Register: 1, Data: []byte{unix.IPPROTO_UDP}},
 		&expr.Verdict{Kind: expr.VerdictReturn},
 	}})}, c.Rules...)
@@ -255,99 +262,142 @@ func TestExplainTable(t *testing.T) {
 	}
 }
 
-func TestElementPrefixes(t *testing.T) {
-	el := func(s string, end bool) nftables.SetElement {
-		return nftables.SetElement{Key: netip.MustParseAddr(s).AsSlice(), IntervalEnd: end}
-	}
+func TestRangesFromBounds(t *testing.T) {
+	b := func(s string, end bool) bound { return bound{addr: netip.MustParseAddr(s), end: end} }
 	for _, tc := range []struct {
-		name  string
-		elems []nftables.SetElement
-		want  string
+		name   string
+		bounds []bound
+		want   string
 	}{
 		{"empty", nil, ""},
-		{"the kernel's reverse order", []nftables.SetElement{el("192.169.0.0", true), el("192.168.0.0", false), el("11.0.0.0", true), el("10.0.0.0", false)},
+		{"the kernel's reverse order", []bound{b("192.169.0.0", true), b("192.168.0.0", false), b("11.0.0.0", true), b("10.0.0.0", false)},
 			"10.0.0.0/8 192.168.0.0/16"},
-		{"adjacent intervals stay apart", []nftables.SetElement{el("10.0.0.0", false), el("11.0.0.0", true), el("11.0.0.0", false), el("12.0.0.0", true)},
+		{"adjacent intervals stay apart", []bound{b("10.0.0.0", false), b("11.0.0.0", true), b("11.0.0.0", false), b("12.0.0.0", true)},
 			"10.0.0.0/8 11.0.0.0/8"},
-		{"nft's leading end marker", []nftables.SetElement{el("0.0.0.0", true), el("10.0.0.1", false), el("10.0.0.2", true)}, "10.0.0.1/32"},
-		{"top of the range has no end", []nftables.SetElement{el("240.0.0.0", false)}, "240.0.0.0/4"},
-		{"everything", []nftables.SetElement{el("::", false)}, "::/0"},
-		{"a range that is not a prefix", []nftables.SetElement{el("10.0.0.1", false), el("10.0.0.6", true)}, "10.0.0.1/32 10.0.0.2/31 10.0.0.4/31"},
-		{"IPv6", []nftables.SetElement{el("fd00::", false), el("fe00::", true), el("fe80::", false), el("fec0::", true)}, "fd00::/8 fe80::/10"},
+		{"adjacent, the start listed first", []bound{b("11.0.0.0", false), b("11.0.0.0", true), b("12.0.0.0", true), b("10.0.0.0", false)},
+			"10.0.0.0/8 11.0.0.0/8"},
+		{"nft's leading end marker", []bound{b("0.0.0.0", true), b("10.0.0.1", false), b("10.0.0.2", true)}, "10.0.0.1"},
+		{"top of the range has no end", []bound{b("240.0.0.0", false)}, "240.0.0.0/4"},
+		{"everything", []bound{b("::", false)}, "::/0"},
+		{"a start without an end before the next start", []bound{b("10.0.0.1", false), b("10.0.0.5", false), b("10.0.0.6", true)},
+			"10.0.0.1 10.0.0.5"},
+		{"a range that is not a prefix stays a range", []bound{b("10.0.0.1", false), b("10.0.0.6", true)}, "10.0.0.1-10.0.0.5"},
+		{"IPv6", []bound{b("fd00::", false), b("fe00::", true), b("fe80::", false), b("fec0::", true)}, "fd00::/8 fe80::/10"},
 	} {
-		ps, err := elementPrefixes(tc.elems, true)
+		rs, err := rangesFromBounds(tc.bounds)
 		var got []string
-		for _, p := range ps {
-			got = append(got, p.String())
+		for _, r := range rs {
+			got = append(got, rangeString(r))
 		}
 		if err != nil || strings.Join(got, " ") != tc.want {
 			t.Errorf("%s: %q, %v; want %q", tc.name, got, err, tc.want)
 		}
 	}
-	// Every golden set survives the round trip through intervals().
+	// Every golden set, and ranges that are not prefixes, survive the
+	// round trip through intervals().
+	toBounds := func(rs []netipx.IPRange) []bound {
+		var bs []bound
+		for _, e := range intervals(rs) {
+			a, _ := netip.AddrFromSlice(e.Key)
+			bs = append(bs, bound{addr: a, end: e.IntervalEnd})
+		}
+		slices.Reverse(bs) // the kernel lists them backwards
+		return bs
+	}
+	check := func(name string, want []netipx.IPRange) {
+		got, err := rangesFromBounds(toBounds(want))
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("%s: %v, %v; want %v", name, got, err, want)
+		}
+	}
 	for _, tc := range goldenCases {
 		cfg, _, _ := config.Parse([]byte(tc.yaml), tc.flags)
 		for _, s := range Build(cfg, Options{Chain: DefaultChain, EnableIPv6: tc.flags.EnableIPv6}).Sets {
-			elems := intervals(s.Prefixes)
-			slices.Reverse(elems)
-			got, err := elementPrefixes(elems, true)
-			if err != nil || !slices.Equal(got, s.Prefixes) {
-				t.Errorf("%s %s: %v, %v; want %v", tc.name, s.Name, got, err, s.Prefixes)
-			}
+			check(tc.name+" "+s.Name, s.Elements)
 		}
 	}
+	r := func(from, to string) netipx.IPRange {
+		return netipx.IPRangeFrom(netip.MustParseAddr(from), netip.MustParseAddr(to))
+	}
+	check("ranges", []netipx.IPRange{r("10.0.0.1", "10.0.0.5"), r("10.0.0.6", "10.0.0.6"), r("10.0.0.7", "10.0.1.0"),
+		r("255.255.255.0", "255.255.255.255")})
+	check("IPv6 ranges", []netipx.IPRange{r("::1", "::3"), r("fe80::1", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")})
 }
 
-func TestRangePrefixes(t *testing.T) {
+func TestRangeString(t *testing.T) {
 	for _, tc := range []struct{ first, last, want string }{
 		{"10.0.0.0", "10.255.255.255", "10.0.0.0/8"},
 		{"0.0.0.0", "255.255.255.255", "0.0.0.0/0"},
-		{"10.0.0.255", "10.0.1.0", "10.0.0.255/32 10.0.1.0/32"},
+		{"10.0.0.7", "10.0.0.7", "10.0.0.7"},
+		{"10.0.0.255", "10.0.1.0", "10.0.0.255-10.0.1.0"},
 		{"255.255.255.254", "255.255.255.255", "255.255.255.254/31"},
-		{"::1", "::3", "::1/128 ::2/127"},
+		{"::1", "::3", "::1-::3"},
 	} {
-		var got []string
-		for _, p := range rangePrefixes(netip.MustParseAddr(tc.first), netip.MustParseAddr(tc.last)) {
-			got = append(got, p.String())
-		}
-		if strings.Join(got, " ") != tc.want {
+		if got := rangeString(netipx.IPRangeFrom(netip.MustParseAddr(tc.first), netip.MustParseAddr(tc.last))); got != tc.want {
 			t.Errorf("%s-%s: %q, want %q", tc.first, tc.last, got, tc.want)
 		}
 	}
 }
 
-func TestDiffTable(t *testing.T) {
+func TestDiffPlan(t *testing.T) {
 	cfg := config.Default(config.Flags{})
 	o := Options{Chain: DefaultChain, RandomFully: true}
-	rs := Build(cfg, o)
-	if d := DiffTable(rs, kernelTable(t, rs)); d != nil {
-		t.Errorf("in sync: %q", d)
+	want := Build(cfg, o)
+	if p := DiffPlan(kernelTable(t, want), want); !p.Empty() {
+		t.Errorf("in sync:\n%s", p)
 	}
-	tbl := kernelTable(t, rs)
+	// Ownership aside: an owned, persistent table is in sync too.
+	owned := kernelTable(t, want)
+	owned.Owner, owned.Persist = OwnedByUs, true
+	if p := DiffPlan(owned, want); !p.Empty() {
+		t.Errorf("owned, in sync:\n%s", p)
+	}
+	tbl := kernelTable(t, want)
 	s := tbl.Set(SetNonMasqV4)
-	s.Prefixes = append(s.Prefixes[1:], netip.MustParsePrefix("203.0.113.0/24")) // 10/8 gone
+	s.Elements = append(s.Elements[1:], netipx.RangeOfPrefix(netip.MustParsePrefix("203.0.113.0/24"))) // 10/8 gone
 	c := tbl.Chain(DefaultChain)
 	c.Rules = c.Rules[:2]
 	tbl.Sets = append(tbl.Sets, Set{Name: "extra", Family: 4})
 	tbl.Chains = append(tbl.Chains, Chain{Name: "intruder"})
-	tbl.Chains[0].Hook = "type filter hook postrouting priority 0; policy accept;"
-	want := []string{
-		"- nonmasq-v4 203.0.113.0/24",
-		"+ nonmasq-v4 10.0.0.0/8",
-		"- set extra",
-		"~ chain postrouting: type filter hook postrouting priority 0; policy accept;, want type nat hook postrouting priority srcnat + 10; policy accept;",
-		"~ chain IP-MASQ-AGENT rules differ",
-		`    + meta nfproto ipv4 counter goto masq-to-node comment "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"`,
-		"- chain intruder",
+	tbl.Chains[0].Hook = &Hook{Type: "filter", Hook: "postrouting", Priority: 0, Policy: "accept"}
+	wantOps := []string{
+		"flush chain inet ip-masq-agent postrouting",
+		"flush chain inet ip-masq-agent IP-MASQ-AGENT",
+		"flush chain inet ip-masq-agent intruder",
+		"delete chain inet ip-masq-agent postrouting",
+		"delete chain inet ip-masq-agent intruder",
+		"delete set inet ip-masq-agent extra",
+		"delete element inet ip-masq-agent nonmasq-v4 { 203.0.113.0/24 }",
+		"add element inet ip-masq-agent nonmasq-v4 { 10.0.0.0/8 }",
+		"add chain inet ip-masq-agent postrouting { type nat hook postrouting priority srcnat + 10; policy accept; }",
+		`add rule inet ip-masq-agent postrouting fib daddr type != local counter jump IP-MASQ-AGENT comment "` + commentGuard + `"`,
+		`add rule inet ip-masq-agent IP-MASQ-AGENT ip daddr @masq-v4 counter goto masq-to-node comment "` + commentMasqSet + `"`,
+		`add rule inet ip-masq-agent IP-MASQ-AGENT ip daddr @nonmasq-v4 counter return comment "` + commentNonMasq + `"`,
+		`add rule inet ip-masq-agent IP-MASQ-AGENT meta nfproto ipv4 counter goto masq-to-node comment "` + commentOutbound + `"`,
 	}
-	if got := DiffTable(rs, tbl); !slices.Equal(got, want) {
-		t.Errorf("DiffTable:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	p := DiffPlan(tbl, want)
+	if got := strings.Split(strings.TrimSuffix(p.String(), "\n"), "\n"); !slices.Equal(got, wantOps) {
+		t.Errorf("DiffPlan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(wantOps, "\n"))
 	}
-	// Another chain name: the old chain goes, the new one comes.
+	if res, err := ExecPlan(tbl, p); err != nil || !want.Equal(*res) {
+		t.Errorf("the plan does not make the wanted table: %v", err)
+	}
+	// Another chain name: the old chain goes, the new one comes, and the
+	// base chain's jump is rewritten.
 	o.Chain = "MY-CHAIN"
-	got := DiffTable(Build(cfg, o), kernelTable(t, rs))
-	if !slices.Contains(got, "+ chain MY-CHAIN") || !slices.Contains(got, "- chain IP-MASQ-AGENT") ||
-		!slices.Contains(got, "~ chain postrouting rules differ") {
-		t.Errorf("renamed chain:\n%s", strings.Join(got, "\n"))
+	renamed := Build(cfg, o)
+	p = DiffPlan(kernelTable(t, want), renamed)
+	for _, op := range []string{
+		"flush chain inet ip-masq-agent postrouting",
+		"flush chain inet ip-masq-agent IP-MASQ-AGENT",
+		"delete chain inet ip-masq-agent IP-MASQ-AGENT",
+		"add chain inet ip-masq-agent MY-CHAIN",
+	} {
+		if !strings.Contains(p.String(), op+"\n") {
+			t.Errorf("renamed chain: no %q in\n%s", op, p)
+		}
+	}
+	if res, err := ExecPlan(kernelTable(t, want), p); err != nil || !renamed.Equal(*res) {
+		t.Errorf("renamed chain: the plan does not make the wanted table: %v", err)
 	}
 }

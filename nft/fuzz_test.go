@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"go4.org/netipx"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
@@ -21,13 +22,14 @@ import (
 // checks it against a reference model written from the README, on the
 // edges of every prefix of the config and on pseudo-random addresses:
 //
-//   - an address is masqueraded by the generated rules (the Ruleset's
+//   - an address is masqueraded by the generated rules (the Table's
 //     chains evaluated in Go, with set membership taken from the
-//     normalized prefixes AND from the interval elements sent to the
+//     ranges AND from the interval elements sent to the
 //     kernel) exactly when the model says so;
-//   - every set is normalized: masked, sorted, of the set's family,
+//   - every set holds one range per normalized prefix: masked, sorted, of the set's family,
 //     pairwise disjoint, and covering exactly what the config listed;
-//   - every rule encodes to a netlink message and the ruleset renders.
+//   - every rule encodes to a netlink message, the table renders, and
+//     the plan that creates it makes it.
 //
 // The seed corpus is in testdata/fuzz/FuzzBuild; `make fuzz-ci` runs it for
 // a fixed time, `go test` runs the seeds.
@@ -62,12 +64,16 @@ func FuzzBuild(f *testing.F) {
 
 		checkSets(t, cfg, o, rs)
 		checkMasqChain(t, o, rs)
-		for i, rules := range rs.chains() {
-			for _, r := range rules {
-				if _, err := ruleMessage(objectsFor(rs).chains[i].Name, r); err != nil {
+		for _, c := range rs.Chains {
+			for _, r := range c.Rules {
+				if _, err := ruleMessage(c.Name, r); err != nil {
 					t.Fatalf("rule %q does not encode: %v", RenderRule(r), err)
 				}
 			}
+		}
+		// The plan from nothing makes the table.
+		if got, err := ExecPlan(nil, create(rs, true)); err != nil || !rs.Equal(*got) {
+			t.Fatalf("the create plan does not make the table: %v", err)
 		}
 		if !strings.Contains(Render(rs), "table inet "+TableName) {
 			t.Fatal("Render lost the table")
@@ -193,7 +199,7 @@ func modelMasquerades(c config.Config, o Options, a netip.Addr) bool {
 // evalRuleset runs a packet to a through the base chain and the decision
 // chain as the kernel would (fib says non-local), and reports whether it
 // reaches the masquerade chain, with the rules it took.
-func evalRuleset(t *testing.T, rs Ruleset, a netip.Addr) (bool, string) {
+func evalRuleset(t *testing.T, rs Table, a netip.Addr) (bool, string) {
 	fam := Family(4)
 	if a.Is6() {
 		fam = 6
@@ -214,7 +220,7 @@ func evalRuleset(t *testing.T, rs Ruleset, a netip.Addr) (bool, string) {
 			if s.Family != fam {
 				return false // ip daddr @set never matches an IPv6 packet, and the reverse
 			}
-			byPrefix, byElements := inPrefixes(s.Prefixes, a), inIntervals(intervals(s.Prefixes), a)
+			byPrefix, byElements := inRanges(s.Elements, a), inIntervals(intervals(s.Elements), a)
 			if byPrefix != byElements {
 				t.Fatalf("%s: set %s: the normalized prefixes say %v, the interval elements sent to the kernel say %v",
 					a, s.Name, byPrefix, byElements)
@@ -224,14 +230,18 @@ func evalRuleset(t *testing.T, rs Ruleset, a netip.Addr) (bool, string) {
 		return r.L4Proto == 0 && r.Share == nil
 	}
 	var trace []string
-	for _, base := range rs.Base {
+	decision := rs.DecisionChain()
+	if decision == nil || rs.Chain(BaseChainName) == nil {
+		t.Fatalf("no base or decision chain:\n%s", Render(rs))
+	}
+	for _, base := range rs.Chain(BaseChainName).Rules {
 		if !matches(base) {
 			continue
 		}
-		if base.Verdict != Jump || base.Target != rs.Chain {
-			t.Fatalf("base chain rule %q: want a jump to %s", RenderRule(base), rs.Chain)
+		if base.Verdict != Jump || base.Target != decision.Name {
+			t.Fatalf("base chain rule %q: want a jump to %s", RenderRule(base), decision.Name)
 		}
-		for _, r := range rs.Rules {
+		for _, r := range decision.Rules {
 			if !matches(r) {
 				continue
 			}
@@ -248,19 +258,19 @@ func evalRuleset(t *testing.T, rs Ruleset, a netip.Addr) (bool, string) {
 				t.Fatalf("unexpected verdict in the decision chain: %q", RenderRule(r))
 			}
 		}
-		trace = append(trace, "fell off the end of "+rs.Chain)
+		trace = append(trace, "fell off the end of "+decision.Name)
 	}
 	return false, strings.Join(append(trace, "base chain policy accept"), " / ")
 }
 
-func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
+func inRanges(rs []netipx.IPRange, a netip.Addr) bool {
 	// Sorted and disjoint (checkSets): the only candidate is the last
-	// prefix that starts at or before a.
-	i, _ := slices.BinarySearchFunc(ps, a, func(p netip.Prefix, a netip.Addr) int { return p.Addr().Compare(a) })
-	if i < len(ps) && ps[i].Addr() == a {
+	// range that starts at or before a.
+	i, _ := slices.BinarySearchFunc(rs, a, func(r netipx.IPRange, a netip.Addr) int { return r.From().Compare(a) })
+	if i < len(rs) && rs[i].From() == a {
 		return true
 	}
-	return i > 0 && ps[i-1].Contains(a)
+	return i > 0 && rs[i-1].Contains(a)
 }
 
 // inIntervals evaluates an interval set as the kernel does: an element
@@ -276,7 +286,7 @@ func inIntervals(elems []nftables.SetElement, a netip.Addr) bool {
 
 // checkSets checks that each set is normalized and covers exactly the
 // config's prefixes of its kind and family (plus link-local).
-func checkSets(t *testing.T, c config.Config, o Options, rs Ruleset) {
+func checkSets(t *testing.T, c config.Config, o Options, rs Table) {
 	want := map[string][]netip.Prefix{}
 	for _, p := range c.MasqueradeCIDRs {
 		p = unmapped(p).Masked()
@@ -308,24 +318,30 @@ func checkSets(t *testing.T, c config.Config, o Options, rs Ruleset) {
 		t.Fatalf("%d sets, want 4", len(rs.Sets))
 	}
 	for _, s := range rs.Sets {
-		for i, p := range s.Prefixes {
+		var prefixes []netip.Prefix
+		for i, r := range s.Elements {
+			p, ok := r.Prefix()
+			if !ok {
+				t.Fatalf("set %s: %s is not one prefix", s.Name, rangeString(r))
+			}
+			prefixes = append(prefixes, p)
 			if p != p.Masked() || (p.Addr().Is4() != (s.Family == 4)) || unmapped(p) != p {
 				t.Fatalf("set %s: %s is not masked or not of family %d", s.Name, p, s.Family)
 			}
 			if i > 0 {
-				prev := s.Prefixes[i-1]
-				if comparePrefix(prev, p) >= 0 {
-					t.Fatalf("set %s: %s before %s: not sorted", s.Name, prev, p)
+				prev := s.Elements[i-1]
+				if compareRange(prev, r) >= 0 {
+					t.Fatalf("set %s: %s before %s: not sorted", s.Name, rangeString(prev), p)
 				}
-				if prev.Overlaps(p) {
-					t.Fatalf("set %s: %s and %s overlap (the kernel would refuse the batch)", s.Name, prev, p)
+				if prev.Overlaps(r) {
+					t.Fatalf("set %s: %s and %s overlap (the kernel would refuse the batch)", s.Name, rangeString(prev), p)
 				}
 			}
 		}
 		// The same addresses: every listed prefix is inside one normalized
 		// prefix, and every normalized prefix is one of the listed ones.
 		for _, p := range want[s.Name] {
-			if !inPrefixes(s.Prefixes, p.Addr()) || !inPrefixes(s.Prefixes, lastAddr(p)) {
+			if !inRanges(s.Elements, p.Addr()) || !inRanges(s.Elements, netipx.PrefixLastIP(p)) {
 				t.Fatalf("set %s lacks %s", s.Name, p)
 			}
 		}
@@ -333,7 +349,7 @@ func checkSets(t *testing.T, c config.Config, o Options, rs Ruleset) {
 		for _, p := range want[s.Name] {
 			listed[p] = true
 		}
-		for _, p := range s.Prefixes {
+		for _, p := range prefixes {
 			if !listed[p] {
 				t.Fatalf("set %s holds %s, which the config does not list", s.Name, p)
 			}
@@ -345,13 +361,14 @@ func checkSets(t *testing.T, c config.Config, o Options, rs Ruleset) {
 // last, and with --to-ports, per protocol, ranges chosen in proportion to
 // their sizes (P(range i) = Below_i/Of_i of what the earlier ranges left:
 // Of must be what is left and Below the range's size).
-func checkMasqChain(t *testing.T, o Options, rs Ruleset) {
-	last := rs.Masq[len(rs.Masq)-1]
+func checkMasqChain(t *testing.T, o Options, rs Table) {
+	masq := rs.Chain(MasqChainName).Rules
+	last := masq[len(masq)-1]
 	if last.Verdict != Masquerade || last.L4Proto != 0 || last.Ports != nil || last.Share != nil || last.FullyRandom != o.RandomFully {
 		t.Fatalf("last masquerade rule %q: want an unconditional masquerade", RenderRule(last))
 	}
-	if want := 3*len(o.ToPorts) + 1; len(rs.Masq) != want {
-		t.Fatalf("%d masquerade rules, want %d", len(rs.Masq), want)
+	if want := 3*len(o.ToPorts) + 1; len(masq) != want {
+		t.Fatalf("%d masquerade rules, want %d", len(masq), want)
 	}
 	total := uint32(0)
 	for _, p := range o.ToPorts {
@@ -360,7 +377,7 @@ func checkMasqChain(t *testing.T, o Options, rs Ruleset) {
 	for proto := 0; proto < 3; proto++ {
 		left := total
 		for i, p := range o.ToPorts {
-			r := rs.Masq[proto*len(o.ToPorts)+i]
+			r := masq[proto*len(o.ToPorts)+i]
 			if r.Ports == nil || *r.Ports != p || r.FullyRandom != o.RandomFully {
 				t.Fatalf("rule %q: want ports %s", RenderRule(r), p)
 			}
@@ -391,7 +408,7 @@ func probeAddrs(c config.Config, rng *rand.Rand) []netip.Addr {
 	}
 	edges := func(p netip.Prefix) {
 		for _, q := range []netip.Prefix{p, unmapped(p)} {
-			first, last := q.Masked().Addr(), lastAddr(q.Masked())
+			first, last := q.Masked().Addr(), netipx.PrefixLastIP(q.Masked())
 			add(first)
 			add(last)
 			add(first.Prev())

@@ -12,32 +12,31 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Change is a transaction of another process that touched the agent's table,
-// or a loss of events after which anything may have happened.
-type Change struct {
-	What string // e.g. "delete table", "add rule", "delete elements"; or why events were lost
-	Lost bool   // events were lost (receive buffer overrun)
+// Event is a notification that the table may have changed: a transaction
+// (anyone's) that touched it, or a loss of notifications after which
+// anything may have happened. It says nothing about who: the receiver
+// reads the table back and compares.
+type Event struct {
+	What string // e.g. "delete table, add rule"; or why notifications were lost
+	Lost bool   // notifications were lost (receive buffer overrun, generation gap)
 }
 
-// watchBuffer is the monitor socket's receive buffer. The agent's own
-// commit of 100,000 CIDRs is echoed as about 6 MiB of notifications.
+// watchBuffer is the monitor socket's receive buffer.
 const watchBuffer = 32 << 20
 
-// Watch subscribes to the kernel's nftables notifications in the applier's
-// namespace and calls onChange, from Watch's goroutine, once per foreign
-// transaction that touched table inet ip-masq-agent, and when events were
-// lost. Until Watch returns, Apply trusts that the kernel holds what it
-// last applied unless onChange was called, and so sends nothing for an
-// unchanged ruleset. Watch returns when ctx is done (nil) or the socket fails.
+// Watch subscribes to the kernel's nftables notifications and calls notify,
+// from Watch's goroutine, after every transaction that touched table inet
+// ip-masq-agent and whenever notifications were lost. While it runs, Send
+// leaves the notification group for the length of its own transaction:
+// otherwise the kernel builds a notification per element of it for this
+// socket; the verifying read that follows every Send covers that window.
+// Watch returns when ctx is done (nil) or the socket fails.
 //
 // It reads raw netlink rather than google/nftables' monitor, which (v0.3.0)
 // decodes every element of every set, cannot filter by object type, closes
 // its channel on a receive buffer overrun and cannot be stopped when lasting.
-// The agent's own transactions are recognised by their netlink port id,
-// which the kernel puts in the header of every notification it sends for a
-// transaction (the process id in NEWGEN is a thread id, less reliable).
-func (a *Applier) Watch(ctx context.Context, onChange func(Change)) error {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: a.NetNS})
+func (n *Netlink) Watch(ctx context.Context, notify func(Event)) error {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: n.NetNS})
 	if err != nil {
 		return fmt.Errorf("watch nftables: open netlink socket: %w", err)
 	}
@@ -48,32 +47,40 @@ func (a *Applier) Watch(ctx context.Context, onChange func(Change)) error {
 	if err := setBuffer(conn, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, watchBuffer); err != nil {
 		return fmt.Errorf("watch nftables: set receive buffer: %w", err)
 	}
-	// Anything may have happened before the subscription: trust nothing
-	// applied so far; from now on every change is seen.
-	a.mu.Lock()
-	a.watching = true
-	a.mu.Unlock()
-	a.markDirty()
+	lastGen := uint32(0) // 0: unknown
+	paused := false
+	n.mu.Lock()
+	n.pause = func() func() {
+		_ = conn.LeaveGroup(unix.NFNLGRP_NFTABLES)
+		return func() {
+			_ = conn.JoinGroup(unix.NFNLGRP_NFTABLES)
+			paused = true // the generations of our own commit were not seen
+		}
+	}
+	n.mu.Unlock()
 	defer func() {
-		a.mu.Lock()
-		a.watching = false
-		a.mu.Unlock()
-		a.markDirty()
+		n.mu.Lock()
+		n.pause = nil
+		n.mu.Unlock()
 	}()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
+	// Anything may have happened before the subscription.
+	notify(Event{What: "watch started", Lost: true})
 
 	buf := make([]byte, 1<<20)
-	var foreign []string // what foreign messages of the current transaction did
+	var touched []string // what the current transaction did to the table
 	for {
 		msgs, err := receive(conn, buf)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, syscall.ENOBUFS):
-			a.markDirty()
-			foreign = nil
-			onChange(Change{What: "notifications lost (receive buffer overrun)", Lost: true})
+			// The kernel drops notifications silently until the queue
+			// has room: drain it first, then have the table verified.
+			drain(conn, buf)
+			touched, lastGen = nil, 0
+			notify(Event{What: "notifications lost (receive buffer overrun)", Lost: true})
 			continue
 		case err != nil:
 			return fmt.Errorf("watch nftables: receive: %w", err)
@@ -83,33 +90,42 @@ func (a *Applier) Watch(ctx context.Context, onChange func(Change)) error {
 				continue
 			}
 			typ := int(m.Header.Type & 0xff)
-			if typ == unix.NFT_MSG_NEWGEN {
-				// The end of a transaction.
-				if len(foreign) > 0 {
-					a.markDirty()
-					onChange(Change{What: joinUnique(foreign)})
+			if typ != unix.NFT_MSG_NEWGEN {
+				if touchesTable(typ, m.Data) {
+					touched = append(touched, messageNames[typ])
 				}
-				foreign = nil
 				continue
 			}
-			if touchesTable(typ, m.Data) && !a.isOwn(m.Header.Pid) {
-				foreign = append(foreign, messageNames[typ])
+			// The end of a transaction.
+			n.mu.Lock()
+			gap := !paused && lastGen != 0
+			paused = false
+			n.mu.Unlock()
+			gen, ok := genID(m.Data)
+			switch {
+			case len(touched) > 0:
+				notify(Event{What: joinUnique(touched)})
+			case ok && gap && gen != lastGen+1:
+				notify(Event{What: fmt.Sprintf("generation %d follows %d: notifications lost", gen, lastGen), Lost: true})
 			}
+			touched, lastGen = nil, gen
 		}
 	}
 }
 
-func (a *Applier) markDirty() {
-	a.mu.Lock()
-	a.dirty = true
-	a.changes++
-	a.mu.Unlock()
-}
-
-func (a *Applier) isOwn(port uint32) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return port != 0 && slices.Contains(a.ownPorts, port)
+// drain reads and drops whatever the socket holds.
+func drain(conn *netlink.Conn, buf []byte) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = raw.Read(func(fd uintptr) bool {
+		for {
+			if _, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT); err == unix.EAGAIN {
+				return true
+			}
+		}
+	})
 }
 
 // touchesTable reports whether a notification concerns table inet
@@ -142,6 +158,7 @@ var messageNames = map[int]string{
 }
 
 func joinUnique(ss []string) string {
+	ss = slices.Clone(ss)
 	slices.Sort(ss)
 	ss = slices.Compact(ss)
 	out := ""

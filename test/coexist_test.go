@@ -81,7 +81,7 @@ func TestCoexistence(t *testing.T) {
 	before := foreignState(t, topo, cni, foreign)
 
 	cm := newConfigMapDir(t, "resyncInterval: 1s\nnonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.251.0.0/24]\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
 	waitOutcome(t, d, 0, "the first sync")
 	// Resyncs, a config change, a repair: no traffic meanwhile, so that
 	// even the counters must be unchanged.
@@ -92,7 +92,7 @@ func TestCoexistence(t *testing.T) {
 	if out, err := topo.NFT("flush", "chain", "inet", nft.TableName, nft.DefaultChain); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	eventually(t, "the repair", func() bool { return strings.Contains(d.output(), "undid a change") })
+	eventually(t, "the repair", func() bool { return strings.Contains(d.output(), "put it back") })
 	if after := foreignState(t, topo, cni, foreign); after != before {
 		t.Errorf("the agent changed the other tables:\nbefore:\n%s\nafter:\n%s", before, after)
 	}

@@ -550,7 +550,8 @@ func expectedSets(t *testing.T, cfg string) map[string][]string {
 			continue
 		}
 		l := []string{}
-		for _, p := range s.Prefixes {
+		for _, r := range s.Elements {
+			p, _ := r.Prefix()
 			l = append(l, p.String())
 		}
 		slices.Sort(l)

@@ -12,7 +12,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
-func build(t *testing.T, yaml string) nft.Ruleset {
+func build(t *testing.T, yaml string) nft.Table {
 	t.Helper()
 	cfg, _, err := config.Parse([]byte(yaml), config.Flags{})
 	if err != nil {
@@ -33,7 +33,7 @@ func manyCIDRs(n int, extra ...string) string {
 	return b.String()
 }
 
-func mustApplyRS(t *testing.T, a *nft.Applier, rs nft.Ruleset) nft.Result {
+func mustApplyRS(t *testing.T, a *nft.Netlink, rs nft.Table) nft.Result {
 	t.Helper()
 	res, err := a.Apply(rs)
 	if err != nil {
@@ -48,7 +48,7 @@ func mustApplyRS(t *testing.T, a *nft.Applier, rs nft.Ruleset) nft.Result {
 func TestNoChurn(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, internet2, private1)
-	a := &nft.Applier{NetNS: int(topo.NodeHandle())}
+	a := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	rs := build(t, manyCIDRs(10_000, "10.0.0.0/8"))
 	if res := mustApplyRS(t, a, rs); !res.Created {
 		t.Errorf("first apply: %+v, want the table created", res)
@@ -78,14 +78,14 @@ func TestNoChurn(t *testing.T) {
 		t.Errorf("the removed CIDR 100.64.0.0/24 is still in the set: %s", out)
 	}
 
-	// Another process adds an element: the generation moved, so the next
-	// resync rewrites the table in place and the element is gone.
+	// Another process adds an element: the next resync reads the table
+	// back and removes just that element.
 	if out, err := topo.NFT("add", "element", "inet", "ip-masq-agent", "nonmasq-v4", "{ 198.51.100.0/24 }"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	expectSources(t, topo, map[string]bool{internet2: false})
-	if res := mustApplyRS(t, a, rs2); res.Unchanged || res.Partial {
-		t.Errorf("resync after a foreign change: %+v, want a full apply", res)
+	if res := mustApplyRS(t, a, rs2); !res.Partial || res.Plan.String() != "delete element inet ip-masq-agent nonmasq-v4 { 198.51.100.0/24 }\n" {
+		t.Errorf("resync after a foreign change: %+v, want the foreign element deleted", res)
 	}
 	expectSources(t, topo, map[string]bool{internet2: true})
 }
@@ -101,28 +101,42 @@ func withoutSets(s string) string {
 
 // TestWatchRepairs runs Watch with a repairing callback, as the daemon
 // does, and has another process (the nft CLI) delete the table, flush the
-// chain, add an element and add a rule: each is undone. The agent's own
-// applies and changes to other tables do not trigger the callback.
+// chain, add an element and add a rule: each is undone. The notifications
+// say nothing about who changed the table: every one brings a read-back,
+// and the agent's own transactions, which the watch does not receive,
+// bring no write.
 func TestWatchRepairs(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
-	a := &nft.Applier{NetNS: int(topo.NodeHandle())}
+	a := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	rs := build(t, "")
 	mustApplyRS(t, a, rs)
 	want := withoutCounters(listTable(t, topo))
 
 	var mu sync.Mutex
-	var changes []nft.Change
+	var events []nft.Event
+	var writes int
+	subscribed := make(chan struct{})
 	repaired := make(chan struct{}, 16)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- a.Watch(ctx, func(c nft.Change) {
+		done <- a.Watch(ctx, func(e nft.Event) {
 			mu.Lock()
-			changes = append(changes, c)
+			events = append(events, e)
 			mu.Unlock()
-			if _, err := a.Apply(rs); err != nil {
+			if e.What == "watch started" {
+				close(subscribed)
+				return
+			}
+			res, err := a.Apply(rs)
+			if err != nil {
 				t.Errorf("repair: %v", err)
+			}
+			if !res.Unchanged {
+				mu.Lock()
+				writes++
+				mu.Unlock()
 			}
 			repaired <- struct{}{}
 		})
@@ -133,11 +147,8 @@ func TestWatchRepairs(t *testing.T) {
 			t.Errorf("Watch: %v", err)
 		}
 	}()
-	waitFor(t, "the watcher to subscribe", func() bool {
-		// Watch marks the state unknown on start: an Apply then rewrites.
-		res, err := a.Apply(rs)
-		return err == nil && !res.Unchanged
-	})
+	<-subscribed
+	// The agent's own changes: no notification reaches its watch.
 	mustApplyRS(t, a, build(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\n"))
 	mustApplyRS(t, a, rs)
 	if out, err := topo.NFT("add", "table", "ip", "unrelated"); err != nil {
@@ -166,10 +177,10 @@ func TestWatchRepairs(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(changes) != 5 {
-		t.Errorf("callback ran for %d changes, want 5 (one per foreign transaction): %+v", len(changes), changes)
+	if len(events) != 6 || writes != 5 {
+		t.Errorf("%d events and %d writes, want 6 (the start and one per foreign transaction) and 5: %+v", len(events), writes, events)
 	}
-	t.Logf("changes seen: %+v", changes)
+	t.Logf("events seen: %+v", events)
 }
 
 // waitFor polls cond every 50ms for up to 10s.

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -100,8 +101,28 @@ func listTable(t *testing.T, topo *testnet.Topology, extra ...string) string {
 
 var countersRE = regexp.MustCompile(`counter packets \d+ bytes \d+`)
 
-// withoutCounters drops counter values, which traffic changes.
-func withoutCounters(s string) string { return countersRE.ReplaceAllString(s, "counter") }
+var tableFlagsRE = regexp.MustCompile(`(?m)^\tflags [a-z, ]*\n(\n)?| # progname \S+`)
+
+// withoutCounters drops counter values, which traffic changes, and the
+// table's flags and owner, which say which process owns it; and puts the
+// sets and chains in name order (nft lists them in the order they were
+// made, and a repair re-makes only what it replaces).
+func withoutCounters(s string) string {
+	s = tableFlagsRE.ReplaceAllString(countersRE.ReplaceAllString(s, "counter"), "")
+	var out []string
+	for _, table := range strings.SplitAfter(s, "\n}\n") {
+		head, body, ok := strings.Cut(table, "{\n")
+		if !ok {
+			out = append(out, table)
+			continue
+		}
+		body, tail, _ := strings.Cut(body, "\n}\n")
+		blocks := strings.Split(body, "\n\n")
+		slices.Sort(blocks)
+		out = append(out, head+"{\n"+strings.Join(blocks, "\n\n")+"\n}\n"+tail)
+	}
+	return strings.Join(out, "")
+}
 
 // expectSources sends a new TCP connection to each destination and checks
 // the source address it arrives with: the node's (masqueraded) or the pod's.

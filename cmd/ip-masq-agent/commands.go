@@ -96,20 +96,32 @@ found a disagreement; 2 on errors.`,
 			name: "diff", args: "[--config FILE|DIR] [flags]",
 			summary: "show what the agent would change in the kernel's table; exit 0 when in sync, 1 when not",
 			about: `Reads the kernel's current table inet ip-masq-agent (needs CAP_NET_ADMIN:
-run it on the node) and prints what the agent, with this config and these
-flags, would change in it, one line each:
+run it on the node) and prints the transaction the agent, with this config
+and these flags, would send to it: exactly the plan the daemon sends, one
+operation a line in nft syntax, e.g.
 
-  + nonmasq-v4 10.1.0.0/16        an element the agent would add
-  - nonmasq-v4 10.0.0.0/8         an element it would remove
-  ~ chain IP-MASQ-AGENT rules differ, followed by the rules it would
-                                  remove (-) and add (+)
-  + set NAME, - set NAME, + chain NAME, - chain NAME
+  delete element inet ip-masq-agent nonmasq-v4 { 10.0.0.0/8 }
+  add element inet ip-masq-agent nonmasq-v4 { 10.1.0.0/16 }
+  flush chain inet ip-masq-agent IP-MASQ-AGENT
+  add rule inet ip-masq-agent IP-MASQ-AGENT ip daddr @masq-v4 counter goto masq-to-node ...
 
 Exit status: 0 and "in sync" when the table is what the agent would
 program; 1 when it differs or is missing ("table inet ip-masq-agent
 missing"); 2 on errors.`,
 			example: "ip-masq-agent diff --config /etc/config/ip-masq-agent",
 			run:     runDiff,
+		},
+		{
+			name: "list", args: "",
+			summary: "print the kernel's table inet ip-masq-agent in nft syntax, with counters (no nft needed)",
+			about: `Reads the kernel's table inet ip-masq-agent through the agent's own netlink
+reader (needs CAP_NET_ADMIN: run it on the node, e.g. kubectl exec into the
+agent's pod, where there is no nft) and prints it as nft list table would,
+with each rule's counter. Whatever the table holds is shown, the agent's
+or not; what the agent did not make is marked "not the agent's".
+Exit status: 0; 1 when there is no table; 2 on errors.`,
+			example: "ip-masq-agent list\n  kubectl -n kube-system exec ds/ip-masq-agent-nft -- ip-masq-agent list",
+			run:     runList,
 		},
 	}
 }
@@ -162,7 +174,7 @@ func (c *command) parse(fs *flag.FlagSet, args []string, stdout, stderr io.Write
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		w := fs.Output()
-		fmt.Fprintf(w, "Usage: ip-masq-agent %s %s\n\n%s\n\nExample:\n  %s\n", c.name, c.args, c.about, c.example)
+		fmt.Fprintf(w, "Usage: %s\n\n%s\n\nExample:\n  %s\n", strings.TrimSpace("ip-masq-agent "+c.name+" "+c.args), c.about, c.example)
 		var n int
 		fs.VisitAll(func(*flag.Flag) { n++ })
 		if n > 0 {
@@ -434,8 +446,8 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	table, err := (&nft.Applier{}).Read()
-	if err != nil && !errors.Is(err, nft.ErrNoTable) {
+	table, err := readTable()
+	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %v\n", hint(err))
 		return 2
 	}
@@ -443,7 +455,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	disagree := 0
 	for _, a := range addrs {
 		want := nft.Explain(cfg, r.nft, a)
-		got := nft.Explanation{Addr: want.Addr, Reason: nft.ErrNoTable.Error() + ": nothing is masqueraded by it"}
+		got := nft.Explanation{Addr: want.Addr, Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
 		if table != nil {
 			got = nft.ExplainTable(table, a, local)
 		}
@@ -495,20 +507,50 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 	if len(pos) > 0 {
 		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
 	}
-	table, err := (&nft.Applier{}).Read()
-	if errors.Is(err, nft.ErrNoTable) {
-		fmt.Fprintf(stdout, "table inet %s missing: the agent would create it\n", nft.TableName)
-		return 1
-	}
+	table, err := readTable()
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent diff: %v\n", hint(err))
 		return 2
 	}
-	lines := nft.DiffTable(nft.Build(cfg, r.nft), table)
-	if len(lines) == 0 {
+	if table == nil {
+		fmt.Fprintf(stdout, "table inet %s missing: the agent would create it\n", nft.TableName)
+		return 1
+	}
+	p := nft.DiffPlan(table, nft.Build(cfg, r.nft))
+	if p.Empty() {
 		fmt.Fprintln(stdout, "in sync")
 		return 0
 	}
-	fmt.Fprintln(stdout, strings.Join(lines, "\n"))
+	fmt.Fprint(stdout, p)
 	return 1
+}
+
+// readTable reads the kernel's table once (nil: there is none).
+func readTable() (*nft.Table, error) {
+	k := &nft.Netlink{}
+	defer k.Close()
+	t, _, err := k.Read()
+	return t, err
+}
+
+func runList(c *command, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("list", flag.ContinueOnError)
+	pos, code, done := c.parse(fs, args, stdout, stderr)
+	if done {
+		return code
+	}
+	if len(pos) > 0 {
+		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
+	}
+	table, err := readTable()
+	if err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent list: %v\n", hint(err))
+		return 2
+	}
+	if table == nil {
+		fmt.Fprintf(stderr, "ip-masq-agent list: table inet %s does not exist\n", nft.TableName)
+		return 1
+	}
+	fmt.Fprint(stdout, nft.RenderCounters(*table))
+	return 0
 }

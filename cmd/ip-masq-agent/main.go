@@ -14,9 +14,13 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/agent"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/filewatch"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
@@ -32,6 +36,7 @@ func main() {
 type options struct {
 	rulesetFlags // --config and the flags that shape the ruleset (flags.go)
 	once         bool
+	ownTable     bool
 	cleanup      bool
 	httpAddr     string
 }
@@ -53,7 +58,8 @@ func run(args []string, stderr io.Writer) int {
 	o.register(fs)
 	// New in this agent.
 	fs.BoolVar(&o.once, "once", false, "apply the config once and exit: 0 on success, 1 on error")
-	fs.BoolVar(&o.cleanup, "cleanup", false, "delete the agent's table inet "+nft.TableName+" and exit")
+	fs.BoolVar(&o.cleanup, "cleanup", false, "delete the agent's table inet "+nft.TableName+" and exit (refused while a running agent owns it)")
+	fs.BoolVar(&o.ownTable, "own-table", true, "own the table (Linux 6.9+): while the agent runs no other process can change it; false: verify and repair only")
 	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz; empty disables")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "", "log level: debug, info, warn or error (overrides --v)")
@@ -94,26 +100,34 @@ func run(args []string, stderr io.Writer) int {
 	log.Info("starting ip-masq-agent", attrs...)
 
 	slog.SetDefault(log)
-	applier := &nft.Applier{}
+	k := &nft.Netlink{NoOwner: !o.ownTable}
+	defer k.Close()
 	m := metrics.New(version, func() ([]metrics.RuleCounter, error) {
-		cs, err := applier.Counters()
+		cs, err := k.DecisionCounters(o.nft.Chain)
 		out := make([]metrics.RuleCounter, len(cs))
 		for i, c := range cs {
 			out[i] = metrics.RuleCounter(c)
 		}
 		return out, err
 	})
-	a := &agent{opts: o, log: log, applier: applier, metrics: m}
+	// The daemon also watches nftables notifications: a change by another
+	// process (possible when the table is not owned) is verified and
+	// repaired at once rather than at the next resync.
+	ag := agent.New(agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once}, k, log, m)
 	switch {
 	case o.cleanup:
-		if err := a.applier.Delete(); err != nil {
-			log.Error("cleanup failed", "err", hint(err))
+		if err := k.Delete(); err != nil {
+			if errors.Is(err, nft.ErrOwnedByOther) {
+				log.Error("cleanup refused: a running agent owns the table and would put it back; delete its DaemonSet (or stop it) first", "err", err)
+			} else {
+				log.Error("cleanup failed", "err", agent.Hint(err))
+			}
 			return 1
 		}
 		log.Info("deleted table inet " + nft.TableName + " (or there was none)")
 		return 0
 	case o.once:
-		if err := a.sync(); err != nil {
+		if err := ag.Sync(time.Now()); err != nil {
 			return 1
 		}
 		return 0
@@ -122,15 +136,16 @@ func run(args []string, stderr io.Writer) int {
 	// line rather than retry forever. (EPERM alone does not tell: a table
 	// owned by another process's socket is refused with EPERM too.)
 	if !hasCapNetAdmin() {
-		log.Error("cannot program nftables", "err", hint(syscall.EPERM))
+		log.Error("cannot program nftables", "err", agent.Hint(syscall.EPERM))
 		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	served := make(chan error, 1)
 	go func() { served <- metrics.Serve(ctx, o.httpAddr, m.Handler(), log) }()
+	fileChanged := watchConfig(ctx, o.configPath, log)
 	loopDone := make(chan struct{})
-	go func() { a.loop(ctx); close(loopDone) }()
+	go func() { ag.Run(ctx, fileChanged); close(loopDone) }()
 	if err := <-served; err != nil {
 		log.Error("cannot serve --http-address", "err", err)
 		stop()
@@ -142,6 +157,29 @@ func run(args []string, stderr io.Writer) int {
 	// The rules stay: masquerade must survive a restart or a rolling update.
 	log.Info("stopping; the rules stay in place")
 	return 0
+}
+
+// debounce coalesces a burst of file events (the kubelet's ..data swap is
+// several) into one reload.
+const debounce = 10 * time.Millisecond
+
+// watchConfig returns a channel that receives after every change of the
+// config file, or of the files of a config directory.
+func watchConfig(ctx context.Context, path string, log *slog.Logger) <-chan struct{} {
+	onError := func(err error) { log.Warn("watching the config file", "err", err) }
+	var ch <-chan struct{}
+	var err error
+	if fi, serr := os.Stat(path); serr == nil && fi.IsDir() {
+		// A directory of files (a projected volume of ConfigMaps): config.Loader merges them.
+		ch, err = filewatch.WatchDir(ctx, path, config.IsConfigName, debounce, onError)
+	} else {
+		ch, err = filewatch.Watch(ctx, path, debounce, onError)
+	}
+	if err != nil {
+		// The periodic resync still picks changes up.
+		log.Error("cannot watch the config file; relying on the resync interval", "err", err)
+	}
+	return ch
 }
 
 func newLogger(w io.Writer, format, level string, verbosity int) (*slog.Logger, error) {
@@ -165,12 +203,7 @@ func newLogger(w io.Writer, format, level string, verbosity int) (*slog.Logger, 
 }
 
 // hint adds what an operator needs to know to the errors that need it.
-func hint(err error) error {
-	if errors.Is(err, syscall.EPERM) {
-		return fmt.Errorf("%w (the agent needs CAP_NET_ADMIN in the node's network namespace)", err)
-	}
-	return err
-}
+func hint(err error) error { return agent.Hint(err) }
 
 // hasCapNetAdmin reports whether CAP_NET_ADMIN is in the effective set.
 func hasCapNetAdmin() bool {

@@ -58,6 +58,7 @@ type Agent struct {
 	cidrs       *prometheus.GaugeVec
 	intervals   *prometheus.GaugeVec
 	repairs     *prometheus.CounterVec
+	rival       prometheus.Gauge
 
 	mu     sync.Mutex
 	health healthState
@@ -119,6 +120,11 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 			Name:      "repairs_total",
 			Help:      "Changes to the agent's table by someone else that a sync undid, by what was changed.",
 		}, []string{"what"}),
+		rival: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "rival_writer",
+			Help:      "1 while another process owns the agent's table or keeps rewriting it (a second agent?), else 0.",
+		}),
 	}
 	a.health.start = a.now()
 	a.rules = &ruleCollector{read: readCounters, log: a.log}
@@ -141,7 +147,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	a.reg.MustRegister(
 		buildInfo,
 		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads,
-		a.cidrs, a.intervals, a.repairs,
+		a.cidrs, a.intervals, a.repairs, a.rival,
 		a.rules,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -213,6 +219,16 @@ func (a *Agent) SetElements(set string, family string, kind string, cidrs, inter
 // what is "table-deleted", "chain-changed", "set-changed" or "other".
 func (a *Agent) Repaired(what string) {
 	a.repairs.WithLabelValues(what).Inc()
+}
+
+// RivalWriter says whether another process owns the table or keeps
+// rewriting it.
+func (a *Agent) RivalWriter(yes bool) {
+	v := 0.0
+	if yes {
+		v = 1
+	}
+	a.rival.Set(v)
 }
 
 // SetStaleAfter makes /healthz fail when no sync has succeeded for longer

@@ -1,0 +1,426 @@
+// Package agent is the daemon's one loop: config file events, the resync
+// deadline, kernel events, verification and repair, backoff and health.
+// It talks to the kernel only through the Kernel interface, so that it is
+// tested against nft.Fake without privileges.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// Kernel is nft.Kernel and its notifications.
+type Kernel interface {
+	nft.Kernel
+	// Watch calls notify after every transaction that may have touched
+	// the table, and when notifications were lost, until ctx is done.
+	Watch(ctx context.Context, notify func(nft.Event)) error
+}
+
+// Options are what the agent is run with.
+type Options struct {
+	ConfigPath string
+	Flags      config.Flags
+	NFT        nft.Options
+	// Watch subscribes to the kernel's notifications, so that a change
+	// by another process is repaired at once rather than at the next
+	// resync. Not needed when the agent owns the table.
+	Watch bool
+	// Applied, if set, is called after the kernel took a new table that
+	// may change the decision for some destinations (the conntrack cleanup).
+	Applied func(old, new nft.Table)
+}
+
+// Agent keeps the kernel's table in line with the config.
+type Agent struct {
+	opts    Options
+	kernel  Kernel
+	log     *slog.Logger
+	metrics *metrics.Agent
+	loader  config.Loader
+
+	cfg      *config.Config // the config last put in the kernel
+	want     *nft.Table     // and its table
+	deadline time.Time      // the next resync; only a successful sync moves it
+	failures int            // consecutive failed syncs
+	retryAt  time.Time      // the next try after a failed sync
+	repairAt time.Time      // a pending verification after a kernel event; zero: none
+	repairs  []time.Time    // when recent repairs had to write, for rival detection
+	rival    time.Duration  // the current back-off against a rival writer; 0: none
+	waiting  bool           // another process owns the table (logged once)
+
+	lastWarnings []string
+	lastErr      string
+}
+
+// New returns an agent; log and m must not be nil.
+func New(o Options, k Kernel, log *slog.Logger, m *metrics.Agent) *Agent {
+	return &Agent{opts: o, kernel: k, log: log, metrics: m}
+}
+
+// Rival detection: this many repairs that had to write, within the window,
+// mean another process keeps rewriting the table.
+const (
+	rivalRepairs = 3
+	rivalWindow  = 10 * time.Second
+	// ownedRetry is how often an agent that finds the table owned by
+	// another process looks again (the owner's exit orphans it).
+	ownedRetry = time.Second
+)
+
+// Run syncs now, then on every config change, every kernel event and
+// every resync deadline, until ctx is done.
+func (a *Agent) Run(ctx context.Context, fileChanged <-chan struct{}) {
+	events := make(chan nft.Event, 1)
+	if a.opts.Watch {
+		go a.watch(ctx, events)
+	}
+	a.deadline = time.Now().Add(a.interval())
+	a.Sync(time.Now())
+	for {
+		wait := time.Until(a.next())
+		timer := time.NewTimer(max(wait, 0))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-fileChanged:
+			a.log.Debug("config file changed")
+			a.Sync(time.Now())
+		case ev := <-events:
+			a.KernelEvent(ev, time.Now())
+		case now := <-timer.C:
+			a.Tick(now)
+		}
+		timer.Stop()
+	}
+}
+
+// watch runs the kernel's watch, restarting it with backoff if it fails.
+func (a *Agent) watch(ctx context.Context, events chan<- nft.Event) {
+	for backoff := time.Second; ctx.Err() == nil; backoff = min(2*backoff, time.Minute) {
+		err := a.kernel.Watch(ctx, func(e nft.Event) {
+			select {
+			case events <- e:
+			default: // a verification is pending already; it covers this event too
+			}
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Error("watching nftables failed; relying on the resync interval until it works again", "err", err, "retry in", backoff)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// next returns when the loop has something to do next: after a failed
+// sync, the retry (its backoff is capped at the interval); otherwise the
+// resync deadline; and a pending verification, if sooner.
+func (a *Agent) next() time.Time {
+	t := a.deadline
+	if a.failures > 0 {
+		t = a.retryAt
+	}
+	if !a.repairAt.IsZero() && a.repairAt.Before(t) {
+		t = a.repairAt
+	}
+	return t
+}
+
+// Tick does what is due at now: a pending repair, a retry, the resync.
+func (a *Agent) Tick(now time.Time) {
+	if !a.repairAt.IsZero() && !now.Before(a.repairAt) {
+		a.repair(now)
+	}
+	if due := a.deadline; a.failures > 0 {
+		if !now.Before(a.retryAt) {
+			a.Sync(now)
+		}
+	} else if !now.Before(due) {
+		a.Sync(now)
+	}
+}
+
+// KernelEvent schedules a verification of the table: at once, or after the
+// back-off against a rival writer.
+func (a *Agent) KernelEvent(ev nft.Event, now time.Time) {
+	a.log.Debug("nftables event", "what", ev.What, "lost", ev.Lost)
+	if !a.repairAt.IsZero() {
+		return // one is pending
+	}
+	a.repairAt = now.Add(a.rival)
+	if a.rival == 0 {
+		a.repair(now)
+	}
+}
+
+// interval is the resync interval in force.
+func (a *Agent) interval() time.Duration {
+	if a.cfg != nil {
+		return a.cfg.ResyncInterval
+	}
+	return config.Default(a.opts.Flags).ResyncInterval
+}
+
+// Sync loads the config and makes the kernel hold its table. On a bad
+// config the kernel keeps what it has. Only a successful sync moves the
+// resync deadline and resets the failure backoff.
+func (a *Agent) Sync(now time.Time) error {
+	cfg, warnings, err := a.loader.Load(a.opts.ConfigPath, a.opts.Flags)
+	partial := config.IsPartial(err)
+	if !slices.Equal(warnings, a.lastWarnings) {
+		for _, w := range warnings {
+			a.log.Warn(w)
+		}
+		a.lastWarnings = warnings
+	}
+	switch _, serr := os.Stat(a.opts.ConfigPath); {
+	case partial:
+		// Some files of a config directory are bad: the merge of the
+		// others with the bad ones' last good content is applied.
+		a.metrics.ConfigLoaded("error")
+		a.logError("config file not applied; its last good content stays in force with the other files", err)
+	case err != nil:
+		a.metrics.ConfigLoaded("error")
+		a.logError("config not applied; the rules in the kernel are unchanged", err)
+		a.failed(now, err)
+		// The last good table stays in force, and verified: a bad
+		// ConfigMap is no reason for the kubelet to restart the agent.
+		if a.want != nil {
+			start := time.Now()
+			if _, kerr := nft.Ensure(a.kernel, *a.want); kerr == nil {
+				a.metrics.SyncDone("success", time.Since(start))
+			}
+		}
+		return err
+	case errors.Is(serr, fs.ErrNotExist):
+		a.metrics.ConfigLoaded("missing")
+	default:
+		a.metrics.ConfigLoaded("success")
+	}
+	want := nft.Build(cfg, a.opts.NFT)
+	start := time.Now()
+	res, err := nft.Ensure(a.kernel, want)
+	took := time.Since(start)
+	if err != nil {
+		a.kernelFailed(now, err, took)
+		return err
+	}
+	if a.waiting {
+		a.log.Info("adopted table inet " + nft.TableName + ": its previous owner is gone")
+		a.waiting = false
+		a.metrics.RivalWriter(false)
+	}
+	a.metrics.SyncDone("success", took)
+	a.metrics.SetStaleAfter(3 * cfg.ResyncInterval)
+	a.setElements(cfg, want)
+	if !partial {
+		a.lastErr = ""
+	}
+	attrs := []any{"took", took.Round(time.Microsecond), "messages", res.Messages, "bytes", res.Bytes}
+	for _, s := range want.Sets {
+		attrs = append(attrs, s.Name, len(s.Elements))
+	}
+	adopted := len(res.Plan.Ops) == 1 && res.Plan.Ops[0].Kind == nft.KindTable && res.Plan.Ops[0].Verb == nft.Update
+	switch {
+	case a.cfg == nil && (res.Unchanged || adopted):
+		a.log.Info("the kernel holds the config's table already; took it over without changing its contents", append(attrs, "adopted", adopted)...)
+	case a.cfg == nil:
+		a.log.Info("applied config", append(attrs, "created", res.Created, "recreated", res.Recreated)...)
+	case !a.cfg.Equal(cfg):
+		a.log.Info("applied new config", append(attrs, "changes", strings.Join(cfg.Diff(*a.cfg), "; "))...)
+	case res.Unchanged:
+		a.log.Debug("resync: the table read back is the wanted one; nothing sent")
+	default:
+		a.reportRepair(res, now, "resync")
+	}
+	if res.Recreated {
+		a.log.Warn("re-created the table in one transaction", "why", res.Plan.Why)
+	}
+	if a.cfg == nil || !a.cfg.Equal(cfg) {
+		a.log.Debug("table", "nft", nft.Render(want))
+	}
+	if a.opts.Applied != nil && a.want != nil && !res.Unchanged {
+		a.opts.Applied(*a.want, want)
+	}
+	a.cfg, a.want = &cfg, &want
+	a.failures = 0
+	a.deadline = now.Add(cfg.ResyncInterval)
+	return nil
+}
+
+// repair verifies the table against the last good config's, and puts it
+// back if it differs. It neither moves the resync deadline nor resets the
+// failure backoff, and it does not make a failing agent healthy.
+func (a *Agent) repair(now time.Time) {
+	a.repairAt = time.Time{}
+	if a.want == nil {
+		return // nothing applied yet; the sync's retries take care
+	}
+	start := time.Now()
+	res, err := nft.Ensure(a.kernel, *a.want)
+	if err != nil {
+		if errors.Is(err, nft.ErrOwnedByOther) {
+			a.ownedByOther(now)
+			return
+		}
+		a.logError("repair failed; retrying", err)
+		a.repairAt = now.Add(time.Second << min(len(a.repairs), 6))
+		return
+	}
+	if res.Unchanged {
+		a.log.Debug("verified the table after an nftables event: unchanged", "took", time.Since(start).Round(time.Microsecond))
+		return
+	}
+	a.reportRepair(res, now, "repair")
+	if a.opts.Applied != nil && res.Found != nil {
+		a.opts.Applied(*res.Found, *a.want)
+	}
+}
+
+// reportRepair logs and counts a write that undid someone else's change,
+// and backs off when another process keeps rewriting the table.
+func (a *Agent) reportRepair(res nft.Result, now time.Time, by string) {
+	what := repairKind(res)
+	a.log.Warn("the table differed from the wanted one; put it back", "by", by, "what", what,
+		"operations", len(res.Plan.Ops), "first", firstOp(res.Plan))
+	a.metrics.Repaired(what)
+	a.repairs = append(slices.DeleteFunc(a.repairs, func(t time.Time) bool { return now.Sub(t) > rivalWindow }), now)
+	switch {
+	case len(a.repairs) >= rivalRepairs:
+		if a.rival == 0 {
+			a.log.Error("another process keeps rewriting table inet "+nft.TableName+"; backing off (is a second agent running?)",
+				"rewrites", len(a.repairs), "within", rivalWindow)
+		}
+		a.rival = min(max(2*a.rival, time.Second), a.interval())
+		a.metrics.RivalWriter(true)
+	case len(a.repairs) == 1 && a.rival > 0:
+		a.log.Info("no rival writer seen lately; repairing at once again")
+		a.rival = 0
+		a.metrics.RivalWriter(false)
+	}
+}
+
+// ownedByOther: another process's socket owns the table. Wait for it to
+// exit (its table then stays, orphaned) and adopt it.
+func (a *Agent) ownedByOther(now time.Time) {
+	a.log.Debug("table inet " + nft.TableName + " is owned by another process; looking again in a second")
+	if !a.waiting {
+		a.log.Warn("another process owns table inet "+nft.TableName+" (another ip-masq-agent?); waiting for it to exit", "retry every", ownedRetry)
+		a.waiting = true
+	}
+	a.metrics.RivalWriter(true)
+	if a.want != nil {
+		a.repairAt = now.Add(ownedRetry)
+	}
+}
+
+func (a *Agent) failed(now time.Time, err error) {
+	a.failures++
+	a.retryAt = now.Add(min(a.interval(), time.Second<<min(a.failures-1, 6)))
+	if errors.Is(err, nft.ErrOwnedByOther) {
+		a.retryAt = now.Add(ownedRetry) // its owner's exit orphans it: adopt it soon after
+	}
+}
+
+func (a *Agent) kernelFailed(now time.Time, err error, took time.Duration) {
+	a.failed(now, err)
+	a.metrics.SyncDone("error", took)
+	if errors.Is(err, nft.ErrOwnedByOther) {
+		a.ownedByOther(now)
+		a.metrics.SyncFailed(err.Error())
+		return
+	}
+	err = Hint(err)
+	a.metrics.SyncFailed(err.Error())
+	a.logError("sync failed; the kernel keeps its previous rules", err)
+}
+
+func repairKind(res nft.Result) string {
+	switch {
+	case res.Found == nil:
+		return "table-deleted"
+	}
+	kinds := map[nft.Kind]bool{}
+	for _, op := range res.Plan.Ops {
+		kinds[op.Kind] = true
+	}
+	switch {
+	case kinds[nft.KindChain] || kinds[nft.KindRule]:
+		return "chain-changed"
+	case kinds[nft.KindSet] || kinds[nft.KindElements]:
+		return "set-changed"
+	}
+	return "other"
+}
+
+func firstOp(p nft.Plan) string {
+	if len(p.Ops) == 0 {
+		return ""
+	}
+	s := p.Ops[0].String()
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return s
+}
+
+// setElements publishes, per set, the CIDRs the config lists and the
+// intervals the kernel holds.
+func (a *Agent) setElements(cfg config.Config, t nft.Table) {
+	count := func(ps []netip.Prefix, is6 bool) (n int) {
+		for _, p := range ps {
+			if p.Addr().Unmap().Is6() == is6 {
+				n++
+			}
+		}
+		return n
+	}
+	for _, s := range t.Sets {
+		family, is6 := "ipv4", s.Family == 6
+		if is6 {
+			family = "ipv6"
+		}
+		kind, cidrs := "masquerade", count(cfg.MasqueradeCIDRs, is6)
+		if strings.HasPrefix(s.Name, "nonmasq") {
+			kind, cidrs = "nonmasquerade", count(cfg.NonMasqueradeCIDRs, is6)
+		}
+		if is6 && !a.opts.Flags.EnableIPv6 {
+			cidrs = 0
+		}
+		a.metrics.SetElements(s.Name, family, kind, cidrs, len(s.Elements))
+	}
+}
+
+// logError logs an error once until it changes or a sync succeeds.
+func (a *Agent) logError(msg string, err error) {
+	if err.Error() == a.lastErr {
+		a.log.Debug(msg, "err", err)
+		return
+	}
+	a.lastErr = err.Error()
+	a.log.Error(msg, "err", err)
+}
+
+// Hint adds what an operator needs to know to the errors that need it.
+func Hint(err error) error {
+	if errors.Is(err, os.ErrPermission) || strings.Contains(err.Error(), "operation not permitted") {
+		return fmt.Errorf("%w (the agent needs CAP_NET_ADMIN in the node's network namespace)", err)
+	}
+	return err
+}

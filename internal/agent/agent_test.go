@@ -1,0 +1,612 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go4.org/netipx"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// t0 is the synthetic start of every test's clock.
+var t0 = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func at(d time.Duration) time.Time { return t0.Add(d) }
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type harness struct {
+	t       *testing.T
+	a       *Agent
+	fake    *nft.Fake
+	m       *metrics.Agent
+	path    string
+	logs    *syncBuffer
+	applied [][2]nft.Table
+}
+
+// newHarness returns an agent on a fake kernel whose config file (not
+// written yet: the defaults) is h.path.
+func newHarness(t *testing.T, change func(*Options)) *harness {
+	t.Helper()
+	h := &harness{t: t, fake: &nft.Fake{}, m: metrics.New("test", nil), logs: &syncBuffer{}}
+	h.path = filepath.Join(t.TempDir(), "config")
+	o := Options{ConfigPath: h.path, NFT: nft.Options{Chain: nft.DefaultChain, RandomFully: true},
+		Applied: func(old, new nft.Table) { h.applied = append(h.applied, [2]nft.Table{old, new}) }}
+	if change != nil {
+		change(&o)
+	}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(h.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	h.a = New(o, h.fake, log, h.m)
+	return h
+}
+
+func (h *harness) write(yaml string) {
+	h.t.Helper()
+	if err := os.WriteFile(h.path, []byte(yaml), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// want returns the table of a config, as the fake holds it (owned).
+func (h *harness) want(yaml string) nft.Table {
+	h.t.Helper()
+	cfg := config.Default(h.a.opts.Flags)
+	if yaml != "" {
+		var err error
+		if cfg, _, err = config.Parse([]byte(yaml), h.a.opts.Flags); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	w := nft.Build(cfg, h.a.opts.NFT)
+	w.Owner, w.Persist = nft.OwnedByUs, true
+	return w
+}
+
+// holds fails unless the fake kernel holds want.
+func (h *harness) holds(want nft.Table, what string) {
+	h.t.Helper()
+	got := h.fake.Table()
+	if got == nil || !want.Equal(*got) {
+		s := "(no table)"
+		if got != nil {
+			s = nft.Render(*got)
+		}
+		h.t.Fatalf("%s: the kernel holds\n%s\nwant\n%s", what, s, nft.Render(want))
+	}
+}
+
+func (h *harness) sent() int { return len(h.fake.Sent()) }
+
+func (h *harness) get(path string) (int, string) {
+	rec := httptest.NewRecorder()
+	h.m.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.String()
+}
+
+func (h *harness) healthy() bool {
+	code, _ := h.get("/healthz")
+	return code == http.StatusOK
+}
+
+// metric returns a line of /metrics that starts with prefix.
+func (h *harness) metric(prefix string) string {
+	_, body := h.get("/metrics")
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
+
+func (h *harness) sync(now time.Time) {
+	h.t.Helper()
+	if err := h.a.Sync(now); err != nil {
+		h.t.Fatalf("Sync: %v", err)
+	}
+}
+
+// unowned is a table without its ownership, for comparing contents.
+func unowned(t nft.Table) nft.Table {
+	t.Owner, t.Persist = nft.NotOwned, false
+	return t
+}
+
+func dropNonMasq(t **nft.Table) { (*t).Set(nft.SetNonMasqV4).Elements = nil }
+
+func TestFirstSyncCreatesThenResyncSendsNothing(t *testing.T) {
+	h := newHarness(t, nil)
+	if got := h.a.next(); !got.IsZero() {
+		t.Errorf("next before any sync: %v, want now", got)
+	}
+	h.sync(t0)
+	h.holds(h.want(""), "first sync")
+	if h.sent() != 1 {
+		t.Fatalf("%d plans sent", h.sent())
+	}
+	if !h.a.deadline.Equal(at(time.Minute)) || !h.a.next().Equal(at(time.Minute)) {
+		t.Errorf("deadline %v, next %v; want the default interval", h.a.deadline, h.a.next())
+	}
+	if code, body := h.get("/readyz"); code != http.StatusOK {
+		t.Errorf("readyz %d %s", code, body)
+	}
+	if l := h.metric(`ip_masq_agent_config_loads_total{result="missing"}`); !strings.HasSuffix(l, " 1") {
+		t.Errorf("config loads: %q", l)
+	}
+	if l := h.metric(`ip_masq_agent_intervals{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"}`); !strings.HasSuffix(l, " 4") {
+		t.Errorf("intervals: %q", l)
+	}
+	// Nothing is due before the deadline.
+	h.a.Tick(at(59 * time.Second))
+	// The resync at the deadline reads back an equal table: nothing sent.
+	h.a.Tick(at(time.Minute))
+	if h.sent() != 1 || !h.a.deadline.Equal(at(2*time.Minute)) {
+		t.Errorf("resync: %d plans sent, deadline %v", h.sent(), h.a.deadline)
+	}
+	if len(h.applied) != 0 {
+		t.Errorf("Applied called %d times without a change", len(h.applied))
+	}
+	if !strings.Contains(h.logs.String(), "nothing sent") {
+		t.Errorf("logs:\n%s", h.logs)
+	}
+}
+
+// A restart that finds the right table adopts it without a write.
+func TestAdoptsEqualTable(t *testing.T) {
+	h := newHarness(t, nil)
+	want := h.want("")
+	h.fake.Tamper("previous agent", func(t **nft.Table) { *t = want.Clone() })
+	h.sync(t0)
+	if h.sent() != 0 || !strings.Contains(h.logs.String(), "the kernel holds the config's table already") {
+		t.Errorf("%d plans sent; logs:\n%s", h.sent(), h.logs)
+	}
+}
+
+func TestConfigChangeApplies(t *testing.T) {
+	h := newHarness(t, nil)
+	h.sync(t0)
+	const yaml = "nonMasqueradeCIDRs: [10.0.0.0/8, 192.0.2.0/24]\nmasqueradeCIDRs: [10.10.10.10/32]\nresyncInterval: 5s\n"
+	h.write(yaml)
+	h.sync(at(time.Second))
+	h.holds(h.want(yaml), "after the change")
+	if !h.a.deadline.Equal(at(6 * time.Second)) {
+		t.Errorf("deadline %v: want the new interval from the sync", h.a.deadline)
+	}
+	if len(h.applied) != 1 || !unowned(h.want("")).Equal(unowned(h.applied[0][0])) || !unowned(h.want(yaml)).Equal(unowned(h.applied[0][1])) {
+		t.Fatalf("Applied: %d calls", len(h.applied))
+	}
+	if !strings.Contains(h.logs.String(), "applied new config") {
+		t.Errorf("logs:\n%s", h.logs)
+	}
+	if l := h.metric(`ip_masq_agent_config_loads_total{result="success"}`); !strings.HasSuffix(l, " 1") {
+		t.Errorf("config loads: %q", l)
+	}
+}
+
+func TestBadConfigKeepsKernelAndBacksOff(t *testing.T) {
+	h := newHarness(t, nil)
+	const good = "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 5s\n"
+	h.write(good)
+	h.sync(t0)
+	n := h.sent()
+	h.write("nonMasqueradeCIDRs: [not-a-cidr]\n")
+	now := at(time.Second)
+	if err := h.a.Sync(now); err == nil {
+		t.Fatal("a bad config synced")
+	}
+	deadline := h.a.deadline
+	var waits []time.Duration
+	for range 6 {
+		waits = append(waits, h.a.retryAt.Sub(now))
+		now = h.a.next()
+		h.a.Tick(now)
+	}
+	if want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second, 5 * time.Second}; fmt.Sprint(waits) != fmt.Sprint(want) {
+		t.Errorf("retries after %v, want %v (capped at the interval)", waits, want)
+	}
+	if h.a.failures != 7 || !h.a.deadline.Equal(deadline) {
+		t.Errorf("failures %d, deadline %v", h.a.failures, h.a.deadline)
+	}
+	h.holds(h.want(good), "bad config")
+	if h.sent() != n {
+		t.Errorf("%d plans sent for a bad config", h.sent()-n)
+	}
+	// A bad config counts as such; by design (internal/metrics' package
+	// comment) it does not make /healthz fail: restarting cannot fix it.
+	if l := h.metric(`ip_masq_agent_config_loads_total{result="error"}`); !strings.HasSuffix(l, " 7") {
+		t.Errorf("config loads: %q", l)
+	}
+	if !h.healthy() {
+		t.Error("a bad config failed /healthz")
+	}
+	if c := strings.Count(h.logs.String(), "level=ERROR msg=\"config not applied"); c != 1 {
+		t.Errorf("the same error logged %d times", c)
+	}
+	// Fixed: applied at the next retry, failures reset.
+	const fixed = "nonMasqueradeCIDRs: [10.0.0.0/8, 192.0.2.0/24]\nresyncInterval: 5s\n"
+	h.write(fixed)
+	now = h.a.next()
+	h.a.Tick(now)
+	h.holds(h.want(fixed), "fixed config")
+	if h.a.failures != 0 || !h.a.deadline.Equal(now.Add(5*time.Second)) {
+		t.Errorf("failures %d, deadline %v", h.a.failures, h.a.deadline)
+	}
+}
+
+// A partly bad config directory: the bad file's last good content stays.
+func TestConfigDirPartial(t *testing.T) {
+	h := newHarness(t, nil)
+	dir := t.TempDir()
+	h.a.opts.ConfigPath = dir
+	os.WriteFile(filepath.Join(dir, "ip-masq-a"), []byte("nonMasqueradeCIDRs: [10.0.0.0/8]\n"), 0o644)
+	h.sync(t0)
+	os.WriteFile(filepath.Join(dir, "ip-masq-a"), []byte("nonMasqueradeCIDRs: [bad]\n"), 0o644)
+	if err := h.a.Sync(at(time.Second)); err != nil {
+		t.Fatalf("partial: %v", err)
+	}
+	h.holds(h.want("nonMasqueradeCIDRs: [10.0.0.0/8]\n"), "partial")
+	if !strings.Contains(h.logs.String(), "its last good content stays in force") {
+		t.Errorf("logs:\n%s", h.logs)
+	}
+}
+
+func TestTamperRepairedWithoutMovingDeadline(t *testing.T) {
+	h := newHarness(t, nil)
+	h.write("resyncInterval: 5s\n")
+	h.sync(t0)
+	deadline := h.a.deadline
+	h.fake.Tamper("flush set", dropNonMasq)
+	h.a.KernelEvent(nft.Event{What: "delset"}, at(time.Second))
+	h.holds(h.want("resyncInterval: 5s\n"), "repair")
+	if !h.a.deadline.Equal(deadline) || !h.a.repairAt.IsZero() {
+		t.Errorf("deadline %v (was %v), repairAt %v", h.a.deadline, deadline, h.a.repairAt)
+	}
+	if l := h.metric(`ip_masq_agent_repairs_total{what="set-changed"}`); !strings.HasSuffix(l, " 1") {
+		t.Errorf("repairs: %q", l)
+	}
+	if len(h.applied) != 1 || len(h.applied[0][0].Set(nft.SetNonMasqV4).Elements) != 0 {
+		t.Errorf("Applied after a repair: %d calls", len(h.applied))
+	}
+	// An event that finds the table right: nothing sent.
+	n := h.sent()
+	h.a.KernelEvent(nft.Event{What: "ours"}, at(2*time.Second))
+	if h.sent() != n {
+		t.Error("a verification of an equal table wrote")
+	}
+}
+
+// The issue's failure #5: foreign touches every 3 s with resyncInterval
+// 5s must not starve the resync. A config change made without a file
+// event (the watch unavailable) is applied at the deadline.
+func TestRepairsDoNotStarveResync(t *testing.T) {
+	h := newHarness(t, nil)
+	h.write("resyncInterval: 5s\n")
+	h.sync(t0)
+	const changed = "resyncInterval: 5s\nnonMasqueradeCIDRs: [192.0.2.0/24]\n"
+	h.write(changed) // no file event
+	for _, d := range []time.Duration{1, 4} {
+		h.fake.Tamper("flush set", dropNonMasq)
+		h.a.KernelEvent(nft.Event{What: "touch"}, at(d*time.Second))
+		h.holds(h.want("resyncInterval: 5s\n"), "repair of the old config")
+		if got := h.a.next(); !got.Equal(at(5 * time.Second)) {
+			t.Fatalf("after the repair at %ds the loop waits until %v, want the resync deadline", d, got)
+		}
+	}
+	h.a.Tick(at(5 * time.Second))
+	h.holds(h.want(changed), "resync at its deadline")
+	// Touches every 3 s go on; resyncs happen every 5 s regardless.
+	syncs := 0
+	for s := 6; s <= 30; s++ {
+		now := at(time.Duration(s) * time.Second)
+		if s%3 == 0 {
+			h.fake.Tamper("flush set", dropNonMasq)
+			h.a.KernelEvent(nft.Event{What: "touch"}, now)
+		}
+		before := h.a.deadline
+		h.a.Tick(now)
+		if !h.a.deadline.Equal(before) {
+			syncs++
+		}
+	}
+	if syncs != 5 {
+		t.Errorf("%d resyncs between 6 s and 30 s, want 5", syncs)
+	}
+}
+
+func TestRepairAfterFailedSyncKeepsHealthFailing(t *testing.T) {
+	h := newHarness(t, nil)
+	h.write("resyncInterval: 5s\n")
+	h.sync(t0)
+	if !h.healthy() {
+		t.Fatal("unhealthy after a good sync")
+	}
+	h.fake.ReadErr = errors.New("netlink broke")
+	h.a.Tick(at(5 * time.Second))
+	if h.healthy() || h.a.failures != 1 {
+		t.Fatalf("a failed sync: healthy %v, failures %d", h.healthy(), h.a.failures)
+	}
+	_, body := h.get("/healthz")
+	if !strings.Contains(body, "netlink broke") {
+		t.Errorf("healthz: %q", body)
+	}
+	h.fake.ReadErr = nil
+	h.fake.Tamper("flush set", dropNonMasq)
+	h.a.KernelEvent(nft.Event{What: "touch"}, at(5500*time.Millisecond))
+	h.holds(h.want("resyncInterval: 5s\n"), "repair")
+	if h.healthy() || h.a.failures != 1 || !h.a.retryAt.Equal(at(6*time.Second)) {
+		t.Errorf("after a repair: healthy %v, failures %d, retry at %v", h.healthy(), h.a.failures, h.a.retryAt)
+	}
+	// The retry syncs: healthy again.
+	h.a.Tick(h.a.next())
+	if !h.healthy() || h.a.failures != 0 {
+		t.Errorf("after the retry: healthy %v, failures %d", h.healthy(), h.a.failures)
+	}
+}
+
+func TestRivalWriterBacksOff(t *testing.T) {
+	h := newHarness(t, nil)
+	h.write("resyncInterval: 5s\n")
+	h.sync(t0)
+	want := h.want("resyncInterval: 5s\n")
+	for i, d := range []time.Duration{1, 4, 7} {
+		h.fake.Tamper("rival", dropNonMasq)
+		h.a.KernelEvent(nft.Event{What: "rival"}, at(d*time.Second))
+		h.holds(want, fmt.Sprintf("repair %d", i+1))
+	}
+	if h.a.rival != time.Second {
+		t.Errorf("back-off %v after 3 repairs in 10 s", h.a.rival)
+	}
+	if l := h.metric("ip_masq_agent_rival_writer "); l != "ip_masq_agent_rival_writer 1" {
+		t.Errorf("metric: %q", l)
+	}
+	if c := strings.Count(h.logs.String(), "another process keeps rewriting"); c != 1 {
+		t.Errorf("%d rival log lines", c)
+	}
+	// Backing off: the next event is repaired after the back-off, not at once.
+	h.fake.Tamper("rival", dropNonMasq)
+	h.a.KernelEvent(nft.Event{What: "rival"}, at(7500*time.Millisecond))
+	if got := h.fake.Table(); len(got.Set(nft.SetNonMasqV4).Elements) != 0 {
+		t.Error("repaired at once while backing off")
+	}
+	h.a.KernelEvent(nft.Event{What: "rival"}, at(7600*time.Millisecond)) // one is pending already
+	if !h.a.repairAt.Equal(at(8500 * time.Millisecond)) {
+		t.Errorf("repair at %v", h.a.repairAt)
+	}
+	h.a.Tick(at(8500 * time.Millisecond))
+	h.holds(want, "repair after the back-off")
+	if h.a.rival != 2*time.Second {
+		t.Errorf("back-off %v, want it doubled", h.a.rival)
+	}
+	for i := range 5 { // capped at the interval
+		h.fake.Tamper("rival", dropNonMasq)
+		now := at(9*time.Second + time.Duration(i)*100*time.Millisecond)
+		h.a.KernelEvent(nft.Event{What: "rival"}, now)
+		h.a.Tick(h.a.repairAt)
+	}
+	if h.a.rival != 5*time.Second {
+		t.Errorf("back-off %v, want the 5s interval", h.a.rival)
+	}
+	// Quiet for longer than the window: repairs are at once again.
+	h.fake.Tamper("rival", dropNonMasq)
+	h.a.KernelEvent(nft.Event{What: "touch"}, at(time.Minute))
+	h.a.Tick(h.a.repairAt)
+	if h.a.rival != 0 {
+		t.Errorf("back-off %v after a quiet minute", h.a.rival)
+	}
+	if l := h.metric("ip_masq_agent_rival_writer "); l != "ip_masq_agent_rival_writer 0" {
+		t.Errorf("metric: %q", l)
+	}
+}
+
+func TestOwnedByOtherWaitsThenAdopts(t *testing.T) {
+	h := newHarness(t, nil)
+	want := h.want("")
+	// Another agent holds the table (with another config).
+	other := want.Clone()
+	other.Owner = nft.OwnedByOther
+	other.Set(nft.SetNonMasqV4).Elements = []netipx.IPRange{netipx.MustParseIPRange("192.0.2.0-192.0.2.255")}
+	h.fake.Tamper("other agent", func(t **nft.Table) { *t = other.Clone() })
+	if err := h.a.Sync(t0); !errors.Is(err, nft.ErrOwnedByOther) {
+		t.Fatalf("Sync: %v", err)
+	}
+	for s := 1; s <= 3; s++ {
+		if got := h.a.next(); !got.Equal(at(time.Duration(s) * time.Second)) {
+			t.Fatalf("next try at %v, want every second", got)
+		}
+		h.a.Tick(h.a.next())
+	}
+	if h.sent() != 0 {
+		t.Errorf("%d plans sent to a table owned by another process", h.sent())
+	}
+	if l := h.metric("ip_masq_agent_rival_writer "); l != "ip_masq_agent_rival_writer 1" {
+		t.Errorf("metric: %q", l)
+	}
+	if c := strings.Count(h.logs.String(), "waiting for it to exit"); c != 1 {
+		t.Errorf("%d waiting log lines", c)
+	}
+	// The owner exits: its table stays, orphaned, and is adopted.
+	h.fake.Tamper("owner exits", func(t **nft.Table) { (*t).Owner, (*t).Persist = nft.NotOwned, true })
+	h.a.Tick(h.a.next())
+	h.holds(want, "adopted")
+	if h.a.waiting || h.a.failures != 0 {
+		t.Errorf("waiting %v, failures %d", h.a.waiting, h.a.failures)
+	}
+
+	// Taken over after the first sync: the repair waits too.
+	h.fake.Tamper("other agent", func(t **nft.Table) { (*t).Owner = nft.OwnedByOther })
+	n := h.sent()
+	h.a.KernelEvent(nft.Event{What: "other"}, at(10*time.Second))
+	if !h.a.repairAt.Equal(at(11*time.Second)) || h.sent() != n {
+		t.Errorf("repair at %v, %d sent", h.a.repairAt, h.sent()-n)
+	}
+	h.fake.Tamper("owner exits", func(t **nft.Table) { (*t).Owner, (*t).Persist = nft.NotOwned, true })
+	h.a.Tick(at(11 * time.Second))
+	h.holds(want, "adopted after a repair")
+}
+
+func TestRepairFailureRetries(t *testing.T) {
+	h := newHarness(t, nil)
+	h.sync(t0)
+	// Before any sync there is nothing to repair.
+	h2 := newHarness(t, nil)
+	h2.a.KernelEvent(nft.Event{What: "early"}, t0)
+	if h2.sent() != 0 || !h2.a.repairAt.IsZero() {
+		t.Error("repaired before a sync")
+	}
+
+	h.fake.Tamper("delete table", func(t **nft.Table) { *t = nil })
+	h.fake.SendErr = errors.New("operation not permitted")
+	h.a.KernelEvent(nft.Event{What: "delete table"}, at(time.Second))
+	if !h.a.repairAt.Equal(at(2 * time.Second)) {
+		t.Errorf("retry at %v", h.a.repairAt)
+	}
+	h.fake.SendErr = nil
+	h.a.Tick(at(2 * time.Second))
+	h.holds(h.want(""), "repair retried")
+	if l := h.metric(`ip_masq_agent_repairs_total{what="table-deleted"}`); !strings.HasSuffix(l, " 1") {
+		t.Errorf("repairs: %q", l)
+	}
+	// A chain changed, and a dormant table.
+	h.fake.Tamper("rule", func(t **nft.Table) { (*t).Chains[1].Rules = nil })
+	h.a.KernelEvent(nft.Event{What: "rule"}, at(20*time.Second))
+	h.fake.Tamper("dormant", func(t **nft.Table) { (*t).Dormant = true })
+	h.a.KernelEvent(nft.Event{What: "table"}, at(40*time.Second))
+	h.holds(h.want(""), "repairs")
+	for _, what := range []string{"chain-changed", "other"} {
+		if l := h.metric(`ip_masq_agent_repairs_total{what="` + what + `"}`); !strings.HasSuffix(l, " 1") {
+			t.Errorf("repairs %s: %q", what, l)
+		}
+	}
+}
+
+// A resync that finds the table changed (no event seen) puts it back and
+// counts a repair.
+func TestResyncRepairs(t *testing.T) {
+	h := newHarness(t, nil)
+	h.sync(t0)
+	h.fake.Tamper("flush set", dropNonMasq)
+	h.a.Tick(at(time.Minute))
+	h.holds(h.want(""), "resync")
+	if !strings.Contains(h.logs.String(), "by=resync") {
+		t.Errorf("logs:\n%s", h.logs)
+	}
+}
+
+func TestSyncKernelErrorHint(t *testing.T) {
+	h := newHarness(t, nil)
+	h.fake.SendErr = errors.New("operation not permitted")
+	err := h.a.Sync(t0)
+	if err == nil || h.healthy() {
+		t.Fatalf("Sync: %v, healthy %v", err, h.healthy())
+	}
+	if _, body := h.get("/healthz"); !strings.Contains(body, "CAP_NET_ADMIN") {
+		t.Errorf("healthz: %q", body)
+	}
+	if got := Hint(os.ErrPermission); !strings.Contains(got.Error(), "CAP_NET_ADMIN") || !errors.Is(got, os.ErrPermission) {
+		t.Errorf("Hint: %v", got)
+	}
+	if e := errors.New("x"); Hint(e) != e {
+		t.Error("Hint changed an unrelated error")
+	}
+	if h.a.interval() != time.Minute {
+		t.Errorf("interval before any config: %v", h.a.interval())
+	}
+}
+
+func TestFirstOp(t *testing.T) {
+	if firstOp(nft.Plan{}) != "" {
+		t.Error("an empty plan has a first operation")
+	}
+	long := nft.Plan{Ops: []nft.Op{{Verb: nft.Add, Kind: nft.KindRule, Name: "c", Rule: &nft.Rule{Comment: strings.Repeat("x", 300)}}}}
+	if s := firstOp(long); len(s) != 203 || !strings.HasSuffix(s, "...") {
+		t.Errorf("firstOp: %d bytes", len(s))
+	}
+}
+
+// Run: the first sync, a file event, and a kernel event through the
+// fake's Watch, then shutdown.
+func TestRun(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Watch = true })
+	h.a.opts.Applied = nil // called from Run's goroutine
+	ctx, cancel := context.WithCancel(context.Background())
+	files := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		h.a.Run(ctx, files)
+		close(done)
+	}()
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s; logs:\n%s", what, h.logs)
+			}
+		}
+	}
+	equal := func(w nft.Table) func() bool {
+		return func() bool { got := h.fake.Table(); return got != nil && w.Equal(*got) }
+	}
+	waitFor("the first sync", equal(h.want("")))
+	const changed = "nonMasqueradeCIDRs: [192.0.2.0/24]\n"
+	h.write(changed)
+	files <- struct{}{}
+	waitFor("the config change", equal(h.want(changed)))
+	// The watch is subscribed once Run has started it.
+	waitFor("a repair through the watch", func() bool {
+		h.fake.Tamper("flush set", dropNonMasq)
+		time.Sleep(20 * time.Millisecond)
+		return equal(h.want(changed))()
+	})
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return")
+	}
+}
+
+// An agent that starts while another process owns the table adopts it
+// within ownedRetry of the owner's exit.
+func TestOwnedByOtherAtStartRetriesEverySecond(t *testing.T) {
+	h := newHarness(t, nil)
+	h.fake.Tamper("other agent", func(t **nft.Table) { w := h.want(""); w.Owner = nft.OwnedByOther; *t = &w })
+	h.a.Sync(t0)
+	for now := t0; now.Before(at(12 * time.Second)); now = now.Add(100 * time.Millisecond) {
+		if now.Equal(at(10 * time.Second)) {
+			h.fake.Tamper("owner exits", func(t **nft.Table) { (*t).Owner, (*t).Persist = nft.NotOwned, true })
+		}
+		h.a.Tick(now)
+	}
+	h.holds(h.want(""), "adopted within a second of the owner's exit")
+}

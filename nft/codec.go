@@ -1,0 +1,390 @@
+package nft
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Each part of a Rule, side by side: how it is encoded as expressions, how
+// those expressions are decoded back (exactly, or the rule is not the
+// agent's), and how nft writes it. A rule is its clauses in this order,
+// then a counter, then its verdict.
+var clauses = []struct {
+	encode func(Rule) []expr.Any
+	decode func(d *decoder, r *Rule) bool // false: the expressions are not this clause's
+	render func(Rule) string
+}{
+	{ // fib daddr type != local; fib's address type is a host-endian u32 (RTN_LOCAL is 2)
+		encode: func(r Rule) []expr.Any {
+			if !r.NotLocal {
+				return nil
+			}
+			return []expr.Any{&fibDaddrType, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)}}
+		},
+		decode: func(d *decoder, r *Rule) bool {
+			f, ok := d.peek().(*expr.Fib)
+			if !ok {
+				return true
+			}
+			d.i++
+			r.NotLocal = *f == fibDaddrType && d.cmp(expr.CmpOpNeq, binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL))
+			return r.NotLocal
+		},
+		render: func(r Rule) string { return cond(r.NotLocal, "fib daddr type != local") },
+	},
+	{ // meta nfproto ipv4|ipv6; nft folds it into "ip daddr @set" when a lookup follows
+		encode: func(r Rule) []expr.Any {
+			if r.Family == 0 {
+				return nil
+			}
+			return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{nfproto(r.Family)}}}
+		},
+		decode: func(d *decoder, r *Rule) bool {
+			m, ok := d.peek().(*expr.Meta)
+			if !ok || m.Key != expr.MetaKeyNFPROTO {
+				return true
+			}
+			d.i++
+			for _, f := range []Family{4, 6} {
+				if m.Register == 1 && !m.SourceRegister && d.cmp(expr.CmpOpEq, []byte{nfproto(f)}) {
+					r.Family = f
+					return true
+				}
+			}
+			return false
+		},
+		render: func(r Rule) string {
+			return cond(r.DaddrSet == "" && r.Family != 0, "meta nfproto ipv"+fmt.Sprint(r.Family))
+		},
+	},
+	{ // ip daddr @set / ip6 daddr @set
+		encode: func(r Rule) []expr.Any {
+			if r.DaddrSet == "" {
+				return nil
+			}
+			p := daddr(r.Family)
+			return []expr.Any{&p, &expr.Lookup{SourceRegister: 1, SetName: r.DaddrSet}}
+		},
+		decode: func(d *decoder, r *Rule) bool {
+			p, ok := d.peek().(*expr.Payload)
+			if !ok {
+				return true
+			}
+			d.i++
+			l, ok := d.peek().(*expr.Lookup)
+			if r.Family == 0 || *p != daddr(r.Family) || !ok || l.SourceRegister != 1 || l.IsDestRegSet || l.Invert || l.SetName == "" {
+				return false
+			}
+			d.i++
+			r.DaddrSet = l.SetName
+			return true
+		},
+		render: func(r Rule) string {
+			return cond(r.DaddrSet != "", map[Family]string{4: "ip", 6: "ip6"}[r.Family]+" daddr @"+r.DaddrSet)
+		},
+	},
+	{ // meta l4proto tcp|udp|sctp
+		encode: func(r Rule) []expr.Any {
+			if r.L4Proto == 0 {
+				return nil
+			}
+			return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{r.L4Proto}}}
+		},
+		decode: func(d *decoder, r *Rule) bool {
+			m, ok := d.peek().(*expr.Meta)
+			if !ok || m.Key != expr.MetaKeyL4PROTO {
+				return true
+			}
+			d.i++
+			c, ok := d.peek().(*expr.Cmp)
+			if m.Register != 1 || m.SourceRegister || !ok || c.Op != expr.CmpOpEq || c.Register != 1 || len(c.Data) != 1 || c.Data[0] == 0 {
+				return false
+			}
+			d.i++
+			r.L4Proto = c.Data[0]
+			return true
+		},
+		render: func(r Rule) string { return cond(r.L4Proto != 0, "meta l4proto "+protoName(r.L4Proto)) },
+	},
+	{ // numgen random mod Of < Below; numgen yields a host-endian u32 and cmp
+		// lt compares bytes, so it is converted to network order first, as nft does
+		encode: func(r Rule) []expr.Any {
+			if r.Share == nil {
+				return nil
+			}
+			return []expr.Any{&expr.Numgen{Register: 1, Modulus: r.Share.Of, Type: unix.NFT_NG_RANDOM}, &hton32,
+				&expr.Cmp{Op: expr.CmpOpLt, Register: 1, Data: binaryutil.BigEndian.PutUint32(r.Share.Below)}}
+		},
+		decode: func(d *decoder, r *Rule) bool {
+			n, ok := d.peek().(*expr.Numgen)
+			if !ok {
+				return true
+			}
+			d.i++
+			b, ok1 := d.peek().(*expr.Byteorder)
+			if ok1 {
+				d.i++
+			}
+			c, ok2 := d.peek().(*expr.Cmp)
+			if !ok1 || !ok2 || n.Register != 1 || n.Type != unix.NFT_NG_RANDOM || n.Offset != 0 || *b != hton32 ||
+				c.Op != expr.CmpOpLt || c.Register != 1 || len(c.Data) != 4 {
+				return false
+			}
+			d.i++
+			r.Share = &Share{Below: binary.BigEndian.Uint32(c.Data), Of: n.Modulus}
+			return true
+		},
+		render: func(r Rule) string {
+			if r.Share == nil {
+				return ""
+			}
+			return fmt.Sprintf("numgen random mod %d < %d", r.Share.Of, r.Share.Below)
+		},
+	},
+}
+
+var (
+	fibDaddrType = expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true}
+	hton32       = expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4}
+)
+
+// daddr loads the destination address of a family's network header.
+func daddr(f Family) expr.Payload {
+	if f == 6 {
+		return expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 24, Len: 16}
+	}
+	return expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}
+}
+
+func nfproto(f Family) byte {
+	if f == 6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
+}
+
+// expressions returns a rule's expressions: the kernel's, for a rule read
+// back, or its encoding. The counter goes before the verdict: after
+// masquerade it would never count.
+func (r Rule) expressions() []expr.Any {
+	if r.exprs != nil {
+		return r.exprs
+	}
+	var out []expr.Any
+	for _, c := range clauses {
+		out = append(out, c.encode(r)...)
+	}
+	out = append(out, &expr.Counter{})
+	switch r.Verdict {
+	case Return:
+		out = append(out, &expr.Verdict{Kind: expr.VerdictReturn})
+	case Jump:
+		out = append(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+	case Goto:
+		out = append(out, &expr.Verdict{Kind: expr.VerdictGoto, Chain: r.Target})
+	case Masquerade:
+		m := &expr.Masq{FullyRandom: r.FullyRandom}
+		if r.Ports != nil {
+			out = append(out,
+				&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(r.Ports.First)},
+				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(r.Ports.Last)})
+			m.ToPorts, m.RegProtoMin, m.RegProtoMax = true, 1, 2
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// decodeRule reads back a rule as the agent encodes it: exactly its
+// expressions, in its order, or ok is false.
+func decodeRule(exprs []expr.Any, comment string) (r Rule, ok bool) {
+	r.Comment = comment
+	d := &decoder{exprs: exprs}
+	for _, c := range clauses {
+		if !c.decode(d, &r) {
+			return r, false
+		}
+	}
+	if _, ok := d.peek().(*expr.Counter); !ok {
+		return r, false
+	}
+	d.i++
+	switch v := d.peek().(type) {
+	case *expr.Verdict:
+		d.i++
+		switch v.Kind {
+		case expr.VerdictReturn:
+			r.Verdict = Return
+		case expr.VerdictJump:
+			r.Verdict, r.Target = Jump, v.Chain
+		case expr.VerdictGoto:
+			r.Verdict, r.Target = Goto, v.Chain
+		default:
+			return r, false
+		}
+	case *expr.Immediate, *expr.Masq:
+		if lo, ok := v.(*expr.Immediate); ok {
+			d.i++
+			hi, ok := d.peek().(*expr.Immediate)
+			if !ok || lo.Register != 1 || hi.Register != 2 || len(lo.Data) != 2 || len(hi.Data) != 2 {
+				return r, false
+			}
+			d.i++
+			r.Ports = &PortRange{First: binary.BigEndian.Uint16(lo.Data), Last: binary.BigEndian.Uint16(hi.Data)}
+		}
+		m, ok := d.peek().(*expr.Masq)
+		if !ok || m.Random || m.Persistent || m.ToPorts != (r.Ports != nil) || (r.Ports != nil && (m.RegProtoMin != 1 || m.RegProtoMax != 2)) {
+			return r, false
+		}
+		d.i++
+		r.Verdict, r.FullyRandom = Masquerade, m.FullyRandom
+	default:
+		return r, false
+	}
+	return r, d.i == len(exprs)
+}
+
+type decoder struct {
+	exprs []expr.Any
+	i     int
+}
+
+func (d *decoder) peek() expr.Any {
+	if d.i < len(d.exprs) {
+		return d.exprs[d.i]
+	}
+	return nil
+}
+
+// cmp consumes a cmp of register 1 with op and data, if it is next.
+func (d *decoder) cmp(op expr.CmpOp, data []byte) bool {
+	c, ok := d.peek().(*expr.Cmp)
+	if ok && c.Op == op && c.Register == 1 && bytes.Equal(c.Data, data) {
+		d.i++
+		return true
+	}
+	return false
+}
+
+// RenderRule returns one rule in nft syntax, as `nft list` writes it
+// (without the counter's values).
+func RenderRule(r Rule) string {
+	if r.Foreign != "" {
+		return r.Foreign
+	}
+	var w []string
+	for _, c := range clauses {
+		if s := c.render(r); s != "" {
+			w = append(w, s)
+		}
+	}
+	w = append(w, "counter")
+	switch r.Verdict {
+	case Return:
+		w = append(w, "return")
+	case Jump:
+		w = append(w, "jump "+r.Target)
+	case Goto:
+		w = append(w, "goto "+r.Target)
+	case Masquerade:
+		w = append(w, "masquerade")
+		if r.Ports != nil {
+			w = append(w, fmt.Sprintf("to :%d-%d", r.Ports.First, r.Ports.Last))
+		}
+		if r.FullyRandom {
+			w = append(w, "fully-random")
+		}
+	}
+	if r.Comment != "" {
+		w = append(w, fmt.Sprintf("comment %q", r.Comment))
+	}
+	return strings.Join(w, " ")
+}
+
+func cond(ok bool, s string) string {
+	if ok {
+		return s
+	}
+	return ""
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	}
+	return fmt.Sprint(p)
+}
+
+// marshalExprs encodes a rule's expressions as NFTA_RULE_EXPRESSIONS.
+// masquerade is encoded here: expr.Masq of google/nftables v0.3.0 drops
+// fully-random when it has a port range.
+func marshalExprs(exprs []expr.Any) ([]byte, error) {
+	var list []netlink.Attribute
+	for _, e := range exprs {
+		var b []byte
+		var err error
+		if m, ok := e.(*expr.Masq); ok {
+			b, err = masqExpr(m)
+		} else {
+			b, err = expr.Marshal(unix.NFPROTO_INET, e)
+		}
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: b})
+	}
+	return netlink.MarshalAttributes(list)
+}
+
+// masqExpr encodes `masquerade [to :min-max] [fully-random]`, flags included.
+func masqExpr(m *expr.Masq) ([]byte, error) {
+	var flags uint32
+	var attrs []netlink.Attribute
+	if m.FullyRandom {
+		flags |= unix.NF_NAT_RANGE_PROTO_RANDOM_FULLY
+	}
+	if m.ToPorts {
+		flags |= unix.NF_NAT_RANGE_PROTO_SPECIFIED
+		attrs = append(attrs,
+			netlink.Attribute{Type: unix.NFTA_MASQ_REG_PROTO_MIN, Data: binaryutil.BigEndian.PutUint32(m.RegProtoMin)},
+			netlink.Attribute{Type: unix.NFTA_MASQ_REG_PROTO_MAX, Data: binaryutil.BigEndian.PutUint32(m.RegProtoMax)})
+	}
+	if flags != 0 {
+		attrs = append(attrs, netlink.Attribute{Type: unix.NFTA_MASQ_FLAGS, Data: binaryutil.BigEndian.PutUint32(flags)})
+	}
+	data, err := netlink.MarshalAttributes(attrs)
+	if err != nil {
+		return nil, err
+	}
+	return netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_EXPR_NAME, Data: cstring("masq")},
+		{Type: unix.NLA_F_NESTED | unix.NFTA_EXPR_DATA, Data: data},
+	})
+}
+
+// referenced returns the set an expression looks up or the chain it jumps
+// or goes to; "" for other expressions.
+func referenced(e expr.Any) string {
+	switch e := e.(type) {
+	case *expr.Lookup:
+		return e.SetName
+	case *expr.Verdict:
+		if e.Kind == expr.VerdictJump || e.Kind == expr.VerdictGoto {
+			return e.Chain
+		}
+	}
+	return ""
+}

@@ -1,0 +1,634 @@
+package nft
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Kernel attributes and flags that golang.org/x/sys/unix v0.48 lacks.
+const (
+	tableFlagOwner   = 0x2 // NFT_TABLE_F_OWNER (Linux 5.12)
+	tableFlagPersist = 0x4 // NFT_TABLE_F_PERSIST (Linux 6.9)
+	tableAttrOwner   = 7   // NFTA_TABLE_OWNER
+
+	setAttrExpr        = 17 // NFTA_SET_EXPR
+	setAttrExpressions = 18 // NFTA_SET_EXPRESSIONS
+	elemAttrKeyEnd     = 10 // NFTA_SET_ELEM_KEY_END
+	elemAttrExprs      = 11 // NFTA_SET_ELEM_EXPRESSIONS
+	chainAttrFlags     = 10 // NFTA_CHAIN_FLAGS
+	chainFlagBase      = 1  // NFT_CHAIN_BASE
+	hookAttrDevs       = 4  // NFTA_HOOK_DEVS
+
+	flowtableAttrTable = 1 // NFTA_FLOWTABLE_TABLE
+	flowtableAttrName  = 2 // NFTA_FLOWTABLE_NAME
+)
+
+// Netlink is the Kernel of the machine (or of the network namespace NetNS):
+// the only code that talks to nftables. It keeps one netlink socket for
+// its life: when ownership is on and the kernel supports it, that socket
+// owns the table, so that no other process can change it while the agent
+// runs, and the table stays in force (orphaned, adoptable) when it exits.
+// Its methods are safe for concurrent use; they are serialized.
+type Netlink struct {
+	// NetNS is a file descriptor of the network namespace to program;
+	// 0 means the caller's own.
+	NetNS int
+	// NoOwner turns ownership off: the table is verified and repaired,
+	// but other processes can change it (--own-table=false).
+	NoOwner bool
+
+	mu          sync.Mutex
+	conn        *netlink.Conn
+	unsupported bool // the kernel refused owner+persist flags
+	pause       func() func()
+}
+
+// Owns reports whether the table is to be owned by this Netlink's socket.
+func (n *Netlink) Owns() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return !n.NoOwner && !n.unsupported
+}
+
+// Apply makes the kernel hold t (see Ensure).
+func (n *Netlink) Apply(t Table) (Result, error) { return Ensure(n, t) }
+
+// Close closes the socket. An owned table stays in force, orphaned, for
+// the next agent to adopt.
+func (n *Netlink) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn == nil {
+		return nil
+	}
+	err := n.conn.Close()
+	n.conn = nil
+	return err
+}
+
+// socket returns the lasting socket, dialing it first if needed.
+func (n *Netlink) socket() (*netlink.Conn, error) {
+	if n.conn != nil {
+		return n.conn, nil
+	}
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: n.NetNS})
+	if err != nil {
+		return nil, fmt.Errorf("open netlink socket: %w", err)
+	}
+	// Acks and errors carry only the header of the failed message, not all
+	// of it: an element message can be 40 KiB.
+	if err := c.SetOption(netlink.CapAcknowledge, true); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("set NETLINK_CAP_ACK: %w", err)
+	}
+	// No NETLINK_EXT_ACK: with it, mdlayher/netlink v1.11 fails to parse
+	// answers ("not enough data for netlink error code").
+	n.conn = c
+	return c, nil
+}
+
+// broken drops a socket that may be out of step (a reply not read).
+func (n *Netlink) broken() {
+	if n.conn != nil {
+		n.conn.Close()
+		n.conn = nil
+	}
+}
+
+// Send sends a plan as one transaction. With gen not 0 the kernel refuses
+// it (ErrStale) if any transaction committed in the namespace since
+// generation gen (NFNL_BATCH_GENID), so that a plan made from a read is
+// never applied to anything but what was read.
+func (n *Netlink) Send(p Plan, gen uint32) (Sent, error) {
+	if p.Empty() {
+		return Sent{}, nil
+	}
+	b, err := encode(p)
+	if err != nil {
+		return Sent{}, err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	conn, err := n.socket()
+	if err != nil {
+		return Sent{}, err
+	}
+	if n.pause != nil {
+		// The watch leaves the notification group during our own commit:
+		// otherwise the kernel builds one notification per element for it.
+		defer n.pause()()
+	}
+	sent := Sent{Messages: len(b.msgs), Bytes: b.size()}
+	failed, err := b.send(conn, gen)
+	switch {
+	case errors.Is(err, unix.ERESTART):
+		return sent, fmt.Errorf("%w: %w", ErrStale, err)
+	case err != nil && failed >= 0 && p.Ops[b.op[failed]].Kind == KindTable && p.Ops[b.op[failed]].Owned &&
+		errors.Is(err, unix.EOPNOTSUPP) && p.Ops[b.op[failed]].Verb == Add:
+		// Before Linux 6.9 a table cannot be owned and persist: without
+		// persist, the table would vanish whenever the agent restarts.
+		n.unsupported = true
+		return sent, fmt.Errorf("%w: the kernel cannot own a persistent table (Linux 6.9 or later): %w", ErrStale, err)
+	case errors.Is(err, errNoAnswer):
+		n.broken()
+	}
+	if err != nil && failed >= 0 {
+		err = fmt.Errorf("%s: %w", p.Ops[b.op[failed]], err)
+	}
+	return sent, err
+}
+
+// Delete removes the table; it is not an error if there is none. It
+// fails with ErrOwnedByOther while another process (a running agent)
+// owns it.
+func (n *Netlink) Delete() error {
+	for attempt := 1; ; attempt++ {
+		found, gen, err := n.Read()
+		if err != nil || found == nil {
+			return err
+		}
+		if found.Owner == OwnedByOther {
+			return ErrOwnedByOther
+		}
+		_, err = n.Send(Plan{Ops: []Op{{Verb: Delete, Kind: KindTable}}}, gen)
+		if !errors.Is(err, ErrStale) || attempt == maxAttempts {
+			return err
+		}
+	}
+}
+
+// Read reads the table, all of it, and the generation it was read at: a
+// consistent snapshot (the generation did not change while reading).
+func (n *Netlink) Read() (*Table, uint32, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	conn, err := n.socket()
+	if err != nil {
+		return nil, 0, err
+	}
+	for attempt := 1; ; attempt++ {
+		before, err := generation(conn)
+		if err != nil {
+			n.broken()
+			return nil, 0, fmt.Errorf("read the nftables generation: %w", err)
+		}
+		t, err := readTable(conn)
+		if err != nil {
+			n.broken()
+			return nil, 0, fmt.Errorf("read table inet %s: %w", TableName, err)
+		}
+		after, err := generation(conn)
+		if err != nil {
+			n.broken()
+			return nil, 0, fmt.Errorf("read the nftables generation: %w", err)
+		}
+		if before == after {
+			return t, after, nil
+		}
+		if attempt == maxAttempts {
+			return nil, 0, fmt.Errorf("read table inet %s: the ruleset kept changing while it was read (%d tries)", TableName, attempt)
+		}
+	}
+}
+
+// readTable reads table inet ip-masq-agent: nil if there is none.
+func readTable(conn *netlink.Conn) (*Table, error) {
+	msgs, err := request(conn, unix.NFT_MSG_GETTABLE, false, attr(unix.NFTA_TABLE_NAME, cstring(TableName)))
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	t := &Table{}
+	for _, m := range msgs {
+		var flags uint32
+		owner := uint32(0)
+		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+			switch ad.Type() {
+			case unix.NFTA_TABLE_FLAGS:
+				flags = ad.Uint32()
+			case tableAttrOwner:
+				owner = ad.Uint32()
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		t.Dormant = flags&unix.NFT_TABLE_F_DORMANT != 0
+		t.Persist = flags&tableFlagPersist != 0
+		switch {
+		case flags&tableFlagOwner == 0:
+			t.Owner = NotOwned
+		case owner == conn.PID():
+			// Port ids are unique among a namespace's open sockets, and
+			// this one is open: the kernel says the table is ours.
+			t.Owner = OwnedByUs
+		default:
+			t.Owner = OwnedByOther
+		}
+	}
+	if err := readSets(conn, t); err != nil {
+		return nil, err
+	}
+	if err := readChains(conn, t); err != nil {
+		return nil, err
+	}
+	if err := readObjects(conn, t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func readSets(conn *netlink.Conn, t *Table) error {
+	msgs, err := request(conn, unix.NFT_MSG_GETSET, true, attr(unix.NFTA_SET_TABLE, cstring(TableName)))
+	if err != nil {
+		return fmt.Errorf("list sets: %w", err)
+	}
+	for _, m := range msgs {
+		var s Set
+		var flags, keyType, keyLen uint32
+		var odd []string
+		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+			switch ad.Type() &^ unix.NLA_F_NESTED {
+			case unix.NFTA_SET_TABLE:
+				if ad.String() != TableName {
+					odd = append(odd, "other table")
+				}
+			case unix.NFTA_SET_NAME:
+				s.Name = ad.String()
+			case unix.NFTA_SET_FLAGS:
+				flags = ad.Uint32()
+			case unix.NFTA_SET_KEY_TYPE:
+				keyType = ad.Uint32()
+			case unix.NFTA_SET_KEY_LEN:
+				keyLen = ad.Uint32()
+			case unix.NFTA_SET_USERDATA:
+				s.Comment, _ = userdata.GetString(ad.Bytes(), userdata.NFTNL_UDATA_SET_COMMENT)
+			case unix.NFTA_SET_DATA_TYPE:
+				odd = append(odd, "a map")
+			case unix.NFTA_SET_OBJ_TYPE:
+				odd = append(odd, "an object map")
+			case unix.NFTA_SET_TIMEOUT, unix.NFTA_SET_GC_INTERVAL:
+				odd = append(odd, "a timeout")
+			case setAttrExpr, setAttrExpressions:
+				odd = append(odd, "set expressions")
+			case unix.NFTA_SET_DESC:
+				ad.Nested(func(d *netlink.AttributeDecoder) error {
+					for d.Next() {
+						if d.Type() == unix.NFTA_SET_DESC_SIZE && d.Uint32() != 0 {
+							odd = append(odd, fmt.Sprintf("size %d", d.Uint32()))
+						}
+					}
+					return nil
+				})
+			}
+		})
+		if err != nil {
+			return err
+		}
+		switch {
+		case keyType == nftables.TypeIPAddr.GetNFTMagic() && keyLen == 4:
+			s.Family = 4
+		case keyType == nftables.TypeIP6Addr.GetNFTMagic() && keyLen == 16:
+			s.Family = 6
+		default:
+			odd = append(odd, fmt.Sprintf("key type %d of %d bytes", keyType, keyLen))
+		}
+		if flags != unix.NFT_SET_INTERVAL {
+			odd = append(odd, fmt.Sprintf("flags %#x", flags))
+		}
+		oddElems, err := readElements(conn, &s)
+		if err != nil {
+			return fmt.Errorf("list set %s: %w", s.Name, err)
+		}
+		s.Odd = joinUnique(append(odd, oddElems...))
+		t.Sets = append(t.Sets, s)
+	}
+	return nil
+}
+
+// readElements reads a set's elements as ranges, and what is odd about
+// them (timeouts, expressions, comments: never the agent's).
+func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
+	msgs, err := request(conn, unix.NFT_MSG_GETSETELEM, true,
+		attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstring(TableName)), attr(unix.NFTA_SET_ELEM_LIST_SET, cstring(s.Name)))
+	if err != nil {
+		return nil, err
+	}
+	var bs []bound
+	var odd []string
+	for _, m := range msgs {
+		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+			if ad.Type()&^unix.NLA_F_NESTED != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				return
+			}
+			ad.Nested(func(list *netlink.AttributeDecoder) error {
+				for list.Next() {
+					list.Nested(func(e *netlink.AttributeDecoder) error {
+						var b bound
+						var keyEnd []byte
+						for e.Next() {
+							switch e.Type() &^ unix.NLA_F_NESTED {
+							case unix.NFTA_SET_ELEM_KEY:
+								b.addr = dataValue(e.Bytes())
+							case elemAttrKeyEnd:
+								keyEnd = e.Bytes()
+							case unix.NFTA_SET_ELEM_FLAGS:
+								b.end = e.Uint32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
+							case unix.NFTA_SET_ELEM_TIMEOUT, unix.NFTA_SET_ELEM_EXPIRATION:
+								odd = append(odd, "elements with a timeout")
+							case unix.NFTA_SET_ELEM_EXPR, elemAttrExprs:
+								odd = append(odd, "elements with expressions")
+							case unix.NFTA_SET_ELEM_USERDATA:
+								odd = append(odd, "elements with comments")
+							case unix.NFTA_SET_ELEM_DATA, unix.NFTA_SET_ELEM_OBJREF:
+								odd = append(odd, "elements with data")
+							}
+						}
+						if !b.addr.IsValid() {
+							odd = append(odd, "elements that are not addresses")
+							return nil
+						}
+						bs = append(bs, b)
+						if keyEnd != nil { // a range as one element (pipapo)
+							if last := dataValue(keyEnd); last.IsValid() && last.Next().IsValid() {
+								bs = append(bs, bound{addr: last.Next(), end: true})
+							}
+						}
+						return nil
+					})
+				}
+				return nil
+			})
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	s.Elements, err = rangesFromBounds(bs)
+	return odd, err
+}
+
+func readChains(conn *netlink.Conn, t *Table) error {
+	// The chain dump cannot be filtered by table: every inet chain comes.
+	msgs, err := request(conn, unix.NFT_MSG_GETCHAIN, true)
+	if err != nil {
+		return fmt.Errorf("list chains: %w", err)
+	}
+	for _, m := range msgs {
+		var c Chain
+		var table string
+		var hook *Hook
+		var odd []string
+		hooknum := uint32(0)
+		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+			switch ad.Type() &^ unix.NLA_F_NESTED {
+			case unix.NFTA_CHAIN_TABLE:
+				table = ad.String()
+			case unix.NFTA_CHAIN_NAME:
+				c.Name = ad.String()
+			case unix.NFTA_CHAIN_HOOK:
+				if hook == nil {
+					hook = &Hook{Policy: "accept"}
+				}
+				ad.Nested(func(h *netlink.AttributeDecoder) error {
+					for h.Next() {
+						switch h.Type() &^ unix.NLA_F_NESTED {
+						case unix.NFTA_HOOK_HOOKNUM:
+							hooknum = h.Uint32()
+						case unix.NFTA_HOOK_PRIORITY:
+							hook.Priority = int(int32(h.Uint32()))
+						case unix.NFTA_HOOK_DEV, hookAttrDevs:
+							odd = append(odd, "devices")
+						}
+					}
+					return nil
+				})
+			case unix.NFTA_CHAIN_TYPE:
+				if hook == nil {
+					hook = &Hook{Policy: "accept"}
+				}
+				hook.Type = ad.String()
+			case unix.NFTA_CHAIN_POLICY:
+				if hook == nil {
+					hook = &Hook{Policy: "accept"}
+				}
+				if ad.Uint32() == 0 { // NF_DROP
+					hook.Policy = "drop"
+				}
+			case chainAttrFlags:
+				if f := ad.Uint32() &^ chainFlagBase; f != 0 {
+					odd = append(odd, fmt.Sprintf("flags %#x", f))
+				}
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if table != TableName {
+			continue
+		}
+		if hook != nil {
+			hook.Hook = hookName(hooknum)
+			c.Hook = hook
+		}
+		c.Odd = joinUnique(odd)
+		t.Chains = append(t.Chains, c)
+	}
+	rules, err := readRules(conn)
+	if err != nil {
+		return fmt.Errorf("list rules: %w", err)
+	}
+	for i := range t.Chains {
+		t.Chains[i].Rules = rules[t.Chains[i].Name]
+	}
+	return nil
+}
+
+func hookName(n uint32) string {
+	names := []string{"prerouting", "input", "forward", "output", "postrouting", "ingress"}
+	if int(n) < len(names) {
+		return names[n]
+	}
+	return fmt.Sprintf("hook %d", n)
+}
+
+// readRules reads the table's rules by chain, in order. It decodes the
+// messages itself: google/nftables v0.3.0 fails a whole GetRules on a
+// byteorder expression (which --to-ports rules hold), and drops
+// expressions it does not know.
+func readRules(conn *netlink.Conn) (map[string][]Rule, error) {
+	msgs, err := request(conn, unix.NFT_MSG_GETRULE, true, attr(unix.NFTA_RULE_TABLE, cstring(TableName)))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]Rule{}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		r, chain, err := decodeRuleMessage(m.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		out[chain] = append(out[chain], r)
+	}
+	return out, nil
+}
+
+func readObjects(conn *netlink.Conn, t *Table) error {
+	msgs, err := request(conn, unix.NFT_MSG_GETOBJ, true, attr(unix.NFTA_OBJ_TABLE, cstring(TableName)))
+	if err != nil {
+		return fmt.Errorf("list objects: %w", err)
+	}
+	kinds := map[uint32]string{1: "counter", 2: "quota", 3: "ct helper", 4: "limit", 5: "connlimit",
+		6: "tunnel", 7: "ct timeout", 8: "secmark", 9: "ct expectation", 10: "synproxy"}
+	for _, m := range msgs {
+		var o Object
+		table := ""
+		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+			switch ad.Type() {
+			case unix.NFTA_OBJ_TABLE:
+				table = ad.String()
+			case unix.NFTA_OBJ_NAME:
+				o.Name = ad.String()
+			case unix.NFTA_OBJ_TYPE:
+				o.Type = ad.Uint32()
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if table == TableName {
+			o.Kind = kinds[o.Type]
+			if o.Kind == "" {
+				o.Kind = fmt.Sprintf("object type %d", o.Type)
+			}
+			t.Objects = append(t.Objects, o)
+		}
+	}
+	msgs, err = request(conn, unix.NFT_MSG_GETFLOWTABLE, true, attr(flowtableAttrTable, cstring(TableName)))
+	if err != nil {
+		return fmt.Errorf("list flowtables: %w", err)
+	}
+	for _, m := range msgs {
+		o := Object{Kind: "flowtable"}
+		table := ""
+		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+			switch ad.Type() {
+			case flowtableAttrTable:
+				table = ad.String()
+			case flowtableAttrName:
+				o.Name = ad.String()
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if table == TableName {
+			t.Objects = append(t.Objects, o)
+		}
+	}
+	return nil
+}
+
+// request sends one nftables request for family inet and returns the
+// answers (every part of a dump).
+func request(conn *netlink.Conn, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	data, err := netlink.MarshalAttributes(attrs)
+	if err != nil {
+		return nil, err
+	}
+	flags := netlink.Request
+	if dump {
+		flags |= netlink.Dump
+	}
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
+		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), data...),
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Skip the end of a dump and anything else without a payload.
+	return slices.DeleteFunc(msgs, func(m netlink.Message) bool { return len(m.Data) < 4 }), nil
+}
+
+func attr(typ uint16, data []byte) netlink.Attribute { return netlink.Attribute{Type: typ, Data: data} }
+
+// decode walks the attributes of a message's payload (after nfgenmsg).
+func decode(data []byte, f func(ad *netlink.AttributeDecoder)) error {
+	ad, err := netlink.NewAttributeDecoder(data[4:])
+	if err != nil {
+		return err
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		f(ad)
+	}
+	return ad.Err()
+}
+
+// dataValue reads NFTA_DATA_VALUE from an nft_data attribute as an address.
+func dataValue(b []byte) (a netip.Addr) {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return a
+	}
+	for ad.Next() {
+		if ad.Type() == unix.NFTA_DATA_VALUE {
+			a, _ = netip.AddrFromSlice(ad.Bytes())
+		}
+	}
+	return a
+}
+
+// generation returns the kernel's nftables generation id.
+func generation(conn *netlink.Conn) (uint32, error) {
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+		Data:   nfgenmsg(unix.AF_UNSPEC, 0),
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, m := range msgs {
+		if id, ok := genID(m.Data); ok {
+			return id, nil
+		}
+	}
+	return 0, errors.New("no generation id in the kernel's answer")
+}
+
+// genID reads NFTA_GEN_ID from a NEWGEN message's payload.
+func genID(data []byte) (uint32, bool) {
+	if len(data) < 4 {
+		return 0, false
+	}
+	id, ok := uint32(0), false
+	_ = decode(data, func(ad *netlink.AttributeDecoder) {
+		if ad.Type() == unix.NFTA_GEN_ID {
+			id, ok = ad.Uint32(), true
+		}
+	})
+	return id, ok
+}
+
+func cstring(s string) []byte { return append([]byte(s), 0) }
+
+// nfgenmsg is the header of every nftables message: family, version, resource id.
+func nfgenmsg(family uint8, resID uint16) []byte {
+	return append([]byte{family, unix.NFNETLINK_V0}, binaryutil.BigEndian.PutUint16(resID)...)
+}

@@ -1,0 +1,190 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+
+	"github.com/google/nftables"
+	"go4.org/netipx"
+)
+
+// Prefix and interval math, once: config prefixes to the ranges of an
+// interval set, ranges to the kernel's elements and back.
+
+// splitFamilies also unmaps IPv4-mapped IPv6 prefixes (::ffff:10.0.0.0/104
+// is 10.0.0.0/8), which the kernel would otherwise never match.
+func splitFamilies(ps []netip.Prefix) (v4, v6 []netip.Prefix) {
+	for _, p := range ps {
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		if p.Addr().Is4() {
+			v4 = append(v4, p)
+		} else {
+			v6 = append(v6, p)
+		}
+	}
+	return v4, v6
+}
+
+// Normalize returns the prefixes the kernel can take as one interval set:
+// masked, sorted, without duplicates and without prefixes contained in
+// others (the kernel rejects overlapping intervals with EEXIST for the
+// whole batch). Adjacent prefixes are kept apart, so that `nft list` shows
+// what the operator wrote.
+func Normalize(in []netip.Prefix) []netip.Prefix {
+	ps := make([]netip.Prefix, 0, len(in))
+	for _, p := range in {
+		ps = append(ps, p.Masked())
+	}
+	// Sorted by address, then shorter first: a prefix that contains others
+	// comes right before them, so one sweep drops every contained prefix.
+	slices.SortFunc(ps, comparePrefix)
+	out := ps[:0]
+	for _, p := range ps {
+		if n := len(out); n > 0 && out[n-1].Addr().BitLen() == p.Addr().BitLen() && out[n-1].Contains(p.Addr()) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return slices.Clip(out)
+}
+
+// comparePrefix orders by address, then shorter prefix first.
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// rangesOf returns one range per prefix of a normalized list.
+func rangesOf(ps []netip.Prefix) []netipx.IPRange {
+	ps = Normalize(ps)
+	out := make([]netipx.IPRange, len(ps))
+	for i, p := range ps {
+		out[i] = netipx.RangeOfPrefix(p)
+	}
+	return out
+}
+
+func compareRange(a, b netipx.IPRange) int {
+	if c := a.From().Compare(b.From()); c != 0 {
+		return c
+	}
+	return a.To().Compare(b.To())
+}
+
+// diffRanges returns the ranges of old not in new and of new not in old;
+// both inputs sorted.
+func diffRanges(old, new []netipx.IPRange) (removed, added []netipx.IPRange) {
+	i, j := 0, 0
+	for i < len(old) || j < len(new) {
+		switch {
+		case j == len(new) || (i < len(old) && compareRange(old[i], new[j]) < 0):
+			removed = append(removed, old[i])
+			i++
+		case i == len(old) || compareRange(old[i], new[j]) > 0:
+			added = append(added, new[j])
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	return removed, added
+}
+
+// rangeString writes a range as nft lists it: an address, a prefix, or
+// first-last.
+func rangeString(r netipx.IPRange) string {
+	if r.From() == r.To() {
+		return r.From().String()
+	}
+	if p, ok := r.Prefix(); ok {
+		return p.String()
+	}
+	return r.String()
+}
+
+// lookup returns the range of a sorted, disjoint list that holds addr.
+func lookup(rs []netipx.IPRange, addr netip.Addr) (netipx.IPRange, bool) {
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].From().Compare(addr) > 0 })
+	if i > 0 && rs[i-1].Contains(addr) {
+		return rs[i-1], true
+	}
+	return netipx.IPRange{}, false
+}
+
+// intervals encodes ranges as interval-set elements: the first address,
+// and the address after the last flagged as interval end. A range that
+// reaches the top of the address space (0.0.0.0/0, 240.0.0.0/4, ::/0) has
+// no address after it and gets no end element, as nft does.
+func intervals(rs []netipx.IPRange) []nftables.SetElement {
+	out := make([]nftables.SetElement, 0, 2*len(rs))
+	for _, r := range rs {
+		out = append(out, nftables.SetElement{Key: r.From().AsSlice()})
+		if end := r.To().Next(); end.IsValid() {
+			out = append(out, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
+// bound is one element of an interval set as the kernel lists it.
+type bound struct {
+	addr netip.Addr
+	end  bool // NFT_SET_ELEM_INTERVAL_END
+}
+
+// rangesFromBounds turns an interval set's elements back into ranges. Per
+// range the kernel holds its first address and, flagged as end, the
+// address after its last; a range that reaches the top of the address
+// space has no end. An end with no start is nft's marker of the gap before
+// the first range and adds nothing.
+func rangesFromBounds(bs []bound) ([]netipx.IPRange, error) {
+	// Sorted by address; where a range ends right where the next begins,
+	// the end comes first.
+	slices.SortFunc(bs, func(x, y bound) int {
+		if c := x.addr.Compare(y.addr); c != 0 {
+			return c
+		}
+		switch {
+		case x.end == y.end:
+			return 0
+		case x.end:
+			return -1
+		}
+		return 1
+	})
+	var out []netipx.IPRange
+	var start netip.Addr
+	open := false
+	for _, b := range bs {
+		switch {
+		case !b.end && open:
+			// A start without an end before the next start: the kernel
+			// does not hold that; read the first as a single address.
+			out = append(out, netipx.IPRangeFrom(start, start))
+			start = b.addr
+		case !b.end:
+			start, open = b.addr, true
+		case open:
+			if b.addr == start {
+				return nil, fmt.Errorf("empty interval at %s", start)
+			}
+			out = append(out, netipx.IPRangeFrom(start, b.addr.Prev()))
+			open = false
+		}
+	}
+	if open {
+		last := netipx.PrefixLastIP(netip.PrefixFrom(netip.IPv4Unspecified(), 0))
+		if start.Is6() {
+			last = netipx.PrefixLastIP(netip.PrefixFrom(netip.IPv6Unspecified(), 0))
+		}
+		out = append(out, netipx.IPRangeFrom(start, last))
+	}
+	return out, nil
+}

@@ -1,0 +1,297 @@
+// Package nft turns a config into the agent's nftables table (Build, pure),
+// plans the one transaction that turns the table the kernel holds into it
+// (Plan, pure), and sends and verifies that plan (Ensure, over a Kernel:
+// Netlink for the real one, Fake in memory).
+//
+// Data flows one way: Config -> Table (wanted) -> Plan -> kernel, and back
+// once: kernel -> Table (found). The same Table type describes both, so
+// "in sync" is a comparison of data.
+package nft
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/google/nftables/expr"
+	"go4.org/netipx"
+)
+
+// Names of the kernel objects the agent owns. The agent writes nothing
+// outside table inet ip-masq-agent.
+const (
+	TableName = "ip-masq-agent"
+
+	// BaseChainName is the chain hooked at nat postrouting; it holds only the
+	// fib guard and the jump, as the original agent's POSTROUTING rule does.
+	BaseChainName = "postrouting"
+	// MasqChainName holds the masquerade statement(s), so that --to-ports and
+	// --random-fully are spelled out once for every rule that masquerades.
+	MasqChainName = "masq-to-node"
+	// DefaultChain is the default of --masq-chain, the original agent's chain name.
+	DefaultChain = "IP-MASQ-AGENT"
+
+	SetMasqV4    = "masq-v4"
+	SetNonMasqV4 = "nonmasq-v4"
+	SetMasqV6    = "masq-v6"
+	SetNonMasqV6 = "nonmasq-v6"
+
+	// Priority is srcnat + 10: after iptables' nat POSTROUTING (srcnat, where
+	// the original agent appended its jump last) and after kube-proxy's
+	// nftables srcnat chains, so their masquerade decisions come first, as
+	// they did with the original agent. The first NAT chain to masquerade a
+	// connection wins; a return here leaves the decision to later chains.
+	Priority = 110
+)
+
+// Family is an IP version: 4 or 6; 0 means both.
+type Family uint8
+
+// Verdict is what a rule does when it matches.
+type Verdict uint8
+
+const (
+	Return Verdict = iota + 1
+	Jump
+	Goto
+	Masquerade
+)
+
+// Owner says which netlink socket owns a table (NFT_TABLE_F_OWNER): while
+// its owner's socket is open, the kernel refuses every change to the table
+// from any other socket, root's included.
+type Owner uint8
+
+const (
+	NotOwned     Owner = iota // anyone with CAP_NET_ADMIN may change it
+	OwnedByUs                 // the agent's own socket owns it (and it persists after the agent exits)
+	OwnedByOther              // another process's socket owns it: the kernel refuses our changes
+)
+
+func (o Owner) String() string {
+	return [...]string{"not owned", "owned by this agent", "owned by another process"}[o]
+}
+
+// Table is the whole content of table inet ip-masq-agent: what the agent
+// wants (from Build) or what the kernel holds (from a Kernel's Read).
+type Table struct {
+	Owner   Owner
+	Persist bool // stays, unowned, when its owner's socket closes (NFT_TABLE_F_PERSIST)
+	Dormant bool // found only: the table is switched off (NFT_TABLE_F_DORMANT)
+
+	Sets    []Set
+	Chains  []Chain  // Build's order: base, decision, masquerade
+	Objects []Object // found only: stateful objects and flowtables, which the agent never makes
+}
+
+// Set is an interval set of destination addresses of one family.
+type Set struct {
+	Name    string
+	Family  Family
+	Comment string
+	// Elements are disjoint, sorted ranges. Build makes one per
+	// normalized prefix (adjacent prefixes stay apart, so that `nft list`
+	// shows what the operator wrote).
+	Elements []netipx.IPRange
+	// Odd says, for a set found in the kernel, what makes it other than
+	// the plain interval set the agent makes (a map, a timeout, a size, set
+	// or element expressions, ...); such a set is replaced, not refilled.
+	Odd string
+}
+
+// Chain is a chain with its rules.
+type Chain struct {
+	Name  string
+	Hook  *Hook // nil for a regular chain
+	Rules []Rule
+	Odd   string // found only: what else the kernel's chain has (devices, flags)
+}
+
+// Hook is what makes a chain a base chain.
+type Hook struct {
+	Type     string // "nat", "filter", "route"
+	Hook     string // "postrouting", ...
+	Priority int
+	Policy   string // "accept" or "drop"
+}
+
+// Rule is one rule as a conjunction of optional matches, a counter (always,
+// placed before the verdict so that it counts) and a verdict. codec.go
+// encodes, decodes and renders each of these fields, side by side.
+type Rule struct {
+	NotLocal    bool       // fib daddr type != local
+	Family      Family     // meta nfproto ipv4/ipv6 (implied by DaddrSet)
+	DaddrSet    string     // ip/ip6 daddr @set
+	L4Proto     uint8      // meta l4proto
+	Share       *Share     // numgen random mod Of < Below
+	Verdict     Verdict    // Return, Jump, Goto or Masquerade
+	Target      string     // chain for Jump and Goto
+	Ports       *PortRange // masquerade to :First-Last
+	FullyRandom bool       // masquerade fully-random
+	Comment     string
+
+	// Foreign, for a rule found in the kernel that the agent cannot have
+	// written, is that rule in a syntax close to nft's; such a rule never
+	// equals a wanted one.
+	Foreign string
+	// Packets and Bytes are a found rule's counter; never compared.
+	Packets, Bytes uint64
+	exprs          []expr.Any // a found rule's expressions, for ExplainTable
+}
+
+// Object is a stateful object (counter, quota, limit, ...) or a flowtable
+// found in the agent's table. The agent makes none, so every one found is
+// removed.
+type Object struct {
+	Kind string // "counter", "quota", ..., or "flowtable"
+	Type uint32 // NFT_OBJECT_*; 0 for a flowtable
+	Name string
+}
+
+func (o Object) String() string { return o.Kind + " " + o.Name }
+
+// Share matches a random Below out of Of connections.
+type Share struct{ Below, Of uint32 }
+
+// PortRange is an inclusive range of source ports.
+type PortRange struct{ First, Last uint16 }
+
+func (p PortRange) size() uint32 { return uint32(p.Last) - uint32(p.First) + 1 }
+
+func (p PortRange) String() string { return fmt.Sprintf("%d-%d", p.First, p.Last) }
+
+// Set returns the set named name, or nil.
+func (t *Table) Set(name string) *Set {
+	if t == nil {
+		return nil
+	}
+	for i := range t.Sets {
+		if t.Sets[i].Name == name {
+			return &t.Sets[i]
+		}
+	}
+	return nil
+}
+
+// Chain returns the chain named name, or nil.
+func (t *Table) Chain(name string) *Chain {
+	if t == nil {
+		return nil
+	}
+	for i := range t.Chains {
+		if t.Chains[i].Name == name {
+			return &t.Chains[i]
+		}
+	}
+	return nil
+}
+
+// DecisionChain returns the chain the base chain jumps to (--masq-chain).
+func (t *Table) DecisionChain() *Chain {
+	for _, c := range t.Chains {
+		if c.Hook == nil && c.Name != MasqChainName {
+			return t.Chain(c.Name)
+		}
+	}
+	return nil
+}
+
+// Equal reports whether the kernel's table found holds exactly what t
+// wants: ownership, sets with their elements, chains with their hooks and
+// rules in order, and nothing else. Counter values are not compared, nor
+// is the order of sets, chains and objects.
+func (t Table) Equal(found Table) bool {
+	if t.Owner != found.Owner || found.Dormant != t.Dormant || len(found.Objects) != len(t.Objects) ||
+		len(t.Sets) != len(found.Sets) || len(t.Chains) != len(found.Chains) {
+		return false
+	}
+	for _, s := range t.Sets {
+		if f := found.Set(s.Name); f == nil || !s.equal(*f) {
+			return false
+		}
+	}
+	for _, c := range t.Chains {
+		if f := found.Chain(c.Name); f == nil || !c.equal(*f) {
+			return false
+		}
+	}
+	return true
+}
+
+// sameShape reports whether a found set can be refilled in place to be s.
+func (s Set) sameShape(found Set) bool {
+	return s.Family == found.Family && s.Comment == found.Comment && s.Odd == found.Odd
+}
+
+func (s Set) equal(found Set) bool {
+	return s.sameShape(found) && slices.Equal(s.Elements, found.Elements)
+}
+
+// sameShape reports whether a found chain can be flushed and refilled to be c.
+func (c Chain) sameShape(found Chain) bool {
+	return ptrEqual(c.Hook, found.Hook) && c.Odd == found.Odd
+}
+
+func (c Chain) equal(found Chain) bool {
+	return c.sameShape(found) && slices.EqualFunc(c.Rules, found.Rules, Rule.equal)
+}
+
+func (r Rule) equal(o Rule) bool {
+	return r.NotLocal == o.NotLocal && r.Family == o.Family && r.DaddrSet == o.DaddrSet && r.L4Proto == o.L4Proto &&
+		ptrEqual(r.Share, o.Share) && r.Verdict == o.Verdict && r.Target == o.Target &&
+		ptrEqual(r.Ports, o.Ports) && r.FullyRandom == o.FullyRandom && r.Comment == o.Comment && r.Foreign == o.Foreign
+}
+
+func ptrEqual[T comparable](a, b *T) bool { return a == b || (a != nil && b != nil && *a == *b) }
+
+// Options are the command-line flags that shape the table.
+type Options struct {
+	Chain       string      // --masq-chain
+	EnableIPv6  bool        // --enable-ipv6
+	RandomFully bool        // --random-fully
+	ToPorts     []PortRange // --to-ports
+}
+
+var chainNameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,63}$`)
+
+// ValidateChain checks a --masq-chain value: a plain nft identifier that is
+// not one of the agent's other chains.
+func ValidateChain(name string) error {
+	if !chainNameRE.MatchString(name) {
+		return fmt.Errorf("--masq-chain %q: want a letter, then up to 63 letters, digits, '_', '.' or '-'", name)
+	}
+	if name == BaseChainName || name == MasqChainName {
+		return fmt.Errorf("--masq-chain %q: the name is taken by the agent's own %q chain", name, name)
+	}
+	return nil
+}
+
+// ParsePorts parses --to-ports: comma-separated ports or port ranges, as in
+// "1024-29999,32768-65535". Empty means no port restriction.
+func ParsePorts(s string) ([]PortRange, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []PortRange
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		first, err1 := strconv.ParseUint(lo, 10, 16)
+		last, err2 := first, error(nil)
+		if isRange {
+			last, err2 = strconv.ParseUint(hi, 10, 16)
+		}
+		if err1 != nil || err2 != nil || first == 0 || last < first {
+			return nil, fmt.Errorf("--to-ports %q: %q is not a port (1-65535) or a range first-last", s, part)
+		}
+		r := PortRange{uint16(first), uint16(last)}
+		for _, o := range out {
+			if r.First <= o.Last && o.First <= r.Last {
+				return nil, fmt.Errorf("--to-ports %q: ranges %s and %s overlap", s, o, r)
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}

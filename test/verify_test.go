@@ -1,0 +1,220 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// TestOwnership: the agent's socket owns the table; the kernel refuses
+// every other writer (nft included); after the agent closes its socket the
+// table stays in force, and the next agent adopts it without rewriting it.
+func TestOwnership(t *testing.T) {
+	topo := newTopology(t)
+	ns := int(topo.NodeHandle())
+	a := &nft.Netlink{NetNS: ns}
+	want := build(t, manyCIDRs(100, "10.0.0.0/8"))
+	res, err := a.Apply(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Created {
+		t.Fatalf("first apply: %+v, want created", res)
+	}
+	found, _, err := a.Read()
+	if err != nil || found == nil || found.Owner != nft.OwnedByUs {
+		t.Fatalf("read back: owner %v, err %v; want owned by us", found.Owner, err)
+	}
+	if out, err := topo.NFT("flush", "set", "inet", nft.TableName, nft.SetNonMasqV4); err == nil {
+		t.Fatalf("nft flush set on an owned table succeeded: %s", out)
+	}
+	other := &nft.Netlink{NetNS: ns}
+	defer other.Close()
+	if _, err := other.Apply(want); !errors.Is(err, nft.ErrOwnedByOther) {
+		t.Fatalf("a second agent's apply: %v, want ErrOwnedByOther", err)
+	}
+	if err := other.Delete(); !errors.Is(err, nft.ErrOwnedByOther) {
+		t.Fatalf("a second agent's delete: %v, want ErrOwnedByOther", err)
+	}
+	a.Close()
+	listed, err := topo.NFT("list", "table", "inet", nft.TableName)
+	if err != nil || !strings.Contains(listed, "10.0.0.0/8") {
+		t.Fatalf("after the owner exited the table is gone: %v\n%s", err, listed)
+	}
+	res, err = other.Apply(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Plan.Ops) != 1 || res.Plan.Ops[0].Kind != nft.KindTable {
+		t.Fatalf("adoption sent %q, want only the table's flags", res.Plan)
+	}
+	if err := other.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := topo.NFT("list", "table", "inet", nft.TableName); err == nil {
+		t.Fatalf("table still there after delete:\n%s", out)
+	}
+}
+
+// pid1 runs a command as PID 1 of a new PID namespace, as the agent runs in
+// its container: its netlink sockets autobind to port id 1, like any other
+// PID 1 on the host network.
+var pid1 = []string{"unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM"}
+
+// TestForeignWriterAsPID1: another process with the same netlink port id
+// as the daemon (both PID 1) writes another config. Owned, the kernel
+// refuses it; not owned, the daemon reads the table back, undoes it, and a
+// later config change is applied whole (the kernel holds exactly it).
+func TestForeignWriterAsPID1(t *testing.T) {
+	cfgA := "resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n"
+	cfgB := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"
+	cfgC := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8, 203.0.113.0/24]\nmasqueradeCIDRs: [10.250.0.0/16]\n"
+	for _, owned := range []bool{true, false} {
+		t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
+			topo := newTopology(t)
+			addDestinations(t, topo, internet1, private1)
+			flag := fmt.Sprintf("--own-table=%v", owned)
+			cm := newConfigMapDir(t, cfgA)
+			d := startDaemonIn(t, topo, pid1, "--config", cm.path(), "--http-address=", flag)
+			a := map[string]bool{internet1: false, private1: true}
+			eventually(t, "config A", sourcesAre(topo, a))
+
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			out, err := topo.RunInNode(ctx, "unshare", append(pid1[1:], agentBin, "--once", "--config", writeConfig(t, cfgB), flag)...)
+			if owned {
+				if err == nil || !strings.Contains(string(out), "owned by another process") {
+					t.Fatalf("a second writer changed an owned table: %v\n%s", err, out)
+				}
+				expectSources(t, topo, a)
+			} else {
+				if err != nil {
+					t.Fatalf("--once: %v\n%s", err, out)
+				}
+				eventually(t, "config B undone", sourcesAre(topo, a))
+			}
+			cm.update(cfgC)
+			eventually(t, "config C", sourcesAre(topo, map[string]bool{internet1: false, private1: false}))
+			if code, out, stderr := runTool(t, topo, "diff", "--config", writeConfig(t, cfgC)); code != 0 {
+				t.Errorf("the kernel does not hold exactly config C: exit %d\n%s%s", code, out, stderr)
+			}
+			_ = d
+		})
+	}
+}
+
+// TestTamperedShapesRepaired: objects of the agent's names re-made in
+// another shape, and objects it never makes, are all removed or replaced,
+// in one Ensure, with the agent's log saying so.
+func TestTamperedShapesRepaired(t *testing.T) {
+	for _, tc := range []struct{ name, tamper string }{
+		{"a map under the set's name", "flush chain inet ip-masq-agent IP-MASQ-AGENT\ndelete set inet ip-masq-agent nonmasq-v4\n" +
+			"add map inet ip-masq-agent nonmasq-v4 { type ipv4_addr : verdict; }\n"},
+		{"the decision chain re-made as a base chain", "flush chain inet ip-masq-agent postrouting\ndelete chain inet ip-masq-agent IP-MASQ-AGENT\n" +
+			"add chain inet ip-masq-agent IP-MASQ-AGENT { type nat hook postrouting priority 200; policy accept; }\n"},
+		{"a set with a counter expression", "flush chain inet ip-masq-agent IP-MASQ-AGENT\ndelete set inet ip-masq-agent nonmasq-v4\n" +
+			"add set inet ip-masq-agent nonmasq-v4 { type ipv4_addr; flags interval; counter; }\n"},
+		{"a named counter and a quota", "add counter inet ip-masq-agent foreign\nadd quota inet ip-masq-agent q { over 1 mbytes }\n" +
+			"insert rule inet ip-masq-agent IP-MASQ-AGENT counter name foreign\n"},
+		{"a foreign chain and set", "add set inet ip-masq-agent extra { type ipv4_addr; }\nadd chain inet ip-masq-agent extra\n" +
+			"insert rule inet ip-masq-agent IP-MASQ-AGENT ip daddr @extra jump extra\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			topo := newTopology(t)
+			addDestinations(t, topo, internet1, private1)
+			cm := newConfigMapDir(t, "resyncInterval: 1h\n")
+			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+			want := withoutCounters(listTable(t, topo))
+			if out, err := topo.NFT("-f", writeConfig(t, tc.tamper)); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			eventually(t, "the repair", func() bool {
+				out, err := topo.NFT("list", "table", "inet", nft.TableName)
+				return err == nil && withoutCounters(out) == want
+			})
+			expectSources(t, topo, map[string]bool{internet1: true, private1: false})
+			if !strings.Contains(d.output(), "put it back") {
+				t.Errorf("the repair is not logged:\n%s", d.output())
+			}
+		})
+	}
+}
+
+// TestTwoDaemons: two agents in one namespace with different configs.
+// Owned: the second waits, changes nothing, and takes over when the first
+// exits. Not owned: they notice each other and back off instead of
+// rewriting the table in a loop.
+func TestTwoDaemons(t *testing.T) {
+	cfgA := "resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n"
+	cfgB := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"
+	a, b := map[string]bool{internet1: false, private1: true}, map[string]bool{internet1: true, private1: false}
+	t.Run("owned", func(t *testing.T) {
+		topo := newTopology(t)
+		addDestinations(t, topo, internet1, private1)
+		first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=")
+		eventually(t, "config A", sourcesAre(topo, a))
+		second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=")
+		eventually(t, "the second agent to wait", func() bool { return strings.Contains(second.output(), "waiting for it to exit") })
+		time.Sleep(2 * time.Second)
+		expectSources(t, topo, a)
+		first.stop(t)
+		eventually(t, "config B after the first agent exited", sourcesAre(topo, b))
+	})
+	t.Run("not owned", func(t *testing.T) {
+		topo := newTopology(t)
+		addDestinations(t, topo, internet1, private1)
+		first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=", "--own-table=false")
+		eventually(t, "config A", sourcesAre(topo, a))
+		second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=", "--own-table=false")
+		eventually(t, "a rival to be reported", func() bool {
+			return strings.Contains(first.output()+second.output(), "another process keeps rewriting")
+		})
+		mark := strings.Count(first.output(), "put it back") + strings.Count(second.output(), "put it back")
+		time.Sleep(5 * time.Second)
+		rewrites := strings.Count(first.output(), "put it back") + strings.Count(second.output(), "put it back") - mark
+		// Backing off from 1 s, doubling: at most a handful in 5 s (a
+		// loop without back-off: about 40 a second each).
+		if rewrites > 12 {
+			t.Errorf("%d rewrites in 5 s after the rival was reported: still fighting", rewrites)
+		}
+		t.Logf("%d rewrites in 5 s after the rival was reported", rewrites)
+	})
+}
+
+// TestStalePlanRefused: a plan made from a read is refused by the kernel
+// (NFNL_BATCH_GENID) when anything committed since, e.g. a table created
+// between the read and the write; Ensure then reads again and converges,
+// removing what it did not make.
+func TestStalePlanRefused(t *testing.T) {
+	topo := newTopology(t)
+	k := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+	defer k.Close()
+	want := build(t, "")
+	found, gen, err := k.Read()
+	if err != nil || found != nil {
+		t.Fatalf("read: %v %v", found, err)
+	}
+	if out, err := topo.NFT("-f", writeConfig(t, "table inet ip-masq-agent {\n chain foreign { type nat hook postrouting priority 0; }\n}\n")); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	p, err := nft.PlanFor(found, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Send(p, gen); !errors.Is(err, nft.ErrStale) {
+		t.Fatalf("a plan for a generation that is gone: %v, want ErrStale", err)
+	}
+	res, err := k.Apply(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if listed := listTable(t, topo); strings.Contains(listed, "foreign") || res.Found == nil {
+		t.Errorf("after Ensure (%+v):\n%s", res, listed)
+	}
+}
