@@ -64,7 +64,7 @@ fuzz-ci:
 ## bin/soak.out); `make test` runs them shortened
 SOAK_TESTS ?= TestAtomicity|TestKillMidSync|TestHostileConfigs|TestNetlinkFaults|TestCoexistence|TestLeastPrivilege
 .PHONY: soak
-soak: build
+soak: deps build
 	SOAK=1 $(GO) test -count=1 -timeout=3h -v -run='$(SOAK_TESTS)' ./test/ >bin/soak.out 2>&1; status=$$?; \
 	grep -E '^(ok|FAIL|PASS)|^ *--- |_test.go:[0-9]+: ' bin/soak.out | cut -c1-600; exit $$status
 
@@ -114,7 +114,7 @@ image-multiarch: $(foreach a,$(ARCHES),bin/linux-$(a)/ip-masq-agent)
 
 ## test-deploy: the deploy/ manifests, and the image in a container (root)
 ## (run with the DaemonSet's rights against a test node, with podman)
-test-deploy:
+test-deploy: deps
 	$(GO) test -count=1 -run 'Manifest|Container' -v ./test/
 
 comma := ,

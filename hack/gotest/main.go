@@ -217,7 +217,11 @@ func (s *summary) line(name string) string {
 		total += n
 	}
 	if total == 0 {
-		return fmt.Sprintf("%s: %d tests ran, none skipped", name, s.ran)
+		tests := "tests"
+		if s.ran == 1 {
+			tests = "test"
+		}
+		return fmt.Sprintf("%s: %d %s ran, none skipped", name, s.ran, tests)
 	}
 	reasons := make([]string, 0, len(s.skipped))
 	for r := range s.skipped {
