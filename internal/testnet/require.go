@@ -106,7 +106,7 @@ func Require(t testing.TB, binaries ...string) {
 }
 
 func notRootReason() string {
-	return fmt.Sprintf("needs root (euid is %d)", os.Geteuid())
+	return fmt.Sprintf("needs root for the kernel tests (euid is %d)", os.Geteuid())
 }
 
 // requireReason says why the kernel tests cannot run as root here ("" when
