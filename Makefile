@@ -1,29 +1,49 @@
 # The README's commands. Kernel tests need root (they create their own
-# network namespaces and never touch the machine's own).
+# network namespaces and never touch the machine's own). `make help` lists
+# the targets.
 GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build test test-unit demo bench fuzz clean
+.PHONY: all help deps deps-e2e build test test-unit demo bench fuzz clean
 .PHONY: image image-multiarch test-deploy
 
 all: build
+
+## help: this list (each target's first `## target:` line in the Makefile)
+help:
+	@sed -n 's/^## \([a-z0-9-]*\): \(.*\)/\1\t\2/p' $(firstword $(MAKEFILE_LIST)) | \
+	  while IFS='	' read -r t d; do printf '  %-16s %s\n' "$$t" "$$d"; done
+
+## deps: install what demo and test need when missing (root: apt-get or dnf)
+## (nftables, iproute2, procps, conntrack, util-linux, make, podman, buildah,
+## runc); without root, say what to install and go on. hack/deps.sh
+deps:
+	@GO='$(GO)' sh hack/deps.sh test
+
+## deps-e2e: deps, and what e2e-cluster needs (containerd, CNI plugins)
+deps-e2e:
+	@GO='$(GO)' sh hack/deps.sh e2e
 
 ## build: the static agent binary in bin/
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ip-masq-agent ./cmd/ip-masq-agent
 
-## test: everything: vet, pure tests, golden files, kernel tests (root)
-test: build
+## test: every test: vet, pure, golden files, kernel (root; else they skip)
+## (kernel tests in namespaces of their own). Prints what `go test` prints,
+## then one line that counts the skipped tests and why; the verbose output is
+## in bin/test.out. The exit status is go test's.
+test: deps build
 	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	@$(GO) build -o bin/gotest ./hack/gotest
+	bin/gotest -go '$(GO)' -log bin/test.out -name 'make test' -- -race -count=1 ./...
 
 ## test-unit: only the tests that need no privileges
 test-unit:
 	$(GO) test -race -count=1 ./config/ ./nft/ ./cmd/...
 
 ## demo: a pod, a node and an external host in throwaway namespaces (root)
-demo: build
+demo: deps build
 	$(GO) run ./test/demo -agent bin/ip-masq-agent
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s)
@@ -39,18 +59,18 @@ fuzz-ci:
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZCITIME) ./config/
 	$(GO) test -run='^$$' -fuzz='^FuzzBuild$$' -fuzztime=$(FUZZCITIME) ./nft/
 
-## soak: the fault, load and hostile-input tests at full length (root): hundreds
-## of flips and kills, the largest inputs (about 40 minutes; the full log in
+## soak: the fault, load and hostile-input tests at full length (root, ~40 min)
+## (hundreds of flips and kills, the largest inputs; the full log in
 ## bin/soak.out); `make test` runs them shortened
 SOAK_TESTS ?= TestAtomicity|TestKillMidSync|TestHostileConfigs|TestNetlinkFaults|TestCoexistence|TestLeastPrivilege
 .PHONY: soak
-soak: build
+soak: deps build
 	SOAK=1 $(GO) test -count=1 -timeout=3h -v -run='$(SOAK_TESTS)' ./test/ >bin/soak.out 2>&1; status=$$?; \
 	grep -E '^(ok|FAIL|PASS)|^ *--- |_test.go:[0-9]+: ' bin/soak.out | cut -c1-600; exit $$status
 
-## bench: control plane, data plane and live operation against nft -f and
-## iptables, in namespaces (root, about 6 minutes); writes BENCHMARKS.md.
-## BENCH_QUICK=1: a smoke run of seconds that prints the report instead
+## bench: benchmarks against nft -f and iptables; writes BENCHMARKS.md (root)
+## (control plane, data plane and live operation, in namespaces; about 6
+## minutes). BENCH_QUICK=1: a smoke run of seconds that prints the report instead
 bench: build
 	$(GO) run ./bench/cmd/bench -agent bin/ip-masq-agent $(if $(filter-out 0,$(BENCH_QUICK)),-quick,-out BENCHMARKS.md)
 
@@ -75,14 +95,16 @@ IMAGE_BUILD   = $(CONTAINER_TOOL) $(if $(filter buildah,$(notdir $(CONTAINER_TOO
 bin/linux-%/ip-masq-agent: FORCE
 	GOOS=linux GOARCH=$* CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/ip-masq-agent
 
-## image: the image $(IMAGE):$(TAG) for linux/$(ARCH), built with docker (when
-## its daemon answers), podman or buildah; CONTAINER_TOOL=... to choose
+## image: the container image IMAGE:TAG for linux/ARCH (see the variables)
+## (built with docker when its daemon answers, else podman or buildah;
+## CONTAINER_TOOL=... to choose)
 image: bin/linux-$(ARCH)/ip-masq-agent
 	@test -n "$(CONTAINER_TOOL)" || { echo "make image: no docker daemon, podman or buildah found" >&2; exit 1; }
 	$(IMAGE_BUILD) --platform linux/$(ARCH) -t $(IMAGE):$(TAG) .
 
-## image-multiarch: one manifest list for ARCHES (docker: buildx, add
-## IMAGE_BUILD_FLAGS=--push to push it; podman, buildah: a local manifest list)
+## image-multiarch: one manifest list for ARCHES (amd64 arm64)
+## (docker: buildx, add IMAGE_BUILD_FLAGS=--push to push it; podman, buildah:
+## a local manifest list)
 image-multiarch: $(foreach a,$(ARCHES),bin/linux-$(a)/ip-masq-agent)
 	@test -n "$(CONTAINER_TOOL)" || { echo "make image-multiarch: no docker daemon, podman or buildah found" >&2; exit 1; }
 	$(if $(filter docker,$(notdir $(CONTAINER_TOOL))),\
@@ -90,9 +112,9 @@ image-multiarch: $(foreach a,$(ARCHES),bin/linux-$(a)/ip-masq-agent)
 	    --platform $(PLATFORMS) -t $(IMAGE):$(TAG) .,\
 	  $(IMAGE_BUILD) --platform $(PLATFORMS) --manifest $(IMAGE):$(TAG) .)
 
-## test-deploy: the deploy/ manifests, and the image run in a container with
-## the DaemonSet's rights against a test node (root, podman)
-test-deploy:
+## test-deploy: the deploy/ manifests, and the image in a container (root)
+## (run with the DaemonSet's rights against a test node, with podman)
+test-deploy: deps
 	$(GO) test -count=1 -run 'Manifest|Container' -v ./test/
 
 comma := ,
@@ -101,14 +123,16 @@ PLATFORMS = $(subst $(space),$(comma),$(addprefix linux/,$(strip $(ARCHES))))
 .PHONY: FORCE
 FORCE:
 
+## clean: remove bin/
 clean:
 	rm -rf bin bench.out
 
-## e2e-cluster: the agent as a DaemonSet on a real single-node Kubernetes
-## (v1.36, built from the Go module proxy and cached in e2e/.cache), with
-## containerd and the bridge CNI in namespaces the run creates, proved with
-## real packets from a pod (root; see README.md, "End-to-end on a real node")
+## e2e-cluster: the agent as a DaemonSet on a real one-node Kubernetes (root)
+## (v1.36, built from the Go module proxy and cached in e2e/.cache, about 15
+## minutes the first time), with containerd and the bridge CNI in namespaces
+## the run creates, proved with real packets from a pod (see README.md,
+## "End-to-end on a real node"); installs what is missing (deps-e2e)
 .PHONY: e2e-cluster
-e2e-cluster:
+e2e-cluster: deps-e2e
 	cd e2e && GOWORK=off CGO_ENABLED=0 $(GO) build -o .cache/e2e-cluster ./cluster
 	GO=$(GO) e2e/.cache/e2e-cluster -repo $(CURDIR)

@@ -43,18 +43,13 @@ const (
 	configMount = "/etc/config"
 )
 
-// requireContainer skips (or, with CI=true, fails) unless the kernel tests
-// can run and podman can run containers here: root, podman, an OCI runtime
-// (runc or crun) and make. It returns podman's global flags.
+// requireContainer skips without root (fails with CI=true), like every
+// kernel test; as root it fails unless podman can run containers here:
+// podman, an OCI runtime (runc or crun) and make, each named with the package
+// that installs it. It returns podman's global flags.
 func requireContainer(t *testing.T) []string {
 	t.Helper()
 	testnet.Require(t, "ip", "nft")
-	var missing []string
-	for _, b := range []string{"podman", "make"} {
-		if _, err := exec.LookPath(b); err != nil {
-			missing = append(missing, b)
-		}
-	}
 	runtimeName := ""
 	for _, r := range []string{"runc", "crun"} {
 		if _, err := exec.LookPath(r); err == nil {
@@ -62,15 +57,12 @@ func requireContainer(t *testing.T) []string {
 			break
 		}
 	}
+	need := []string{"podman", "make"}
 	if runtimeName == "" {
-		missing = append(missing, "runc or crun")
+		need = append(need, "runc")
 	}
-	if len(missing) > 0 {
-		reason := fmt.Sprintf("container test: needs %s in PATH (Debian: apt-get install --no-install-recommends podman buildah runc)", strings.Join(missing, ", "))
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s (CI=true: the container test must not be skipped)", reason)
-		}
-		t.Skip(reason)
+	if reason := testnet.MissingReason(need...); reason != "" {
+		t.Fatalf("container test: %s", reason)
 	}
 	// cgroupfs: works with and without systemd as the init.
 	return []string{"--runtime", runtimeName, "--cgroup-manager=cgroupfs"}

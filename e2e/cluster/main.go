@@ -137,7 +137,7 @@ func preflight() error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("missing %s (Debian: apt-get install --no-install-recommends containerd runc containernetworking-plugins buildah nftables iproute2 make)", strings.Join(missing, ", "))
+		return fmt.Errorf("missing %s (make deps-e2e installs them; Debian: apt-get install --no-install-recommends containerd runc containernetworking-plugins buildah nftables iproute2 make)", strings.Join(missing, ", "))
 	}
 	return nil
 }

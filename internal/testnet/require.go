@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,30 +19,101 @@ var (
 	kernelReason string
 )
 
-// Require skips the test with a clear reason when the process is not root, or
-// cannot create network namespaces, or nf_tables is not usable, or the `ip`
-// or `nft` binary (or one of binaries) is not in PATH — EXCEPT when the
-// environment variable CI=true, where it calls t.Fatalf with the same reason
-// (a CI that skipped the kernel tests must be red).
+// packages names the Debian package that installs each binary the tests,
+// the demo and the container test run. hack/deps.sh installs them all.
+var packages = map[string]string{
+	"ip":        "iproute2",
+	"nft":       "nftables",
+	"sysctl":    "procps",
+	"conntrack": "conntrack",
+	"setpriv":   "util-linux",
+	"sh":        "dash",
+	"make":      "make",
+	"podman":    "podman",
+	"buildah":   "buildah",
+	"runc":      "runc",
+}
+
+// Package returns the Debian package that installs binary (binary itself
+// when it is not one the tests know).
+func Package(binary string) string {
+	if p, ok := packages[binary]; ok {
+		return p
+	}
+	return binary
+}
+
+// Missing returns the binaries that are not in PATH, in the order given.
+func Missing(binaries ...string) []string {
+	var missing []string
+	for _, b := range binaries {
+		if _, err := exec.LookPath(b); err != nil && !slices.Contains(missing, b) {
+			missing = append(missing, b)
+		}
+	}
+	return missing
+}
+
+// MissingReason says which binaries are missing and how to install them, as
+// "needs the nft binary: apt-get install nftables (or make deps)"; "" when
+// none is missing.
+func MissingReason(binaries ...string) string {
+	missing := Missing(binaries...)
+	if len(missing) == 0 {
+		return ""
+	}
+	var pkgs []string
+	for _, b := range missing {
+		if p := Package(b); !slices.Contains(pkgs, p) {
+			pkgs = append(pkgs, p)
+		}
+	}
+	slices.Sort(pkgs)
+	what := "the " + missing[0] + " binary"
+	if len(missing) > 1 {
+		what = "the binaries " + strings.Join(missing, ", ")
+	}
+	return fmt.Sprintf("needs %s: apt-get install %s (or make deps)", what, strings.Join(pkgs, " "))
+}
+
+// Require decides whether a kernel test can run here; it needs root, the
+// `ip` and `nft` binaries (and binaries), network namespaces and a usable
+// nf_tables.
+//
+// Without root the test skips with the reason "needs root": `make test` run
+// as a user runs the pure tests and says how many kernel tests it skipped.
+// With CI=true it fails instead (a CI that skipped the kernel tests must be
+// red).
+//
+// As root nothing is skipped: a missing binary fails the test with the
+// package to install ("needs the nft binary: apt-get install nftables (or
+// make deps)"), and so does a kernel without network namespaces or
+// nf_tables.
 func Require(t testing.TB, binaries ...string) {
 	t.Helper()
-	if reason := requireReason(binaries); reason != "" {
+	if os.Geteuid() != 0 {
+		reason := fmt.Sprintf("testnet: %s", notRootReason())
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("testnet: %s (CI=true: kernel tests must not be skipped)", reason)
+			t.Fatalf("%s (CI=true: kernel tests must not be skipped)", reason)
 			return
 		}
-		t.Skipf("testnet: %s", reason)
+		t.Skipf("%s", reason)
+		return
+	}
+	if reason := requireReason(binaries); reason != "" {
+		t.Fatalf("testnet: %s", reason)
 	}
 }
 
+func notRootReason() string {
+	return fmt.Sprintf("needs root for the kernel tests (euid is %d)", os.Geteuid())
+}
+
+// requireReason says why the kernel tests cannot run as root here ("" when
+// they can).
 func requireReason(binaries []string) string {
-	if os.Geteuid() != 0 {
-		return fmt.Sprintf("needs root (euid is %d)", os.Geteuid())
-	}
-	for _, b := range append([]string{"ip", "nft"}, binaries...) {
-		if _, err := exec.LookPath(b); err != nil {
-			return fmt.Sprintf("needs the %q binary: %v", b, err)
-		}
+	if reason := MissingReason(append([]string{"ip", "nft"}, binaries...)...); reason != "" {
+		return reason
 	}
 	kernelOnce.Do(func() { kernelReason = probeKernel() })
 	return kernelReason
@@ -78,7 +150,7 @@ func probeKernel() string {
 // and lists the nf_tables ruleset there.
 func probeInFreshNS() string {
 	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		return fmt.Sprintf("cannot create a network namespace: unshare(CLONE_NEWNET): %v", err)
+		return fmt.Sprintf("cannot create a network namespace: unshare(CLONE_NEWNET): %v (kernel tests need root with CAP_SYS_ADMIN; `make test-unit` runs the tests that need no privileges)", err)
 	}
 	// A child started from this locked thread inherits its namespace.
 	out, err := exec.Command("nft", "list", "ruleset").CombinedOutput()

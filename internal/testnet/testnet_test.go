@@ -120,6 +120,7 @@ func TestSourceSeenAndMasquerade(t *testing.T) {
 // Each call is a new connection: many in a row all work and are masqueraded.
 func TestManyConnections(t *testing.T) {
 	t.Parallel()
+	Require(t, "conntrack")
 	top := newTopology(t, extDst4)
 	masquerade(t, top, "ip")
 	for i := range 50 {
@@ -129,7 +130,10 @@ func TestManyConnections(t *testing.T) {
 		}
 	}
 	out, err := Exec(top.NodeNS, "conntrack", "-L", "-p", "tcp", "--dport", strconv.Itoa(ServerPort))
-	if err == nil && strings.Count(string(out), "dport=8080") < 50 {
+	if err != nil {
+		t.Fatalf("conntrack -L: %v\n%s", err, out)
+	}
+	if strings.Count(string(out), "dport=8080") < 50 {
 		t.Errorf("expected ≥50 conntrack entries:\n%s", out)
 	}
 }
@@ -225,6 +229,7 @@ func counters(t *testing.T, top *Topology, family, table string) map[string]int 
 // it), and never reaches ext.
 func TestLinkLocal6NotForwarded(t *testing.T) {
 	t.Parallel()
+	Require(t, "sysctl")
 	top := newTopology(t, ll6)
 	// The node sends an ICMPv6 redirect for the hairpinned packet; without
 	// this the pod would then try fe80::aa on-link directly.
@@ -372,6 +377,7 @@ func TestThreadsStayHome(t *testing.T) {
 
 func TestExecAndRunInNode(t *testing.T) {
 	t.Parallel()
+	Require(t, "sysctl")
 	top := newTopology(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -452,23 +458,47 @@ func (f *fakeTB) Helper()                        {}
 func (f *fakeTB) Fatalf(format string, a ...any) { f.fatal = fmt.Sprintf(format, a...) }
 func (f *fakeTB) Skipf(format string, a ...any)  { f.skip = fmt.Sprintf(format, a...) }
 
-func TestRequireCI(t *testing.T) {
+// Without root a kernel test skips (fails with CI=true); as root a missing
+// binary fails it, naming the package to install.
+func TestRequire(t *testing.T) {
 	const missing = "testnet-no-such-binary"
-	reason := requireReason([]string{missing}) // "needs root" when not root
-	if reason == "" {
-		t.Fatal("no reason for a missing binary")
-	}
 	t.Setenv("CI", "")
 	f := &fakeTB{TB: t}
 	Require(f, missing)
-	if f.fatal != "" || !strings.Contains(f.skip, reason) {
-		t.Errorf("without CI: fatal %q, skip %q", f.fatal, f.skip)
+	if os.Geteuid() != 0 {
+		if f.fatal != "" || !strings.Contains(f.skip, "needs root") {
+			t.Errorf("not root, without CI: fatal %q, skip %q", f.fatal, f.skip)
+		}
+		t.Setenv("CI", "true")
+		f = &fakeTB{TB: t}
+		Require(f, missing)
+		if f.skip != "" || !strings.Contains(f.fatal, "needs root") || !strings.Contains(f.fatal, "CI=true") {
+			t.Errorf("not root, with CI=true: fatal %q, skip %q", f.fatal, f.skip)
+		}
+		return
 	}
-	t.Setenv("CI", "true")
-	f = &fakeTB{TB: t}
-	Require(f, missing)
-	if f.skip != "" || !strings.Contains(f.fatal, reason) || !strings.Contains(f.fatal, "CI=true") {
-		t.Errorf("with CI=true: fatal %q, skip %q", f.fatal, f.skip)
+	want := "needs the " + missing + " binary: apt-get install " + missing + " (or make deps)"
+	if f.skip != "" || !strings.Contains(f.fatal, want) {
+		t.Errorf("root: fatal %q, skip %q; want a failure with %q", f.fatal, f.skip, want)
+	}
+}
+
+func TestMissingReason(t *testing.T) {
+	if r := MissingReason("sh"); r != "" {
+		t.Errorf("MissingReason(sh) = %q", r)
+	}
+	t.Setenv("PATH", t.TempDir())
+	for _, tc := range []struct {
+		bins []string
+		want string
+	}{
+		{[]string{"nft"}, "needs the nft binary: apt-get install nftables (or make deps)"},
+		{[]string{"ip", "nft", "ip", "podman"}, "needs the binaries ip, nft, podman: apt-get install iproute2 nftables podman (or make deps)"},
+		{[]string{"sysctl", "conntrack"}, "needs the binaries sysctl, conntrack: apt-get install conntrack procps (or make deps)"},
+	} {
+		if got := MissingReason(tc.bins...); got != tc.want {
+			t.Errorf("MissingReason(%q) = %q, want %q", tc.bins, got, tc.want)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
@@ -37,6 +38,9 @@ func main() {
 func run(agent string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root: it creates network namespaces (try: sudo make demo)")
+	}
+	if reason := testnet.MissingReason("ip", "nft"); reason != "" {
+		return errors.New(reason)
 	}
 	agent, err := filepath.Abs(agent)
 	if err != nil {

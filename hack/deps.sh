@@ -1,0 +1,113 @@
+#!/bin/sh
+# Installs the packages that are missing for `make demo` and `make test`
+# (deps.sh test, the default) or, in addition, for `make e2e-cluster`
+# (deps.sh e2e). Quick and quiet when nothing is missing.
+#
+# As root: apt-get on Debian and Ubuntu (apt-get update once, then install
+# without recommends), dnf on Fedora and RHEL-likes, otherwise one line that
+# names the packages. Without root: one line that says what to install, and
+# exit 0 (without root `make test` runs only the tests that need no
+# privileges; the kernel tests skip and say so).
+set -eu
+
+what=${1:-test}
+GO=${GO:-go}
+# nft, ip and sysctl live in /usr/sbin, which a user's PATH may lack.
+PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
+export PATH
+
+# One line per command: the command (a|b: either will do), its Debian
+# package, its Fedora package. Keep in step with internal/testnet/require.go.
+test_needs='ip iproute2 iproute
+nft nftables nftables
+sysctl procps procps-ng
+conntrack conntrack conntrack-tools
+setpriv util-linux util-linux
+make make make
+podman podman podman
+buildah buildah buildah
+runc|crun runc runc'
+# e2e/cluster/main.go's preflight.
+e2e_needs='containerd containerd containerd
+ctr containerd containerd
+containerd-shim-runc-v2 containerd containerd
+runc runc runc
+nsenter util-linux util-linux
+unshare util-linux util-linux
+mount mount util-linux
+/usr/lib/cni/bridge containernetworking-plugins containernetworking-plugins
+/usr/lib/cni/host-local containernetworking-plugins containernetworking-plugins
+/usr/lib/cni/loopback containernetworking-plugins containernetworking-plugins'
+
+case $what in
+test) needs=$test_needs ;;
+e2e) needs="$test_needs
+$e2e_needs" ;;
+*) echo "usage: $0 [test|e2e]" >&2; exit 2 ;;
+esac
+
+if ! command -v "$GO" >/dev/null 2>&1; then
+	echo "make deps: no Go ($GO): install Go $(sed -n 's/^go //p' go.mod 2>/dev/null || echo '(see go.mod)') or later from https://go.dev/dl/" >&2
+	exit 1
+fi
+
+present() { # present CMD: the command (or one of a|b, or the file) is there
+	case $1 in
+	/*) [ -x "$1" ] ;;
+	*)
+		for c in $(echo "$1" | tr '|' ' '); do
+			command -v "$c" >/dev/null 2>&1 && return 0
+		done
+		return 1
+		;;
+	esac
+}
+
+missing_cmds= deb= rpm=
+add() { # add WORD LIST: LIST with WORD once
+	case " $2 " in *" $1 "*) echo "$2" ;; *) echo "${2:+$2 }$1" ;; esac
+}
+scan() {
+	missing_cmds= deb= rpm=
+	while read -r cmd d r; do
+		[ -n "$cmd" ] || continue
+		present "$cmd" && continue
+		missing_cmds=$(add "$cmd" "$missing_cmds")
+		deb=$(add "$d" "$deb")
+		rpm=$(add "$r" "$rpm")
+	done <<EOT
+$needs
+EOT
+}
+
+scan
+[ -z "$missing_cmds" ] && exit 0
+
+if [ "$(id -u)" != 0 ]; then
+	if command -v dnf >/dev/null 2>&1 && ! command -v apt-get >/dev/null 2>&1; then
+		install="dnf install -y $rpm"
+	else
+		install="apt-get install --no-install-recommends $deb"
+	fi
+	echo "make deps: missing $missing_cmds; not root, so not installing: run as root \`$install\` (or sudo make deps); without root only the tests that need no privileges run"
+	exit 0
+fi
+
+if command -v apt-get >/dev/null 2>&1; then
+	echo "make deps: installing $deb (for $missing_cmds)"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends $deb
+elif command -v dnf >/dev/null 2>&1; then
+	echo "make deps: installing $rpm (for $missing_cmds)"
+	dnf install -y -q $rpm
+else
+	echo "make deps: missing $missing_cmds: install them with your package manager (Debian: $deb; Fedora: $rpm)"
+	exit 0
+fi
+
+scan
+if [ -n "$missing_cmds" ]; then
+	echo "make deps: still missing after the install: $missing_cmds" >&2
+	exit 1
+fi
