@@ -38,9 +38,15 @@ test: deps build
 	@$(GO) build -o bin/gotest ./hack/gotest
 	bin/gotest -go '$(GO)' -log bin/test.out -name 'make test' -- -race -count=1 ./...
 
-## test-unit: only the tests that need no privileges
+## test-unit: only the tests that need no privileges, and the daemon loop's
+## (internal/agent, against nft.Fake) statement coverage, which must stay 80%+
 test-unit:
-	$(GO) test -race -count=1 ./config/ ./nft/ ./cmd/...
+	@mkdir -p bin
+	$(GO) test -race -count=1 ./config/ ./nft/ ./cmd/... ./internal/metrics/ ./internal/filewatch/ ./hack/...
+	$(GO) test -race -count=1 -coverprofile=bin/agent.cover ./internal/agent/
+	@$(GO) tool cover -func=bin/agent.cover | awk '/^total:/ { sub("%", "", $$3); \
+	  if ($$3 + 0 < 80) { print "internal/agent: coverage " $$3 "%, below 80%"; exit 1 } \
+	  print "internal/agent: coverage " $$3 "%" }'
 
 ## demo: a pod, a node and an external host in throwaway namespaces (root)
 demo: deps build

@@ -64,10 +64,11 @@ func (d *configMapDir) update(content string) {
 
 // daemon is the agent running in the node namespace until the test ends.
 type daemon struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	logs bytes.Buffer
-	done chan error
+	cmd     *exec.Cmd
+	wrapped bool // under unshare --fork --kill-child=SIGTERM, which ignores SIGTERM itself
+	mu      sync.Mutex
+	logs    bytes.Buffer
+	done    chan error
 }
 
 func (d *daemon) Write(p []byte) (int, error) {
@@ -91,7 +92,7 @@ func startDaemon(t *testing.T, topo *testnet.Topology, args ...string) *daemon {
 // agent as PID 1, as in its container).
 func startDaemonIn(t *testing.T, topo *testnet.Topology, wrap []string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{done: make(chan error, 1)}
+	d := &daemon{done: make(chan error, 1), wrapped: len(wrap) > 0}
 	cmd := append(append([]string{"netns", "exec", topo.NodeNS}, wrap...), append([]string{agentBin, "--v=2"}, args...)...)
 	d.cmd = exec.Command("ip", cmd...)
 	d.cmd.Stdout, d.cmd.Stderr = d, d
@@ -113,10 +114,17 @@ func (d *daemon) stop(t *testing.T) {
 	if d.cmd.ProcessState != nil {
 		return
 	}
-	d.cmd.Process.Signal(syscall.SIGTERM)
+	if d.wrapped {
+		// unshare ignores SIGTERM while it waits; killing it sends the
+		// agent SIGTERM (--kill-child), and Wait returns when the agent
+		// has exited and closed its output.
+		d.cmd.Process.Kill()
+	} else {
+		d.cmd.Process.Signal(syscall.SIGTERM)
+	}
 	select {
 	case err := <-d.done:
-		if err != nil {
+		if err != nil && !d.wrapped {
 			t.Errorf("the agent exited with %v after SIGTERM", err)
 		}
 	case <-time.After(10 * time.Second):

@@ -73,7 +73,7 @@ var pid1 = []string{"unshare", "--pid", "--fork", "--mount-proc", "--kill-child=
 func TestForeignWriterAsPID1(t *testing.T) {
 	cfgA := "resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n"
 	cfgB := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"
-	cfgC := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8, 203.0.113.0/24]\nmasqueradeCIDRs: [10.250.0.0/16]\n"
+	cfgC := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8, 203.0.113.0/24]\nmasqueradeCIDRs: [10.250.0.11/32]\n"
 	for _, owned := range []bool{true, false} {
 		t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
 			topo := newTopology(t)

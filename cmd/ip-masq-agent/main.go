@@ -128,6 +128,9 @@ func run(args []string, stderr io.Writer) int {
 		return 0
 	case o.once:
 		if err := ag.Sync(time.Now()); err != nil {
+			if errors.Is(err, nft.ErrOwnedByOther) {
+				log.Error("not applied", "err", err)
+			}
 			return 1
 		}
 		return 0
