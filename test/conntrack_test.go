@@ -172,10 +172,10 @@ func cleanup(t *testing.T, topo *testnet.Topology, mode conntrack.Mode, old, new
 // external side sees the new decision, and with mode none the old one.
 func TestConntrackUDPStream(t *testing.T) {
 	const (
-		masqAll6    = ""                                                       // with --enable-ipv6: IPv6 masqueraded (masqOutBoundIPv6)
-		nomasqNet   = "nonMasqueradeCIDRs: [10.0.0.0/8, 203.0.113.0/24]\n"     // 203.0.113.10 not masqueraded
+		masqAll6    = ""                                                         // with --enable-ipv6: IPv6 masqueraded (masqOutBoundIPv6)
+		nomasqNet   = "nonMasqueradeCIDRs: [10.0.0.0/8, 203.0.113.0/24]\n"       // 203.0.113.10 not masqueraded
 		nomasqNet6  = "nonMasqueradeCIDRs: [10.0.0.0/8, \"2001:db8:aa::/48\"]\n" // 2001:db8:aa::10 not masqueraded
-		defaultsCfg = ""                                                       // 203.0.113.10 masqueraded
+		defaultsCfg = ""                                                         // 203.0.113.10 masqueraded
 	)
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, internet6a)
