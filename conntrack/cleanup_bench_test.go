@@ -75,8 +75,17 @@ func BenchmarkCleanup(b *testing.B) {
 			}
 			b.StopTimer()
 			b.Logf("%s", res)
-			if want := int(float64(c.n) * c.stale); res.Examined < c.n || res.Deleted != want {
+			want := int(float64(c.n) * c.stale)
+			if res.Examined < c.n || res.Deleted != want {
 				b.Errorf("examined %d, deleted %d; want %d and %d", res.Examined, res.Deleted, c.n, want)
+			}
+			var left int
+			testnet.InNS(topo.NodeHandle(), func() error {
+				_, err := fmt.Sscan(readFile("/proc/sys/net/netfilter/nf_conntrack_count"), &left)
+				return err
+			})
+			if left != c.n-want {
+				b.Errorf("%d entries left after the cleanup, want %d", left, c.n-want)
 			}
 			b.ReportMetric(float64(res.Examined), "entries")
 			b.ReportMetric(float64(res.Deleted), "deleted")

@@ -3,11 +3,11 @@ package conntrack
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -26,14 +26,18 @@ import (
 // when new does not handle the destination, when old and new decide the
 // same for it, when its NAT state already is new's decision, and when it
 // is source-NATed to an address that is not the node's (another table's
-// SNAT). Being masqueraded means the reply goes to another address or port
-// than the original source.
+// SNAT). An entry is source-NATed when its status has IPS_SRC_NAT or its
+// reply goes to another address than the original source.
 //
-// It dumps each family's table once and deletes the stale entries one
-// netlink request each; an entry that is gone by then counts as deleted.
-// The error, if any, says what failed; the Result still counts what was
-// done (a dump interrupted by concurrent changes is reported as an error
-// after the entries it returned are handled).
+// It dumps each family's table once over ctnetlink, judging the entries
+// as they stream in (only the stale ones are kept), then deletes those in
+// batches of netlink requests, each naming the entry by its original
+// tuple, zone and conntrack id (an entry replaced meanwhile by a new one
+// with the same tuple is not deleted). An entry that is gone by its
+// deletion counts as deleted. The error, if any, says what failed; the
+// Result still counts what was done (a dump interrupted by concurrent
+// changes is reported as an error after the entries it returned are
+// handled).
 func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
 	start := time.Now()
 	var res Result
@@ -52,58 +56,60 @@ func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
 	if ns == 0 {
 		ns = netns.None()
 	}
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_NETFILTER, unix.NETLINK_ROUTE)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return res, fmt.Errorf("conntrack: netlink handle: %w", err)
 	}
-	defer h.Close()
 	locals, err := readLocalAddrs(h)
+	h.Close()
 	if err != nil {
 		return res, err
 	}
-	f := &filter{mode: mode, old: newMemo(old), new: newMemo(new), locals: locals}
+	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_NETFILTER)
+	if err != nil {
+		return res, fmt.Errorf("conntrack: netlink socket: %w", err)
+	}
+	defer s.Close()
+	c := &conn{fd: s.GetFd(), buf: make([]byte, 1<<20)}
+	if err := c.setup(); err != nil {
+		return res, err
+	}
+	oldM, newM := newMemo(old), newMemo(new)
 	var errs []error
-	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
-		n, err := h.ConntrackDeleteFilters(netlink.ConntrackTable, fam, f)
-		res.Deleted += int(n)
+	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		var stale [][]byte
+		n, err := c.dump(fam, func(msg []byte) {
+			e, ref, ok := parseEntry(msg)
+			if !ok {
+				return
+			}
+			if judge(e, mode, oldM.decide, newM.decide, locals.contains) == deleteStale {
+				stale = append(stale, ref.request())
+			}
+		})
+		res.Examined += n
 		if err != nil {
-			errs = append(errs, fmt.Errorf("conntrack: IPv%d: %w", map[netlink.InetFamily]int{unix.AF_INET: 4, unix.AF_INET6: 6}[fam], err))
+			errs = append(errs, fmt.Errorf("conntrack: dump of IPv%d: %w", famVersion(fam), err))
+		}
+		deleted, failed, err := c.delete(fam, stale)
+		res.Deleted += deleted
+		res.Failed += failed
+		if err != nil {
+			errs = append(errs, fmt.Errorf("conntrack: delete (IPv%d): %w", famVersion(fam), err))
 		}
 	}
-	res.Examined = f.examined
-	res.Failed = f.matched - res.Deleted
 	res.Duration = time.Since(start)
 	return res, errors.Join(errs...)
 }
 
-// filter is the CustomConntrackFilter that judges each dumped entry.
-type filter struct {
-	mode              Mode
-	old, new          *memo
-	locals            *localAddrs
-	examined, matched int
+func famVersion(fam uint8) int {
+	if fam == unix.AF_INET6 {
+		return 6
+	}
+	return 4
 }
 
-func (f *filter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	f.examined++
-	e := entry{
-		proto:    flow.Forward.Protocol,
-		origSrc:  addr(flow.Forward.SrcIP),
-		origDst:  addr(flow.Forward.DstIP),
-		replySrc: addr(flow.Reverse.SrcIP),
-		replyDst: addr(flow.Reverse.DstIP),
-	}
-	if judge(e, f.mode, f.old.decide, f.new.decide, f.locals.contains) == deleteStale {
-		f.matched++
-		return true
-	}
-	return false
-}
-
-func addr(ip net.IP) netip.Addr {
-	a, _ := netip.AddrFromSlice(ip)
-	return a.Unmap()
-}
+const ipsSrcNAT = 1 << 4 // IPS_SRC_NAT
 
 // readLocalAddrs reads the routes of type local of the local routing table
 // (both families).

@@ -94,6 +94,7 @@ type entry struct {
 	proto              uint8
 	origSrc, origDst   netip.Addr
 	replySrc, replyDst netip.Addr
+	statusSNAT         bool // IPS_SRC_NAT in the entry's status
 }
 
 // verdict is the outcome of judge: keep (for one of several reasons) or
@@ -126,7 +127,7 @@ func (v verdict) String() string {
 // reply tuple's source: the original destination after any DNAT (a
 // Service's backend), since the rule runs at postrouting; without DNAT the
 // two are equal. The entry was masqueraded when its reply goes to another
-// address or port than the original source.
+// address than the original source, or its status has IPS_SRC_NAT.
 func judge(e entry, mode Mode, old, new Decider, isLocal func(netip.Addr) bool) verdict {
 	if mode == ModeNone || (mode != ModeAll && e.proto != unix.IPPROTO_UDP) {
 		return keepProtocol
@@ -151,7 +152,7 @@ func judge(e entry, mode Mode, old, new Decider, isLocal func(netip.Addr) bool) 
 		// Not handled before is "not masqueraded by the agent".
 		return keepUnchanged
 	}
-	snat := e.replyDst != e.origSrc
+	snat := e.statusSNAT || e.replyDst != e.origSrc
 	if snat == masq {
 		return keepAgrees
 	}
