@@ -7,7 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func TestParseMode(t *testing.T) {
+func TestConntrackParseMode(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		want Mode
@@ -57,7 +57,7 @@ func prefixDecider(v6 bool, masq ...string) Decider {
 	}
 }
 
-func TestJudge(t *testing.T) {
+func TestConntrackJudge(t *testing.T) {
 	const (
 		pod    = "10.244.1.2"
 		node   = "192.0.2.1"
@@ -132,7 +132,7 @@ func TestJudge(t *testing.T) {
 	}
 }
 
-func TestMemo(t *testing.T) {
+func TestConntrackMemo(t *testing.T) {
 	calls := 0
 	m := newMemo(func(a netip.Addr) (bool, bool) { calls++; return a.Is4(), true })
 	a := netip.MustParseAddr("192.0.2.1")

@@ -28,7 +28,7 @@ func tupleAttr(typ int, src, dst netip.Addr, proto uint8, sport, dport uint16) *
 	return t
 }
 
-func TestParseEntry(t *testing.T) {
+func TestConntrackParseEntry(t *testing.T) {
 	pod, ext, node := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("192.0.2.1")
 	orig := tupleAttr(ctaTupleOrig, pod, ext, unix.IPPROTO_UDP, 40000, 8080)
 	status := nl.NewRtAttr(ctaStatus, binary.BigEndian.AppendUint32(nil, ipsSrcNAT|1<<3))
