@@ -1,0 +1,138 @@
+package conntrack
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Cleanup deletes, in the network namespace ns (0 or -1: the caller's),
+// the conntrack entries whose masquerade decision changed from old to new
+// and whose NAT state disagrees with new: UDP entries with ModeUDP (and
+// the zero Mode), entries of every protocol with ModeAll, nothing with
+// ModeNone. Call it after the new rules are applied, so that the next
+// packet of a deleted flow meets them.
+//
+// An entry is left alone when its destination (after DNAT: the reply
+// tuple's source) or its original destination is a local address of the
+// node (the agent's rule skips `fib daddr type local`), when its original
+// source is a local address (node-originated: masquerade changes nothing),
+// when new does not handle the destination, when old and new decide the
+// same for it, when its NAT state already is new's decision, and when it
+// is source-NATed to an address that is not the node's (another table's
+// SNAT). An entry is source-NATed when its status has IPS_SRC_NAT or its
+// reply goes to another address than the original source.
+//
+// It dumps each family's table once over ctnetlink, judging the entries
+// as they stream in (only the stale ones are kept), then deletes those in
+// batches of netlink requests, each naming the entry by its original
+// tuple, zone and conntrack id (an entry replaced meanwhile by a new one
+// with the same tuple is not deleted). An entry that is gone by its
+// deletion counts as deleted. The error, if any, says what failed; the
+// Result still counts what was done (a dump interrupted by concurrent
+// changes is reported as an error after the entries it returned are
+// handled).
+func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
+	start := time.Now()
+	var res Result
+	if mode == "" {
+		mode = DefaultMode
+	}
+	if _, err := ParseMode(string(mode)); err != nil {
+		return res, err
+	}
+	if mode == ModeNone {
+		return res, nil
+	}
+	if old == nil || new == nil {
+		return res, errNilDecider
+	}
+	if ns == 0 {
+		ns = netns.None()
+	}
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		return res, fmt.Errorf("conntrack: netlink handle: %w", err)
+	}
+	locals, err := readLocalAddrs(h)
+	h.Close()
+	if err != nil {
+		return res, err
+	}
+	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_NETFILTER)
+	if err != nil {
+		return res, fmt.Errorf("conntrack: netlink socket: %w", err)
+	}
+	defer s.Close()
+	c := &conn{fd: s.GetFd(), buf: make([]byte, 1<<20)}
+	if err := c.setup(); err != nil {
+		return res, err
+	}
+	oldM, newM := newMemo(old), newMemo(new)
+	var errs []error
+	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		var stale [][]byte
+		n, err := c.dump(fam, func(msg []byte) {
+			e, ref, ok := parseEntry(msg)
+			if !ok {
+				return
+			}
+			if judge(e, mode, oldM.decide, newM.decide, locals.contains) == deleteStale {
+				stale = append(stale, ref.request())
+			}
+		})
+		res.Examined += n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("conntrack: dump of IPv%d: %w", famVersion(fam), err))
+		}
+		deleted, failed, err := c.delete(fam, stale)
+		res.Deleted += deleted
+		res.Failed += failed
+		if err != nil {
+			errs = append(errs, fmt.Errorf("conntrack: delete (IPv%d): %w", famVersion(fam), err))
+		}
+	}
+	res.Duration = time.Since(start)
+	return res, errors.Join(errs...)
+}
+
+func famVersion(fam uint8) int {
+	if fam == unix.AF_INET6 {
+		return 6
+	}
+	return 4
+}
+
+const ipsSrcNAT = 1 << 4 // IPS_SRC_NAT
+
+// readLocalAddrs reads the routes of type local of the local routing table
+// (both families).
+func readLocalAddrs(h *netlink.Handle) (*localAddrs, error) {
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_LOCAL}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("conntrack: local routes: %w", err)
+	}
+	l := &localAddrs{}
+	for _, r := range routes {
+		if r.Type != unix.RTN_LOCAL || r.Dst == nil {
+			continue
+		}
+		a, ok := netip.AddrFromSlice(r.Dst.IP)
+		if !ok {
+			continue
+		}
+		bits, _ := r.Dst.Mask.Size()
+		a = a.Unmap()
+		if a.Is4() && bits > 32 {
+			bits -= 96
+		}
+		l.add(netip.PrefixFrom(a, bits))
+	}
+	return l, nil
+}

@@ -1,0 +1,228 @@
+// Package conntrack deletes the conntrack entries whose masquerade decision
+// a configuration change made wrong.
+//
+// The agent's rules decide once per connection, on its first packet, and
+// conntrack keeps that decision for the connection's life. A UDP flow that
+// never pauses (metrics, logs, RTP) keeps its entry, and so its old
+// decision, forever. After the new rules are applied, Cleanup dumps the
+// conntrack table of the node's network namespace over netlink and deletes
+// the entries whose NAT state disagrees with the new decision for their
+// destination, when that decision changed; the next packet of the flow then
+// creates a new entry, which the new rules decide.
+package conntrack
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mode says which conntrack entries Cleanup may delete: the value of the
+// flag --conntrack-cleanup.
+type Mode string
+
+const (
+	// ModeUDP deletes stale UDP entries only (the default): TCP
+	// connections keep their old decision until they end, which is what
+	// keeps them working.
+	ModeUDP Mode = "udp"
+	// ModeAll deletes stale entries of every protocol: established TCP
+	// connections to the changed ranges break (their next packet is
+	// rewritten differently, or not at all), a hard cut-over.
+	ModeAll Mode = "all"
+	// ModeNone deletes nothing.
+	ModeNone Mode = "none"
+	// DefaultMode is the flag's default.
+	DefaultMode = ModeUDP
+)
+
+// ParseMode parses the value of --conntrack-cleanup: "udp", "all" or
+// "none" (case-insensitive, surrounding blanks ignored); "" is the default,
+// "udp".
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
+	case "":
+		return DefaultMode, nil
+	case ModeUDP, ModeAll, ModeNone:
+		return m, nil
+	}
+	return "", fmt.Errorf("invalid conntrack cleanup mode %q: want udp, all or none", s)
+}
+
+// String returns the mode as the flag spells it; the zero Mode is "udp".
+func (m Mode) String() string {
+	if m == "" {
+		return string(DefaultMode)
+	}
+	return string(m)
+}
+
+// Set parses s with ParseMode, so that a *Mode is a flag.Value.
+func (m *Mode) Set(s string) error {
+	v, err := ParseMode(s)
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
+// Decider says what the agent's rules decide for a new connection to a
+// destination: masquerade or not. handled is false for destinations the
+// agent does not handle at all (IPv6 without --enable-ipv6); masquerade is
+// then meaningless.
+type Decider func(netip.Addr) (masquerade, handled bool)
+
+// Result is what one Cleanup did.
+type Result struct {
+	Examined int           // entries dumped (of both families)
+	Deleted  int           // entries deleted (or gone by the time of their deletion)
+	Failed   int           // entries whose deletion failed
+	Duration time.Duration // dump, decisions and deletions
+}
+
+func (r Result) String() string {
+	return fmt.Sprintf("examined %d conntrack entries, deleted %d (%d failed) in %s", r.Examined, r.Deleted, r.Failed, r.Duration.Round(time.Microsecond))
+}
+
+// entry is what the decision needs of a conntrack entry.
+type entry struct {
+	proto              uint8
+	origSrc, origDst   netip.Addr
+	replySrc, replyDst netip.Addr
+	statusSNAT         bool // IPS_SRC_NAT in the entry's status
+}
+
+// verdict is the outcome of judge: keep (for one of several reasons) or
+// delete.
+type verdict uint8
+
+const (
+	keepProtocol    verdict = iota // a protocol the mode leaves alone
+	keepBroken                     // addresses missing or of mixed families
+	keepLocalDst                   // to a local address of the node: never through the agent's rule
+	keepLocalSrc                   // from the node itself: masquerade would not change its source
+	keepUnhandled                  // the agent does not handle the destination now
+	keepUnchanged                  // the decision for the destination did not change
+	keepAgrees                     // the entry's NAT state is the new decision already
+	keepForeignSNAT                // source-NATed to an address that is not the node's: another table's SNAT
+	deleteStale                    // the decision changed and the entry disagrees with it
+)
+
+var verdictNames = [...]string{"keep: protocol", "keep: broken", "keep: local destination", "keep: local source",
+	"keep: unhandled", "keep: unchanged", "keep: agrees", "keep: foreign snat", "delete"}
+
+func (v verdict) String() string {
+	if int(v) < len(verdictNames) {
+		return verdictNames[v]
+	}
+	return fmt.Sprintf("verdict(%d)", v)
+}
+
+// judge decides one entry. The destination the agent's rule saw is the
+// reply tuple's source: the original destination after any DNAT (a
+// Service's backend), since the rule runs at postrouting; without DNAT the
+// two are equal. The entry was masqueraded when its reply goes to another
+// address than the original source, or its status has IPS_SRC_NAT.
+func judge(e entry, mode Mode, old, new Decider, isLocal func(netip.Addr) bool) verdict {
+	if mode == ModeNone || (mode != ModeAll && e.proto != unix.IPPROTO_UDP) {
+		return keepProtocol
+	}
+	if !e.origSrc.IsValid() || !e.origDst.IsValid() || !e.replySrc.IsValid() || !e.replyDst.IsValid() ||
+		e.origSrc.Is4() != e.origDst.Is4() || e.origSrc.Is4() != e.replySrc.Is4() || e.origSrc.Is4() != e.replyDst.Is4() {
+		return keepBroken
+	}
+	dst := e.replySrc
+	if isLocal(e.origDst) || isLocal(dst) {
+		return keepLocalDst
+	}
+	if isLocal(e.origSrc) {
+		return keepLocalSrc
+	}
+	masq, handled := new(dst)
+	if !handled {
+		return keepUnhandled
+	}
+	was, wasHandled := old(dst)
+	if wasHandled && was == masq || !wasHandled && !masq {
+		// Not handled before is "not masqueraded by the agent".
+		return keepUnchanged
+	}
+	snat := e.statusSNAT || e.replyDst != e.origSrc
+	if snat == masq {
+		return keepAgrees
+	}
+	if snat && !isLocal(e.replyDst) {
+		return keepForeignSNAT
+	}
+	return deleteStale
+}
+
+// localAddrs is the set of the node's local addresses: the prefixes of
+// type local in the kernel's local routing table (what `fib daddr type
+// local` matches), host routes in a map, wider ones (127.0.0.0/8) in a
+// list.
+type localAddrs struct {
+	hosts    map[netip.Addr]struct{}
+	prefixes []netip.Prefix
+}
+
+func (l *localAddrs) add(p netip.Prefix) {
+	p = p.Masked()
+	if p.IsSingleIP() {
+		if l.hosts == nil {
+			l.hosts = map[netip.Addr]struct{}{}
+		}
+		l.hosts[p.Addr()] = struct{}{}
+		return
+	}
+	l.prefixes = append(l.prefixes, p)
+}
+
+func (l *localAddrs) contains(a netip.Addr) bool {
+	if _, ok := l.hosts[a]; ok {
+		return true
+	}
+	for _, p := range l.prefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// memo caches a Decider's answers during one cleanup: many entries share a
+// destination. It is bounded: cleared when it reaches memoMax addresses.
+type memo struct {
+	d Decider
+	m map[netip.Addr]uint8
+}
+
+const memoMax = 1 << 16
+
+func newMemo(d Decider) *memo { return &memo{d: d, m: map[netip.Addr]uint8{}} }
+
+func (m *memo) decide(a netip.Addr) (masq, handled bool) {
+	if v, ok := m.m[a]; ok {
+		return v&1 != 0, v&2 != 0
+	}
+	masq, handled = m.d(a)
+	if len(m.m) >= memoMax {
+		clear(m.m)
+	}
+	var v uint8
+	if masq {
+		v |= 1
+	}
+	if handled {
+		v |= 2
+	}
+	m.m[a] = v
+	return masq, handled
+}
+
+var errNilDecider = errors.New("conntrack: nil Decider")

@@ -1,0 +1,153 @@
+package conntrack
+
+import (
+	"net/netip"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestConntrackParseMode(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Mode
+		err  bool
+	}{
+		{"", ModeUDP, false},
+		{"udp", ModeUDP, false},
+		{" UDP ", ModeUDP, false},
+		{"all", ModeAll, false},
+		{"none", ModeNone, false},
+		{"tcp", "", true},
+		{"yes", "", true},
+	} {
+		got, err := ParseMode(tc.in)
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("ParseMode(%q) = %q, %v; want %q, error %v", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+	var m Mode
+	if m.String() != "udp" {
+		t.Errorf("zero Mode is %q, want udp", m.String())
+	}
+	if err := m.Set("all"); err != nil || m != ModeAll {
+		t.Errorf("Set(all): %v, %q", err, m)
+	}
+	if err := m.Set("bogus"); err == nil || m != ModeAll {
+		t.Errorf("Set(bogus): %v, %q; want an error and the mode unchanged", err, m)
+	}
+}
+
+// prefixDecider masquerades the prefixes listed, handles IPv6 only when v6.
+func prefixDecider(v6 bool, masq ...string) Decider {
+	var ps []netip.Prefix
+	for _, s := range masq {
+		ps = append(ps, netip.MustParsePrefix(s))
+	}
+	return func(a netip.Addr) (bool, bool) {
+		if a.Is6() && !v6 {
+			return false, false
+		}
+		for _, p := range ps {
+			if p.Contains(a) {
+				return true, true
+			}
+		}
+		return false, true
+	}
+}
+
+func TestConntrackJudge(t *testing.T) {
+	const (
+		pod    = "10.244.1.2"
+		node   = "192.0.2.1"
+		ext    = "203.0.113.10" // moved
+		other  = "198.51.100.10"
+		pod6   = "fd00:1::2"
+		node6  = "2001:db8:1::1"
+		ext6   = "2001:db8:aa::10"
+		backnd = "203.0.113.99" // a Service backend, after DNAT
+	)
+	locals := &localAddrs{}
+	for _, p := range []string{"192.0.2.1/32", "10.244.1.1/32", "127.0.0.0/8", "2001:db8:1::1/128", "fd00:1::1/128", "::1/128"} {
+		locals.add(netip.MustParsePrefix(p))
+	}
+	// "masq": ext is masqueraded; "nomasq": it is not. other is
+	// masqueraded by both.
+	masq := prefixDecider(false, "203.0.113.0/24", "198.51.100.0/24")
+	nomasq := prefixDecider(false, "198.51.100.0/24")
+	masq6 := prefixDecider(true, "2001:db8:aa::/48")
+	nomasq6 := prefixDecider(true)
+
+	udp := func(src, dst, rsrc, rdst string) entry {
+		return entry{proto: unix.IPPROTO_UDP, origSrc: netip.MustParseAddr(src), origDst: netip.MustParseAddr(dst),
+			replySrc: netip.MustParseAddr(rsrc), replyDst: netip.MustParseAddr(rdst)}
+	}
+	tcp := func(src, dst, rsrc, rdst string) entry {
+		e := udp(src, dst, rsrc, rdst)
+		e.proto = unix.IPPROTO_TCP
+		return e
+	}
+	for _, tc := range []struct {
+		name     string
+		e        entry
+		mode     Mode
+		old, new Decider
+		want     verdict
+	}{
+		{"masq to nomasq: masqueraded UDP entry deleted", udp(pod, ext, ext, node), ModeUDP, masq, nomasq, deleteStale},
+		{"zero mode is udp", udp(pod, ext, ext, node), "", masq, nomasq, deleteStale},
+		{"masq to nomasq: unmasqueraded UDP entry agrees", udp(pod, ext, ext, pod), ModeUDP, masq, nomasq, keepAgrees},
+		{"nomasq to masq: unmasqueraded UDP entry deleted", udp(pod, ext, ext, pod), ModeUDP, nomasq, masq, deleteStale},
+		{"nomasq to masq: masqueraded UDP entry agrees", udp(pod, ext, ext, node), ModeUDP, nomasq, masq, keepAgrees},
+		{"mode none deletes nothing", udp(pod, ext, ext, node), ModeNone, masq, nomasq, keepProtocol},
+		{"TCP left alone with udp", tcp(pod, ext, ext, node), ModeUDP, masq, nomasq, keepProtocol},
+		{"TCP deleted with all", tcp(pod, ext, ext, node), ModeAll, masq, nomasq, deleteStale},
+		{"ICMP deleted with all", entry{proto: unix.IPPROTO_ICMP, origSrc: netip.MustParseAddr(pod), origDst: netip.MustParseAddr(ext),
+			replySrc: netip.MustParseAddr(ext), replyDst: netip.MustParseAddr(node)}, ModeAll, masq, nomasq, deleteStale},
+		{"unchanged destination kept", udp(pod, other, other, node), ModeUDP, masq, nomasq, keepUnchanged},
+		{"unchanged destination kept though it disagrees (not ours to fix)", udp(pod, other, other, pod), ModeUDP, masq, nomasq, keepUnchanged},
+		{"destination local to the node", udp(pod, "10.244.1.1", "10.244.1.1", pod), ModeUDP, nomasq, masq, keepLocalDst},
+		{"destination in 127/8", udp(pod, "127.0.0.5", "127.0.0.5", pod), ModeUDP, nomasq, prefixDecider(false, "0.0.0.0/0"), keepLocalDst},
+		{"node-originated", udp(node, ext, ext, node), ModeUDP, nomasq, masq, keepLocalSrc},
+		{"DNAT: the backend decides, not the Service address", udp(pod, "10.96.0.10", backnd, node), ModeUDP, masq, nomasq, deleteStale},
+		{"DNAT: backend unchanged, Service address would have changed", udp(pod, ext, "10.1.2.3", pod), ModeUDP, nomasq, masq, keepUnchanged},
+		{"DNAT to a local address (NodePort to a host-network pod)", udp("198.51.100.7", ext, "10.244.1.1", "198.51.100.7"), ModeUDP, nomasq, masq, keepLocalDst},
+		{"another table's SNAT to a foreign address", udp(pod, ext, ext, "192.0.2.77"), ModeUDP, masq, nomasq, keepForeignSNAT},
+		{"IPv6 not handled: left alone", udp(pod6, ext6, ext6, node6), ModeUDP, masq, nomasq, keepUnhandled},
+		{"IPv6 masq to nomasq", udp(pod6, ext6, ext6, node6), ModeUDP, masq6, nomasq6, deleteStale},
+		{"IPv6 nomasq to masq", udp(pod6, ext6, ext6, pod6), ModeUDP, nomasq6, masq6, deleteStale},
+		{"IPv6 newly enabled and masqueraded: unmasqueraded entry deleted", udp(pod6, ext6, ext6, pod6), ModeUDP, masq, masq6, deleteStale},
+		{"IPv6 newly enabled, not masqueraded: unchanged", udp(pod6, "2001:db8:bb::1", "2001:db8:bb::1", pod6), ModeUDP, masq, masq6, keepUnchanged},
+		{"IPv6 disabled: left alone", udp(pod6, ext6, ext6, node6), ModeUDP, masq6, nomasq, keepUnhandled},
+		{"IPv6 node-local destination", udp(pod6, "fd00:1::1", "fd00:1::1", pod6), ModeUDP, nomasq6, masq6, keepLocalDst},
+		{"missing addresses", entry{proto: unix.IPPROTO_UDP}, ModeUDP, masq, nomasq, keepBroken},
+		{"mixed families", udp(pod, ext, ext6, node), ModeUDP, masq, nomasq, keepBroken},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := judge(tc.e, tc.mode, tc.old, tc.new, locals.contains); got != tc.want {
+				t.Errorf("judge = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestConntrackMemo(t *testing.T) {
+	calls := 0
+	m := newMemo(func(a netip.Addr) (bool, bool) { calls++; return a.Is4(), true })
+	a := netip.MustParseAddr("192.0.2.1")
+	for range 3 {
+		if masq, handled := m.decide(a); !masq || !handled {
+			t.Fatalf("decide = %v, %v", masq, handled)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("decider called %d times for one address, want 1", calls)
+	}
+	for i := range memoMax + 10 {
+		m.decide(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}))
+	}
+	if len(m.m) > memoMax {
+		t.Errorf("memo holds %d addresses, want at most %d", len(m.m), memoMax)
+	}
+}
