@@ -370,10 +370,10 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 	var a *nft.Netlink
 	var err error
 	times[First], err = reps(ctx, c.reps, func(int) (time.Duration, error) {
-		if err := (&nft.Netlink{NetNS: fd}).Delete(); err != nil {
+		if err := (&nft.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
 			return 0, err
 		}
-		a = &nft.Netlink{NetNS: fd}
+		a = &nft.Netlink{NetNS: fd, NoOwner: true}
 		res, took, err := apply(a, First, l.rules[0])
 		if err == nil && !res.Created {
 			err = fmt.Errorf("first apply did not create the table: %+v", res)
@@ -487,7 +487,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 	}
 	runs := min(c.reps, 3)
 	for range runs {
-		if err := (&nft.Netlink{NetNS: fd}).Delete(); err != nil {
+		if err := (&nft.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
 			return err
 		}
 		r, err := runIn(ctx, topo.NodeHandle(), cfg.Agent, append([]string{"--once"}, args...)...)
@@ -497,7 +497,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 		row.OnceWall.All = append(row.OnceWall.All, r.Took)
 	}
 	for range runs {
-		if err := (&nft.Netlink{NetNS: fd}).Delete(); err != nil {
+		if err := (&nft.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
 			return err
 		}
 		rss, err := peakRSS(ctx, topo, cfg.Agent, args...)
@@ -570,7 +570,7 @@ func toolTimes(ctx context.Context, topo *testnet.Topology, tool Tool, l lists, 
 	}
 	if tool.NFT {
 		files = l.nft
-		reset = func() error { return (&nft.Netlink{NetNS: int(ns)}).Delete() }
+		reset = func() error { return (&nft.Netlink{NetNS: int(ns), NoOwner: true}).Delete() }
 	} else if err := iptablesSetup(ctx, ns, tool.Setup); err != nil {
 		return err
 	}

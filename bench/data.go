@@ -219,7 +219,7 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 		c.NonMasqueradeCIDRs = cidrList(4, 0, p.N)
 		c.CIDRLimit = max(p.N, 64)
 		rs := nft.Build(c, nft.Options{Chain: nft.DefaultChain, RandomFully: true})
-		if _, err := (&nft.Netlink{NetNS: int(node)}).Apply(rs); err != nil {
+		if _, err := (&nft.Netlink{NetNS: int(node), NoOwner: true}).Apply(rs); err != nil {
 			return err
 		}
 	case KindIPTNFT, KindIPTLegacy:

@@ -453,3 +453,42 @@ func (r Rule) target() string {
 	}
 	return ""
 }
+
+// Decide says what the table's decision chain does with a new connection
+// to addr: masquerade or not, and whether the table handles addr's family
+// at all (IPv6 without --enable-ipv6 is not). It is Explain without the
+// reasons, for many addresses (the conntrack cleanup): sets are looked up
+// by binary search.
+func (t Table) Decide(addr netip.Addr) (masquerade, handled bool) {
+	addr = addr.Unmap()
+	fam := Family(4)
+	if addr.Is6() {
+		fam = 6
+	}
+	c := t.DecisionChain()
+	if c == nil {
+		return false, false
+	}
+	for _, r := range c.Rules {
+		if r.Foreign != "" || (r.Family != 0 && r.Family != fam) {
+			continue
+		}
+		handled = true
+		if r.DaddrSet != "" {
+			s := t.Set(r.DaddrSet)
+			if s == nil {
+				continue
+			}
+			if _, ok := lookup(s.Elements, addr); !ok {
+				continue
+			}
+		}
+		switch {
+		case r.Verdict == Goto && r.Target == MasqChainName, r.Verdict == Masquerade:
+			return true, true
+		case r.Verdict == Return:
+			return false, true
+		}
+	}
+	return false, handled
+}

@@ -401,3 +401,32 @@ func TestDiffPlan(t *testing.T) {
 		t.Errorf("renamed chain: the plan does not make the wanted table: %v", err)
 	}
 }
+
+// Decide agrees with Explain on every golden config at and around every
+// range's edges.
+func TestDecideAgreesWithExplain(t *testing.T) {
+	for _, tc := range goldenCases {
+		cfg, _, err := config.Parse([]byte(tc.yaml), tc.flags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := Options{Chain: DefaultChain, EnableIPv6: tc.flags.EnableIPv6, RandomFully: true}
+		tab := Build(cfg, o)
+		addrs := []netip.Addr{netip.MustParseAddr("8.8.8.8"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("::ffff:10.1.2.3")}
+		for _, s := range tab.Sets {
+			for _, r := range s.Elements {
+				addrs = append(addrs, r.From(), r.To(), r.From().Prev(), r.To().Next())
+			}
+		}
+		for _, a := range addrs {
+			if !a.IsValid() {
+				continue
+			}
+			masq, handled := tab.Decide(a)
+			e := Explain(cfg, o, a)
+			if masq != e.Masquerade || handled != (a.Unmap().Is4() || o.EnableIPv6) {
+				t.Errorf("%s: %s: Decide %v (handled %v), Explain %s (%s)", tc.name, a, masq, handled, e.Verdict(), e.Reason)
+			}
+		}
+	}
+}

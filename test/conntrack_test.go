@@ -37,7 +37,7 @@ func applyConntrackConfig(t *testing.T, topo *testnet.Topology, yaml string, ipv
 		t.Fatalf("config %q: %v", yaml, err)
 	}
 	opts := nft.Options{Chain: nft.DefaultChain, EnableIPv6: ipv6, RandomFully: true}
-	if _, err := (&nft.Applier{NetNS: int(topo.NodeHandle())}).Apply(nft.Build(cfg, opts)); err != nil {
+	if _, err := (&nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}).Apply(nft.Build(cfg, opts)); err != nil {
 		t.Fatalf("apply config %q: %v", yaml, err)
 	}
 	return func(a netip.Addr) (bool, bool) {
@@ -344,5 +344,35 @@ func TestConntrackLeavesOthersAlone(t *testing.T) {
 	echo(t, c, r, true)
 	if out, err := topo.NFT("list", "table", "ip", "othernat"); err != nil || !strings.Contains(out, "masquerade") {
 		t.Errorf("table ip othernat changed: %v\n%s", err, out)
+	}
+}
+
+// TestConntrackDaemon: the daemon itself cleans up after a ConfigMap
+// change: a running UDP stream gets the new decision, and with
+// --conntrack-cleanup=none it keeps the old one.
+func TestConntrackDaemon(t *testing.T) {
+	for _, mode := range []string{"udp", "none"} {
+		t.Run(mode, func(t *testing.T) {
+			topo := newTopology(t)
+			addDestinations(t, topo, internet1)
+			if err := topo.EnableConntrack(); err != nil {
+				t.Fatal(err)
+			}
+			cm := newConfigMapDir(t, "resyncInterval: 1h\n")
+			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--conntrack-cleanup="+mode)
+			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
+			s := startUDPStream(t, topo, internet1)
+			before := s.waitFor(t, topo.NodeUplink4)
+			cm.update("resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n")
+			eventually(t, "the new config", func() bool { return strings.Contains(d.output(), "applied new config") })
+			if mode == "none" {
+				s.expectOnly(t, before, 20)
+				return
+			}
+			s.waitFor(t, topo.Pod4)
+			if !strings.Contains(d.output(), "conntrack cleanup: examined") || !strings.Contains(d.output(), "deleted 1 ") {
+				t.Errorf("the cleanup is not logged with its count:\n%s", d.output())
+			}
+		})
 	}
 }

@@ -16,9 +16,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/conntrack"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/agent"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/filewatch"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
@@ -37,6 +39,7 @@ type options struct {
 	rulesetFlags // --config and the flags that shape the ruleset (flags.go)
 	once         bool
 	ownTable     bool
+	conntrack    conntrack.Mode
 	cleanup      bool
 	httpAddr     string
 }
@@ -59,6 +62,8 @@ func run(args []string, stderr io.Writer) int {
 	// New in this agent.
 	fs.BoolVar(&o.once, "once", false, "apply the config once and exit: 0 on success, 1 on error")
 	fs.BoolVar(&o.cleanup, "cleanup", false, "delete the agent's table inet "+nft.TableName+" and exit (refused while a running agent owns it)")
+	o.conntrack = conntrack.DefaultMode
+	fs.Var(&o.conntrack, "conntrack-cleanup", "after a change of decisions, delete the conntrack entries that keep the old one: udp (default), all (also breaks established TCP to the changed ranges) or none")
 	fs.BoolVar(&o.ownTable, "own-table", true, "own the table (Linux 6.9+): while the agent runs no other process can change it; false: verify and repair only")
 	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz; empty disables")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
@@ -113,7 +118,11 @@ func run(args []string, stderr io.Writer) int {
 	// The daemon also watches nftables notifications: a change by another
 	// process (possible when the table is not owned) is verified and
 	// repaired at once rather than at the next resync.
-	ag := agent.New(agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once}, k, log, m)
+	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once}
+	if o.conntrack != conntrack.ModeNone {
+		ao.Applied = func(old, new nft.Table) { cleanConntrack(o.conntrack, old, new, log, m) }
+	}
+	ag := agent.New(ao, k, log, m)
 	switch {
 	case o.cleanup:
 		if err := k.Delete(); err != nil {
@@ -160,6 +169,22 @@ func run(args []string, stderr io.Writer) int {
 	// The rules stay: masquerade must survive a restart or a rolling update.
 	log.Info("stopping; the rules stay in place")
 	return 0
+}
+
+// cleanConntrack deletes the conntrack entries whose decision the new
+// table made wrong; it runs after the new rules are in force.
+func cleanConntrack(mode conntrack.Mode, old, new nft.Table, log *slog.Logger, m *metrics.Agent) {
+	res, err := conntrack.Cleanup(netns.None(), mode, old.Decide, new.Decide)
+	m.ConntrackDeleted(res.Deleted)
+	if err != nil {
+		log.Error("conntrack cleanup failed; running flows keep their old decision", "err", err, "mode", mode)
+		return
+	}
+	if res.Deleted > 0 || res.Failed > 0 {
+		log.Info("conntrack cleanup: "+res.String(), "mode", mode)
+	} else {
+		log.Debug("conntrack cleanup: "+res.String(), "mode", mode)
+	}
 }
 
 // debounce coalesces a burst of file events (the kubelet's ..data swap is

@@ -59,6 +59,7 @@ type Agent struct {
 	intervals   *prometheus.GaugeVec
 	repairs     *prometheus.CounterVec
 	rival       prometheus.Gauge
+	ctDeleted   prometheus.Counter
 
 	mu     sync.Mutex
 	health healthState
@@ -120,6 +121,11 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 			Name:      "repairs_total",
 			Help:      "Changes to the agent's table by someone else that a sync undid, by what was changed.",
 		}, []string{"what"}),
+		ctDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "conntrack_entries_deleted_total",
+			Help:      "Conntrack entries deleted because a config change made their masquerade decision wrong (--conntrack-cleanup).",
+		}),
 		rival: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "rival_writer",
@@ -147,7 +153,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	a.reg.MustRegister(
 		buildInfo,
 		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads,
-		a.cidrs, a.intervals, a.repairs, a.rival,
+		a.cidrs, a.intervals, a.repairs, a.rival, a.ctDeleted,
 		a.rules,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -220,6 +226,9 @@ func (a *Agent) SetElements(set string, family string, kind string, cidrs, inter
 func (a *Agent) Repaired(what string) {
 	a.repairs.WithLabelValues(what).Inc()
 }
+
+// ConntrackDeleted counts conntrack entries deleted by a cleanup.
+func (a *Agent) ConntrackDeleted(n int) { a.ctDeleted.Add(float64(max(n, 0))) }
 
 // RivalWriter says whether another process owns the table or keeps
 // rewriting it.
