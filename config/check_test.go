@@ -83,11 +83,13 @@ func TestCheckDocumentProblems(t *testing.T) {
 	wantProblems(t, problems("masqLinkLocal: true\n\nnonMasqueradeCIDRs: [10.0.0.0/8\n", v4Only, false),
 		`3: cannot parse YAML/JSON: yaml: line 3: did not find expected ',' or ']'`)
 	wantProblems(t, problems("a: 1\nmasqLinkLocal: true\nmasqLinkLocal: false\n", v4Only, false),
-		`3: cannot parse YAML/JSON: yaml: unmarshal errors: line 3: key "masqLinkLocal" already set in map`)
+		`1: a: unknown key ignored (warning)`,
+		`2: masqLinkLocal: given more than once (keys match case-insensitively); the value of the last one read, "masqLinkLocal", is used, as in the original agent (warning)`)
 	wantProblems(t, problems("- 10.0.0.0/8\n", v4Only, false),
 		`1: the document must be a mapping of keys to values, got list ["10.0.0.0/8"]`)
 	wantProblems(t, problems("nonMasqueradeCIDRs: []\nnonMasqueradeCidrs: []\n", v4Only, false),
-		`2: nonMasqueradeCidrs: duplicates "nonMasqueradeCIDRs" (keys match case-insensitively)`)
+		`2: nonMasqueradeCidrs: read as "nonMasqueradeCIDRs"; please spell it exactly (warning)`,
+		`2: nonMasqueradeCidrs: given more than once (keys match case-insensitively); the value of the last one read, "nonMasqueradeCidrs", is used, as in the original agent (warning)`)
 	// The defaults exceed a small cidrLimit: reported at cidrLimit.
 	wantProblems(t, problems("masqOutBound: true\ncidrLimit: 2\n", v4Only, false),
 		`2: nonMasqueradeCIDRs: 3 CIDRs (the defaults) exceed cidrLimit 2`)
@@ -107,12 +109,15 @@ masqueradeCIDRs:
 - 172.16.0.0/12
 - 172.16.0.0/16
 `
-	wantProblems(t, problems(doc, v4Only, false)) // the agent accepts it silently
+	// The agent accepts it with only the note that the original agent
+	// ignores masqueradeCIDRs.
+	wantProblems(t, problems(doc, v4Only, false), `8: masqueradeCIDRs: `+msgExtension+` (warning)`)
 	wantProblems(t, problems(doc, v4Only, true),
 		`2: nonMasqueradeCIDRs[0]: "10.1.0.0/16" is contained in nonMasqueradeCIDRs[1] "10.0.0.0/8", so it has no effect`,
 		`5: nonMasqueradeCIDRs[3]: "10.0.0.0/8" duplicates nonMasqueradeCIDRs[1] "10.0.0.0/8", so it has no effect`,
 		`6: nonMasqueradeCIDRs[4]: "192.168.1.0/24" is contained in nonMasqueradeCIDRs[2] "192.168.0.0/16", so it has no effect`,
 		`7: nonMasqueradeCIDRs[5]: "172.16.5.0/24" is inside masqueradeCIDRs[0] "172.16.0.0/12", which wins, so it has no effect`,
+		`8: masqueradeCIDRs: `+msgExtension,
 		`10: masqueradeCIDRs[1]: "172.16.0.0/16" is contained in masqueradeCIDRs[0] "172.16.0.0/12", so it has no effect`,
 	)
 	// IPv4-mapped entries are compared once unmapped; IPv6 too.

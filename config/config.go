@@ -18,6 +18,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	yamlv2 "go.yaml.in/yaml/v2"
@@ -200,13 +201,20 @@ type entry struct {
 // Parse parses YAML or JSON. Warnings are one-line strings for things
 // accepted with a note; they are returned with an error too. The error, if
 // any, is one line; several problems are joined with "; " in file order.
+//
+// Every file gets the meaning the original agent gave it (its path:
+// k8s.io/apimachinery's yaml.ToJSON, then encoding/json into its struct
+// pre-filled with the defaults, then its validation), except for the
+// deliberate differences listed in README.md ("Differences from the
+// original"), each of which comes with a warning. config/parity_test.go
+// checks this against a model of the original's decoding.
 func Parse(data []byte, f Flags) (Config, []string, error) {
 	c, _, warns, err := parseKeys(data, f)
 	return c, warns, err
 }
 
-// parseKeys is Parse that also returns the known keys set to a non-null
-// value, for merging (see Loader).
+// parseKeys is Parse that also returns the known keys set by the file,
+// for merging (see Loader).
 func parseKeys(data []byte, f Flags) (Config, map[string]bool, []string, error) {
 	c, d, err := parse(data, f)
 	if err != nil {
@@ -219,44 +227,69 @@ func parseKeys(data []byte, f Flags) (Config, map[string]bool, []string, error) 
 	return c, d.present, warns, nil
 }
 
+// isJSON is the original agent's test (apimachinery's yaml.IsJSONBuffer):
+// a file whose first non-space character is "{" is JSON and is given to
+// encoding/json unchanged; anything else is YAML.
+func isJSON(data []byte) bool {
+	return bytes.HasPrefix(bytes.TrimLeftFunc(data, unicode.IsSpace), []byte("{"))
+}
+
 // parse is Parse with the decoder's findings and the keys present. The
 // error is about the document as a whole (syntax, not a mapping); problems
 // with keys are in the decoder, and c is returned even with them.
 func parse(data []byte, f Flags) (Config, *decoder, error) {
-	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
-	trimmed := bytes.TrimSpace(data)
-	if len(trimmed) == 0 {
+	if len(data) == 0 {
 		return Default(f), &decoder{f: f, present: map[string]bool{}}, nil
 	}
 	var entries []entry
 	var err error
-	ordered := true
-	// Like the original agent, read JSON as JSON: YAML 1.1 rejects some
-	// valid JSON, such as the escape "\/".
-	if trimmed[0] == '{' && json.Valid(data) {
+	var order map[string]int // the position of each key in the file
+	var repeated []string    // YAML: keys written more than once, exactly
+	asJSON := isJSON(data)
+	if asJSON {
 		entries, err = jsonEntries(data)
 	} else {
 		entries, err = yamlEntries(data)
-		ordered = false
+		order, repeated = yamlKeyOrder(data)
 	}
 	if err != nil {
 		return Config{}, nil, err
 	}
-	if !ordered && moreDocuments(data) {
-		// The original agent read only the first document; content after
-		// it was silently lost. Say so instead.
-		return Config{}, nil, parseError("content after the first YAML document (a second \"---\" document or trailing text): a config is one document")
-	}
-	c, d := decode(entries, f)
-	// YAMLToJSON sorts keys. Only when the order shows in the messages is
-	// it worth parsing the YAML again to learn it.
-	if !ordered && d.needsOrder {
-		if pos := yamlKeyOrder(data); pos != nil {
-			sort.SliceStable(entries, func(i, j int) bool { return pos[entries[i].key] < pos[entries[j].key] })
-			c, d = decode(entries, f)
+	// The entries are in the order encoding/json saw them in the original
+	// agent: the file's for JSON, sorted by key for YAML (sigs.k8s.io/yaml
+	// goes through a map). Where a key is given twice, the later one wins.
+	c, d := decode(entries, f, repeated)
+	if order == nil {
+		order = make(map[string]int, len(entries))
+		for i, e := range entries {
+			if _, ok := order[e.key]; !ok {
+				order[e.key] = i
+			}
 		}
 	}
+	// Report in file order rather than in the decoding order.
+	n := d.entryFindings
+	sort.SliceStable(d.found[:n], func(i, j int) bool {
+		a, b := d.found[i], d.found[j]
+		if pa, pb := keyPos(order, a.key), keyPos(order, b.key); pa != pb {
+			return pa < pb
+		}
+		return a.index < b.index
+	})
+	if !asJSON && moreDocuments(data) {
+		d.add(finding{warning: true, index: -1, msg: msgMoreDocuments, text: msgMoreDocuments})
+	}
 	return c, d, nil
+}
+
+const msgMoreDocuments = "content after the first YAML document (after a \"---\" or \"...\" line) is ignored, " +
+	"as the original agent ignored it: a config is one document"
+
+func keyPos(order map[string]int, key string) int {
+	if p, ok := order[key]; ok {
+		return p
+	}
+	return math.MaxInt
 }
 
 func capped(msgs []string, dropped int, what string) []string {
@@ -290,27 +323,30 @@ func parseError(reason string) error {
 	return errors.New("cannot parse YAML/JSON: " + reason)
 }
 
-// jsonEntries reads the top-level object of valid JSON in order, refusing
-// duplicate keys, which encoding/json would silently accept.
+// jsonEntries reads the top-level object of JSON in order, repeated keys
+// included: encoding/json applies each in turn, so the last one wins.
 func jsonEntries(data []byte) ([]entry, error) {
+	if !json.Valid(data) {
+		var v any
+		err := json.Unmarshal(data, &v)
+		if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
+			line := 1 + bytes.Count(data[:min(int(se.Offset), len(data))], []byte("\n"))
+			return nil, parseError(fmt.Sprintf("line %d: %s (a file starting with \"{\" is read as JSON, as the original agent did)", line, se.Error()))
+		}
+		return nil, parseError(fmt.Sprint(err))
+	}
 	d := json.NewDecoder(bytes.NewReader(data))
 	d.UseNumber()
 	if _, err := d.Token(); err != nil {
 		return nil, parseError(err.Error())
 	}
 	var entries []entry
-	seen := make(map[string]bool)
 	for d.More() {
 		tok, err := d.Token()
 		if err != nil {
 			return nil, parseError(err.Error())
 		}
 		key, _ := tok.(string)
-		if seen[key] {
-			line := 1 + bytes.Count(data[:d.InputOffset()], []byte("\n"))
-			return nil, parseError(fmt.Sprintf("line %d: key %s already set in map", line, quote(key)))
-		}
-		seen[key] = true
 		var v any
 		if err := d.Decode(&v); err != nil {
 			return nil, parseError(err.Error())
@@ -320,9 +356,11 @@ func jsonEntries(data []byte) ([]entry, error) {
 	return entries, nil
 }
 
-// yamlEntries returns the top-level keys sorted by name; nil for an empty document.
+// yamlEntries returns the top-level keys sorted by name, as encoding/json
+// sees them after sigs.k8s.io/yaml (which keeps the last of repeated keys
+// and only the first document); nil for an empty document.
 func yamlEntries(data []byte) ([]entry, error) {
-	j, err := yaml.YAMLToJSONStrict(data)
+	j, err := yaml.YAMLToJSON(data)
 	if err != nil {
 		return nil, parseError(oneLine(err.Error()))
 	}
@@ -347,20 +385,24 @@ func yamlEntries(data []byte) ([]entry, error) {
 	return entries, nil
 }
 
-// yamlKeyOrder returns the position of each top-level key, or nil.
-func yamlKeyOrder(data []byte) map[string]int {
+// yamlKeyOrder returns the position of each top-level key and the keys
+// written more than once; nil if data is not a mapping.
+func yamlKeyOrder(data []byte) (map[string]int, []string) {
 	var ms yamlv2.MapSlice
 	if yamlv2.Unmarshal(data, &ms) != nil {
-		return nil
+		return nil, nil
 	}
 	pos := make(map[string]int, len(ms))
+	var repeated []string
 	for i, item := range ms {
 		k := keyString(item.Key)
 		if _, ok := pos[k]; !ok {
 			pos[k] = i
+		} else if !slices.Contains(repeated, k) {
+			repeated = append(repeated, k)
 		}
 	}
-	return pos
+	return pos, repeated
 }
 
 // keyString converts a YAML key to a string as sigs.k8s.io/yaml does.
@@ -401,13 +443,32 @@ func oneLine(s string) string {
 }
 
 type decoder struct {
-	f          Flags
-	found      []finding         // errors and warnings, in the order found
-	dropped    [2]int            // errors, warnings not stored past maxStored
-	present    map[string]bool   // known keys (canonical) set to a non-null value
-	written    map[string]string // known keys (canonical) as written
-	badLimit   bool              // cidrLimit is invalid, so the lists cannot be checked against it
-	needsOrder bool              // messages depend on the order of keys
+	f             Flags
+	found         []finding         // errors and warnings, in the order found
+	dropped       [2]int            // errors, warnings not stored past maxStored
+	present       map[string]bool   // known keys (canonical) set to a non-null value (or a null list)
+	written       map[string]string // known keys (canonical) as written (the one that decided)
+	badLimit      bool              // cidrLimit is invalid, so the lists cannot be checked against it
+	entryFindings int               // found[:entryFindings] are about single keys (sorted into file order)
+	lists         map[string]*list  // the CIDR lists as encoding/json leaves them, checked at the end
+}
+
+// list is a CIDR list as encoding/json decodes it into a []string that
+// already holds a value: items go into the existing backing array in
+// place, and a null item leaves the string that was there (a default, or
+// an item of an earlier list under the same key). len(items) stands for the
+// array's capacity: past it, a null item is "".
+type list struct {
+	items []item
+	n     int // the slice's length
+}
+
+type item struct {
+	s     string
+	set   bool   // false: the zero string, never written
+	bad   bool   // not a string: reported already
+	key   string // the key as written that set it; "" for a default
+	index int
 }
 
 // finding is one error or warning, with what Check needs to place it.
@@ -466,36 +527,61 @@ func keyPath(key string, index int) string {
 	return fmt.Sprintf("%s[%d]", key, index)
 }
 
-func decode(entries []entry, f Flags) (Config, *decoder) {
+func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 	c := Default(f)
-	d := &decoder{f: f, present: make(map[string]bool)}
-	seen := make(map[string]string) // known key -> key as written
-	keysWithProblems := 0
+	d := &decoder{f: f, present: make(map[string]bool), lists: make(map[string]*list)}
+	for _, name := range []string{keyNonMasq, keyMasq} {
+		l := &list{}
+		for _, p := range defaultList(c, name) {
+			l.items = append(l.items, item{s: p.String(), set: true, index: -1})
+		}
+		l.n = len(l.items)
+		d.lists[name] = l
+	}
+	seen := make(map[string][]string) // known key -> keys as written, in decoding order
 	for _, e := range entries {
-		before := len(d.found)
 		name := canonical(e.key)
 		switch {
 		case name == "":
 			d.add(finding{warning: true, key: e.key, index: -1, msg: "unknown key ignored" + suggest(e.key),
 				text: fmt.Sprintf("unknown key %s ignored%s", quote(e.key), suggest(e.key))})
-		case seen[name] != "":
-			d.add(finding{key: e.key, index: -1, msg: fmt.Sprintf("duplicates %s (keys match case-insensitively)", quote(seen[name])),
-				text: fmt.Sprintf("key %s duplicates %s (keys match case-insensitively)", quote(e.key), quote(seen[name]))})
-			d.needsOrder = true
 		default:
-			seen[name] = e.key
-			if name != e.key {
+			if name != e.key && !slices.Contains(seen[name], e.key) {
 				d.add(finding{warning: true, key: e.key, index: -1, msg: fmt.Sprintf("read as %q; please spell it exactly", name),
 					text: fmt.Sprintf("key %s read as %q; please spell it exactly", quote(e.key), name)})
 			}
+			seen[name] = append(seen[name], e.key)
 			d.field(&c, name, e.key, e.val)
 		}
-		if len(d.found) > before {
-			keysWithProblems++
+	}
+	d.written = make(map[string]string, len(seen))
+	for name, keys := range seen {
+		d.written[name] = keys[len(keys)-1]
+	}
+	// Repeated keys: as in the original agent, the last one read decides.
+	for _, name := range knownKeys {
+		keys := seen[name]
+		last := d.written[name]
+		if len(keys) > 1 || slices.Contains(repeated, last) {
+			d.add(finding{warning: true, key: last, index: -1,
+				msg:  fmt.Sprintf("given more than once (keys match case-insensitively); the value of the last one read, %s, is used, as in the original agent", quote(last)),
+				text: fmt.Sprintf("key %s given more than once (keys match case-insensitively); the value of the last one read, %s, is used, as in the original agent", quote(name), quote(last))})
 		}
 	}
-	d.needsOrder = d.needsOrder || keysWithProblems > 1
-	d.written = seen
+	c.NonMasqueradeCIDRs = d.checkList(keyNonMasq)
+	c.MasqueradeCIDRs = d.checkList(keyMasq)
+	// The extension keys change what the original agent would have done
+	// with the same file only when they are not at their defaults (and
+	// the file is valid).
+	for _, e := range []struct {
+		name    string
+		changes bool
+	}{{keyMasq, len(c.MasqueradeCIDRs) > 0}, {keyOutBound, !c.MasqOutBound}, {keyOutBound6, !c.MasqOutBoundIPv6}} {
+		if e.changes && len(d.messages(false)) == 0 {
+			d.warnAt(d.written[e.name], -1, "%s", msgExtension)
+		}
+	}
+	d.entryFindings = len(d.found)
 	if !d.badLimit {
 		for _, l := range []struct {
 			name string
@@ -504,15 +590,24 @@ func decode(entries []entry, f Flags) (Config, *decoder) {
 			if l.n <= c.CIDRLimit {
 				continue
 			}
-			if key, ok := seen[l.name]; ok {
+			if key, ok := d.written[l.name]; ok {
 				d.errorAt(key, -1, "%d CIDRs exceed cidrLimit %d", l.n, c.CIDRLimit)
-			} else {
-				d.add(finding{key: l.name, index: -1, at: seen[keyLimit],
+			} else if l.name == keyNonMasq {
+				d.add(finding{key: l.name, index: -1, at: d.written[keyLimit],
 					msg: fmt.Sprintf("%d CIDRs (the defaults) exceed cidrLimit %d", l.n, c.CIDRLimit)})
 			}
 		}
 	}
 	return c, d
+}
+
+const msgExtension = "an extension of this agent (from Baidu CCE): the original agent ignores this key, so with it the same file means something else there"
+
+func defaultList(c Config, name string) []netip.Prefix {
+	if name == keyNonMasq {
+		return c.NonMasqueradeCIDRs
+	}
+	return c.MasqueradeCIDRs
 }
 
 func canonical(key string) string {
@@ -521,7 +616,8 @@ func canonical(key string) string {
 			return k
 		}
 	}
-	// encoding/json, which the original agent used, matches keys this way.
+	// encoding/json, which the original agent used, matches keys this way
+	// (its fold is bytes.EqualFold's).
 	for _, k := range knownKeys {
 		if strings.EqualFold(k, key) {
 			return k
@@ -530,53 +626,117 @@ func canonical(key string) string {
 	return ""
 }
 
-// field decodes the value of a known key into c.
+// field decodes the value of a known key into c, as encoding/json did:
+// null leaves a boolean or the limit unchanged and empties a list.
 func (d *decoder) field(c *Config, name, key string, v any) {
 	if v == nil {
-		return // null keeps the default, as it did with encoding/json
+		switch name {
+		case keyNonMasq, keyMasq:
+			d.present[name] = true
+			d.lists[name] = &list{}
+			if name == keyNonMasq {
+				d.warnAt(key, -1, "null means an empty list, as in the original agent: every destination but link-local is masqueraded (write [] to say so)")
+			}
+		case keyResync:
+			// metav1.Duration reads null as "", which is not a duration.
+			d.errorAt(key, -1, "expected a duration string such as \"60s\", got null")
+		}
+		return
 	}
 	d.present[name] = true
 	switch name {
-	case keyNonMasq:
-		c.NonMasqueradeCIDRs = d.cidrs(key, v)
-	case keyMasq:
-		c.MasqueradeCIDRs = d.cidrs(key, v)
+	case keyNonMasq, keyMasq:
+		d.decodeList(name, key, v)
 	case keyLimit:
 		c.CIDRLimit = d.limit(key, v)
 	case keyLinkLocal:
-		c.MasqLinkLocal = d.boolean(key, v)
+		c.MasqLinkLocal = d.boolean(key, v, c.MasqLinkLocal)
 	case keyLinkLocal6:
-		c.MasqLinkLocalIPv6 = d.boolean(key, v)
+		c.MasqLinkLocalIPv6 = d.boolean(key, v, c.MasqLinkLocalIPv6)
 	case keyOutBound:
-		c.MasqOutBound = d.boolean(key, v)
+		c.MasqOutBound = d.boolean(key, v, c.MasqOutBound)
 	case keyOutBound6:
-		c.MasqOutBoundIPv6 = d.boolean(key, v)
+		c.MasqOutBoundIPv6 = d.boolean(key, v, c.MasqOutBoundIPv6)
 	case keyResync:
-		c.ResyncInterval = d.duration(key, v)
+		c.ResyncInterval = d.duration(key, v, c.ResyncInterval)
 	}
 }
 
-func (d *decoder) cidrs(key string, v any) []netip.Prefix {
-	list, ok := v.([]any)
+// decodeList decodes a list into the list of name as encoding/json decodes
+// a JSON array into a non-empty []string (see list).
+func (d *decoder) decodeList(name, key string, v any) {
+	vals, ok := v.([]any)
 	if !ok {
 		d.errorAt(key, -1, "expected a list of CIDRs, got %s", describe(v))
+		return
+	}
+	l := d.lists[name]
+	if len(vals) == 0 {
+		d.lists[name] = &list{}
+		return
+	}
+	for i, val := range vals {
+		if i >= len(l.items) {
+			l.items = append(l.items, item{})
+		}
+		switch val := val.(type) {
+		case nil:
+			if old := l.items[i]; old.set {
+				d.warnAt(key, i, "null keeps %s, the item there before (from %s), as in the original agent", quote(old.s), from(old))
+			}
+		case string:
+			l.items[i] = item{s: val, set: true, key: key, index: i}
+		default:
+			d.errorAt(key, i, "expected a CIDR string such as \"10.0.0.0/8\", got %s", describe(val))
+			l.items[i] = item{set: true, bad: true, key: key, index: i}
+		}
+	}
+	l.n = len(vals)
+}
+
+func from(it item) string {
+	if it.key == "" {
+		return "the defaults"
+	}
+	return keyPath(it.key, it.index)
+}
+
+// checkList validates the list of name as decoded; the original agent
+// validated only the final list, not the lists that a repeated key replaced.
+func (d *decoder) checkList(name string) []netip.Prefix {
+	l := d.lists[name]
+	if l.n == 0 {
 		return nil
 	}
 	// One slot per item, valid or not, so that the cidrLimit check counts all.
-	out := make([]netip.Prefix, len(list))
-	for i, item := range list {
-		out[i] = d.cidr(key, i, item)
+	out := make([]netip.Prefix, l.n)
+	for i, it := range l.items[:l.n] {
+		key, index := it.key, it.index
+		if key == "" {
+			key, index = d.written[name], i
+		}
+		switch {
+		case it.bad:
+			continue
+		case !it.set:
+			d.errorAt(key, index, "expected a CIDR string such as \"10.0.0.0/8\", got null")
+			continue
+		}
+		out[i] = d.cidr(key, index, it.s)
 	}
 	return out
 }
 
-func (d *decoder) cidr(key string, i int, v any) netip.Prefix {
-	s, ok := v.(string)
-	if !ok {
-		d.errorAt(key, i, "expected a CIDR string such as \"10.0.0.0/8\", got %s", describe(v))
-		return netip.Prefix{}
-	}
+func (d *decoder) cidr(key string, i int, s string) netip.Prefix {
 	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		// net.ParseCIDR, which the original agent used, also takes leading
+		// zeros in the prefix length ("10.0.0.0/08").
+		if alt, ok := parseCIDRLength(s); ok {
+			p, err = alt, nil
+			d.warnAt(key, i, "%s has leading zeros in its prefix length; read as %q", quote(s), alt.String())
+		}
+	}
 	if err != nil {
 		d.errorAt(key, i, "%s is not a valid CIDR: %s", quote(s), prefixReason(s, err))
 		return netip.Prefix{}
@@ -592,6 +752,30 @@ func (d *decoder) cidr(key string, i int, v any) netip.Prefix {
 		d.errorAt(key, i, "%s is an IPv6 CIDR; pass --enable-ipv6 to use IPv6", quote(s))
 	}
 	return p
+}
+
+// parseCIDRLength parses "ADDR/LEN" where LEN has leading zeros, as
+// net.ParseCIDR does (and netip.ParsePrefix does not).
+func parseCIDRLength(s string) (netip.Prefix, bool) {
+	addr, bits, ok := strings.Cut(s, "/")
+	if !ok || len(bits) < 2 || bits[0] != '0' || len(bits) > 64 {
+		return netip.Prefix{}, false
+	}
+	a, err := netip.ParseAddr(addr)
+	if err != nil || a.Zone() != "" {
+		return netip.Prefix{}, false
+	}
+	n := 0
+	for _, r := range bits {
+		if r < '0' || r > '9' {
+			return netip.Prefix{}, false
+		}
+		n = n*10 + int(r-'0')
+		if n > a.BitLen() {
+			return netip.Prefix{}, false
+		}
+	}
+	return netip.PrefixFrom(a, n), true
 }
 
 // prefixReason explains a netip.ParsePrefix error without repeating the input.
@@ -612,14 +796,17 @@ func prefixReason(s string, err error) string {
 	return truncate(msg)
 }
 
-func (d *decoder) boolean(key string, v any) bool {
+func (d *decoder) boolean(key string, v any, old bool) bool {
 	b, ok := v.(bool)
 	if !ok {
 		d.errorAt(key, -1, "expected true or false, got %s", describe(v))
+		return old
 	}
 	return b
 }
 
+// limit reads cidrLimit as encoding/json reads an int: an integer literal
+// (YAML's 64.0 and 0x40 reach it as 64), any sign.
 func (d *decoder) limit(key string, v any) int {
 	num, ok := v.(json.Number)
 	if !ok {
@@ -628,42 +815,34 @@ func (d *decoder) limit(key string, v any) int {
 		return 0
 	}
 	n, err := strconv.ParseInt(num.String(), 10, strconv.IntSize)
-	if errors.Is(err, strconv.ErrSyntax) {
-		// JSON may spell a whole number as 64.0 or 6.4e1.
-		f, ferr := strconv.ParseFloat(num.String(), 64)
-		switch {
-		case ferr == nil && f == math.Trunc(f) && math.Abs(f) <= math.MaxInt32:
-			n, err = int64(f), nil
-		case errors.Is(ferr, strconv.ErrRange) || (ferr == nil && f == math.Trunc(f)):
-			err = strconv.ErrRange
-		}
-	}
 	switch {
 	case errors.Is(err, strconv.ErrRange):
 		d.errorAt(key, -1, "%s is out of range", truncate(num.String()))
 	case err != nil:
 		d.errorAt(key, -1, "%s is not an integer", truncate(num.String()))
-	case n < 1:
-		d.errorAt(key, -1, "%s must be at least 1", num.String())
 	default:
+		d.badLimit = false
 		return int(n)
 	}
 	d.badLimit = true
 	return 0
 }
 
-func (d *decoder) duration(key string, v any) time.Duration {
+func (d *decoder) duration(key string, v any, old time.Duration) time.Duration {
 	s, ok := v.(string)
 	if !ok {
 		d.errorAt(key, -1, "expected a duration string such as \"60s\", got %s", describe(v))
-		return 0
+		return old
 	}
 	dur, err := time.ParseDuration(s)
 	switch {
 	case err != nil:
 		d.errorAt(key, -1, "%s is not a valid duration (use a number with a unit, such as \"60s\" or \"5m\")", quote(s))
+		return old
 	case dur <= 0:
-		d.errorAt(key, -1, "%s must be positive", quote(s))
+		// The original agent slept for it between syncs: a busy loop.
+		d.warnAt(key, -1, "%s is not positive; using %s (the original agent re-synced without pause)", quote(s), minResync)
+		dur = minResync
 	case dur < minResync:
 		d.warnAt(key, -1, "%s is below the minimum of %s; using %s", quote(s), minResync, minResync)
 		dur = minResync

@@ -43,6 +43,11 @@ func errString(err error) string {
 func check(t *testing.T, in string, f Flags, want Config, wantErr string, wantWarns ...string) {
 	t.Helper()
 	c, warns, err := Parse([]byte(in), f)
+	// The note on extension keys (see TestParseExtensionNote) is checked
+	// only where a test asks for it.
+	if !slices.ContainsFunc(wantWarns, func(w string) bool { return strings.Contains(w, msgExtension) }) {
+		warns = slices.DeleteFunc(warns, func(w string) bool { return strings.Contains(w, msgExtension) })
+	}
 	if got := errString(err); got != wantErr {
 		t.Errorf("Parse(%q) error\n got: %s\nwant: %s", in, got, wantErr)
 	}
@@ -153,7 +158,7 @@ resyncInterval: 60s
 }`, v6, cce},
 		{"JSON with tabs and an escaped slash", "{\n\t\"nonMasqueradeCIDRs\": [\"10.0.0.0\\/8\"]\n}\n", v4Only,
 			with(v4Only, func(c *Config) { c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8") })},
-		{"YAML flow mapping", `{nonMasqueradeCIDRs: [10.0.0.0/8], masqLinkLocal: yes}`, v4Only,
+		{"YAML flow mapping after a comment", "# a YAML flow mapping\n{nonMasqueradeCIDRs: [10.0.0.0/8], masqLinkLocal: yes}", v4Only,
 			with(v4Only, func(c *Config) {
 				c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8")
 				c.MasqLinkLocal = true
@@ -186,22 +191,21 @@ func TestParseDefaults(t *testing.T) {
 	}{
 		{"empty", "", v4Only, Default(v4Only)},
 		{"empty, reserved ranges", "", reserved, Default(reserved)},
-		{"whitespace", " \n\t\r\n  ", v4Only, Default(v4Only)},
+		{"whitespace", " \n\r\n  ", v4Only, Default(v4Only)},
 		{"comments only", "# ip-masq-agent\n  # nothing here\n", reserved, Default(reserved)},
 		{"document marker", "---\n", v4Only, Default(v4Only)},
 		{"YAML null", "~", v4Only, Default(v4Only)},
 		{"JSON null", "null", reserved, Default(reserved)},
 		{"empty mapping", "{}", reserved, Default(reserved)},
 		{"list absent", "masqLinkLocal: false\n", reserved, Default(reserved)},
-		{"list null", "nonMasqueradeCIDRs:\n", reserved, Default(reserved)},
-		{"list JSON null", `{"nonMasqueradeCIDRs": null}`, reserved, Default(reserved)},
+
 		{"empty list replaces defaults", "nonMasqueradeCIDRs: []\n", v4Only, empty(v4Only)},
 		{"empty list replaces reserved defaults", "nonMasqueradeCIDRs: []\n", reserved, empty(reserved)},
 		{"empty JSON list", `{"nonMasqueradeCIDRs": []}`, reserved, empty(reserved)},
 		{"list replaces reserved defaults", "nonMasqueradeCIDRs: [192.168.0.0/16]\n", reserved,
 			with(reserved, func(c *Config) { c.NonMasqueradeCIDRs = prefixes("192.168.0.0/16") })},
 		{"null keeps every default", `{"masqueradeCIDRs": null, "cidrLimit": null, "masqLinkLocal": null,
-			"masqLinkLocalIPv6": null, "masqOutBound": null, "masqOutBoundIPv6": null, "resyncInterval": null}`,
+			"masqLinkLocalIPv6": null, "masqOutBound": null, "masqOutBoundIPv6": null}`,
 			v4Only, Default(v4Only)},
 	}
 	for _, tt := range tests {
@@ -216,6 +220,7 @@ func TestParseCIDRs(t *testing.T) {
 		want     string // the parsed prefix, if no error
 		wantErr  string // %[1]s is the key
 		wantWarn string
+		masqOnly bool // nonMasqueradeCIDRs differs (see TestParseNullItems)
 	}{
 		{item: "10.0.0.0/8", want: "10.0.0.0/8"},
 		{item: "0.0.0.0/0", want: "0.0.0.0/0"},
@@ -230,7 +235,9 @@ func TestParseCIDRs(t *testing.T) {
 		{item: `"10.0.0.0/8 "`, wantErr: `%[1]s[0]: "10.0.0.0/8 " is not a valid CIDR: remove the surrounding spaces`},
 		{item: "fe80::1%eth0/64", f: v6, wantErr: `%[1]s[0]: "fe80::1%%eth0/64" is not a valid CIDR: IPv6 zones ("%%...") are not allowed`},
 		{item: "010.0.0.0/8", wantErr: `%[1]s[0]: "010.0.0.0/8" is not a valid CIDR: IPv4 field has octet with leading zero`},
-		{item: "10.0.0.0/08", wantErr: `%[1]s[0]: "10.0.0.0/08" is not a valid CIDR: bad bits after slash: "08"`},
+		{item: "10.0.0.0/08", want: "10.0.0.0/8", // as net.ParseCIDR reads it
+			wantWarn: `%[1]s[0]: "10.0.0.0/08" has leading zeros in its prefix length; read as "10.0.0.0/8"`},
+		{item: "10.0.0.0/", wantErr: `%[1]s[0]: "10.0.0.0/" is not a valid CIDR: bad bits after slash: ""`},
 		{item: "10.0.0.0/33", wantErr: `%[1]s[0]: "10.0.0.0/33" is not a valid CIDR: prefix length out of range`},
 		{item: "10.0.0.1", wantErr: `%[1]s[0]: "10.0.0.1" is not a valid CIDR: missing the prefix length (did you mean "10.0.0.1/32"?)`},
 		{item: `"fd00::1"`, f: v6, wantErr: `%[1]s[0]: "fd00::1" is not a valid CIDR: missing the prefix length (did you mean "fd00::1/128"?)`},
@@ -249,12 +256,15 @@ func TestParseCIDRs(t *testing.T) {
 		{item: "::ffff:0.0.0.0/80", wantErr: `%[1]s[0]: "::ffff:0.0.0.0/80" is not aligned to its prefix length (did you mean "::/80"?)`},
 		{item: "10", wantErr: `%[1]s[0]: expected a CIDR string such as "10.0.0.0/8", got number 10`},
 		{item: "yes", wantErr: `%[1]s[0]: expected a CIDR string such as "10.0.0.0/8", got boolean true`},
-		{item: "null", wantErr: `%[1]s[0]: expected a CIDR string such as "10.0.0.0/8", got null`},
+		{item: "null", wantErr: `%[1]s[0]: expected a CIDR string such as "10.0.0.0/8", got null`, masqOnly: true},
 		{item: "[10.0.0.0/8]", wantErr: `%[1]s[0]: expected a CIDR string such as "10.0.0.0/8", got list ["10.0.0.0/8"]`},
 		{item: "{cidr: 10.0.0.0/8}", wantErr: `%[1]s[0]: expected a CIDR string such as "10.0.0.0/8", got mapping {"cidr":"10.0.0.0/8"}`},
 	}
 	for _, key := range []string{"nonMasqueradeCIDRs", "masqueradeCIDRs"} {
 		for _, tt := range tests {
+			if tt.masqOnly && key == "nonMasqueradeCIDRs" {
+				continue
+			}
 			t.Run(key+"/"+tt.item, func(t *testing.T) {
 				want := Default(tt.f)
 				if tt.want != "" {
@@ -333,17 +343,25 @@ func TestParseCIDRLimit(t *testing.T) {
 		{"large", "cidrLimit: 100000", v4Only, limited(100000), ""},
 		{"exactly the defaults", "cidrLimit: 3", v4Only, limited(3), ""},
 		{"whole float in YAML", "cidrLimit: 64.0", v4Only, limited(64), ""},
-		{"whole float in JSON", `{"cidrLimit": 64.0}`, v4Only, limited(64), ""},
-		{"exponent in JSON", `{"cidrLimit": 1e2}`, v4Only, limited(100), ""},
+		// encoding/json reads an int from an integer literal only; YAML's
+		// floats reach it as integers.
+		{"whole float in JSON", `{"cidrLimit": 64.0}`, v4Only, Config{}, "cidrLimit: 64.0 is not an integer"},
+		{"exponent in JSON", `{"cidrLimit": 1e2}`, v4Only, Config{}, "cidrLimit: 1e2 is not an integer"},
+		{"exponent in YAML", "cidrLimit: 1e2", v4Only, limited(100), ""},
 		{"hexadecimal YAML", "cidrLimit: 0x40", v4Only, limited(64), ""},
 		{"null", "cidrLimit: null", v4Only, limited(64), ""},
-		{"zero", "cidrLimit: 0", v4Only, Config{}, "cidrLimit: 0 must be at least 1"},
-		{"negative", "cidrLimit: -5", v4Only, Config{}, "cidrLimit: -5 must be at least 1"},
+		// As in the original agent, any limit the lists fit is accepted.
+		{"zero", "cidrLimit: 0", v4Only, Config{}, "nonMasqueradeCIDRs: 3 CIDRs (the defaults) exceed cidrLimit 0"},
+		{"zero with an empty list", "cidrLimit: 0\nnonMasqueradeCIDRs: []", v4Only,
+			with(v4Only, func(c *Config) { c.CIDRLimit = 0; c.NonMasqueradeCIDRs = []netip.Prefix{} }), ""},
+		{"negative", "cidrLimit: -5", v4Only, Config{}, "nonMasqueradeCIDRs: 3 CIDRs (the defaults) exceed cidrLimit -5"},
+		{"negative with an empty list", "cidrLimit: -1\nnonMasqueradeCIDRs: []", v4Only, Config{},
+			"nonMasqueradeCIDRs: 0 CIDRs exceed cidrLimit -1"},
 		{"fraction", "cidrLimit: 1.5", v4Only, Config{}, "cidrLimit: 1.5 is not an integer"},
 		{"fraction in JSON", `{"cidrLimit": 64.5}`, v4Only, Config{}, "cidrLimit: 64.5 is not an integer"},
 		{"too large", "cidrLimit: 99999999999999999999", v4Only, Config{}, "cidrLimit: 100000000000000000000 is out of range"},
-		{"too large in JSON", `{"cidrLimit": 1e300}`, v4Only, Config{}, "cidrLimit: 1e300 is out of range"},
-		{"overflowing float in JSON", `{"cidrLimit": 1e400}`, v4Only, Config{}, "cidrLimit: 1e400 is out of range"},
+		{"too large in JSON", `{"cidrLimit": 1e300}`, v4Only, Config{}, "cidrLimit: 1e300 is not an integer"},
+		{"too large integer in JSON", `{"cidrLimit": 100000000000000000000}`, v4Only, Config{}, "cidrLimit: 100000000000000000000 is out of range"},
 		{"string", `cidrLimit: "64"`, v4Only, Config{}, `cidrLimit: expected an integer, got string "64"`},
 		{"boolean", "cidrLimit: true", v4Only, Config{}, "cidrLimit: expected an integer, got boolean true"},
 		{"list", "cidrLimit: [64]", v4Only, Config{}, "cidrLimit: expected an integer, got list [64]"},
@@ -374,8 +392,8 @@ func TestParseCIDRLimit(t *testing.T) {
 			}), ""},
 		{"invalid items still counted", "cidrLimit: 1\nnonMasqueradeCIDRs: [10.0.0.0/8, x]", v4Only, Config{},
 			`nonMasqueradeCIDRs[1]: "x" is not a valid CIDR: missing the prefix length ("/N"); nonMasqueradeCIDRs: 2 CIDRs exceed cidrLimit 1`},
-		{"no count check with a bad limit", "cidrLimit: 0\n" + cidrList("nonMasqueradeCIDRs", 70), v4Only, Config{},
-			"cidrLimit: 0 must be at least 1"},
+		{"no count check with a bad limit", "cidrLimit: x\n" + cidrList("nonMasqueradeCIDRs", 70), v4Only, Config{},
+			`cidrLimit: expected an integer, got string "x"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -402,12 +420,13 @@ func TestParseResyncInterval(t *testing.T) {
 		{in: "1h30m", want: every(90 * time.Minute)},
 		{in: "1s", want: every(time.Second)},
 		{in: "10000h", want: every(10000 * time.Hour)},
-		{in: "null", want: every(time.Minute)},
+		{in: "null", wantErr: `resyncInterval: expected a duration string such as "60s", got null`},
 		{in: "999ms", want: every(time.Second), wantWarn: `resyncInterval: "999ms" is below the minimum of 1s; using 1s`},
 		{in: "1ns", want: every(time.Second), wantWarn: `resyncInterval: "1ns" is below the minimum of 1s; using 1s`},
-		{in: "0s", wantErr: `resyncInterval: "0s" must be positive`},
-		{in: `"0"`, wantErr: `resyncInterval: "0" must be positive`},
-		{in: "-1s", wantErr: `resyncInterval: "-1s" must be positive`},
+		// The original agent slept for it: a busy loop.
+		{in: "0s", want: every(time.Second), wantWarn: `resyncInterval: "0s" is not positive; using 1s (the original agent re-synced without pause)`},
+		{in: `"0"`, want: every(time.Second), wantWarn: `resyncInterval: "0" is not positive; using 1s (the original agent re-synced without pause)`},
+		{in: "-1s", want: every(time.Second), wantWarn: `resyncInterval: "-1s" is not positive; using 1s (the original agent re-synced without pause)`},
 		{in: "60", wantErr: `resyncInterval: expected a duration string such as "60s", got number 60`},
 		{in: "1.5", wantErr: `resyncInterval: expected a duration string such as "60s", got number 1.5`},
 		{in: `"60"`, wantErr: `resyncInterval: "60" is not a valid duration (use a number with a unit, such as "60s" or "5m")`},
@@ -499,24 +518,40 @@ func TestParseKeys(t *testing.T) {
 		{"errors name the key as written", `masqlinklocal: "yes"`, Config{},
 			`masqlinklocal: expected true or false, got string "yes"`,
 			[]string{`key "masqlinklocal" read as "masqLinkLocal"; please spell it exactly`}},
-		{"two spellings", "nonMasqueradeCIDRs: []\nnonMasqueradeCidrs: []", Config{},
-			`key "nonMasqueradeCidrs" duplicates "nonMasqueradeCIDRs" (keys match case-insensitively)`, nil},
-		{"two spellings, odd one first", "nonMasqueradeCidrs: []\nnonMasqueradeCIDRs: []", Config{},
-			`key "nonMasqueradeCIDRs" duplicates "nonMasqueradeCidrs" (keys match case-insensitively)`,
-			[]string{`key "nonMasqueradeCidrs" read as "nonMasqueradeCIDRs"; please spell it exactly`}},
-		{"two spellings in JSON", `{"cidrLimit": 5, "CidrLimit": 5}`, Config{},
-			`key "CidrLimit" duplicates "cidrLimit" (keys match case-insensitively)`, nil},
-		{"duplicate key", "masqLinkLocal: true\nmasqLinkLocal: false", Config{},
-			`cannot parse YAML/JSON: yaml: unmarshal errors: line 2: key "masqLinkLocal" already set in map`, nil},
-		{"duplicate keys", "a: 1\nb: 2\na: 3\nb: 4", Config{},
-			`cannot parse YAML/JSON: yaml: unmarshal errors: line 3: key "a" already set in map; line 4: key "b" already set in map`, nil},
-		{"duplicate key in JSON", "\n{\n  \"cidrLimit\": 5,\n  \"cidrLimit\": 6\n}", Config{},
-			`cannot parse YAML/JSON: line 4: key "cidrLimit" already set in map`, nil},
+		// Repeated keys: the original agent's YAML converter keeps the
+		// last of exact repeats and sorts the keys (so of two spellings the
+		// one that sorts last wins); encoding/json then applies each key in
+		// turn. For JSON, the last in the file wins.
+		{"two spellings", "nonMasqueradeCIDRs: [10.0.0.0/8]\nnonMasqueradeCidrs: [192.168.0.0/16]",
+			with(v4Only, func(c *Config) { c.NonMasqueradeCIDRs = prefixes("192.168.0.0/16") }), "",
+			[]string{`key "nonMasqueradeCidrs" read as "nonMasqueradeCIDRs"; please spell it exactly`,
+				`key "nonMasqueradeCIDRs" given more than once (keys match case-insensitively); the value of the last one read, "nonMasqueradeCidrs", is used, as in the original agent`}},
+		{"two spellings, odd one first", "nonMasqueradeCidrs: [192.168.0.0/16]\nnonMasqueradeCIDRs: [10.0.0.0/8]",
+			with(v4Only, func(c *Config) { c.NonMasqueradeCIDRs = prefixes("192.168.0.0/16") }), "",
+			[]string{`key "nonMasqueradeCidrs" read as "nonMasqueradeCIDRs"; please spell it exactly`,
+				`key "nonMasqueradeCIDRs" given more than once (keys match case-insensitively); the value of the last one read, "nonMasqueradeCidrs", is used, as in the original agent`}},
+		{"two spellings in JSON", `{"cidrLimit": 5, "CidrLimit": 6}`, limitedTo(6), "",
+			[]string{`key "CidrLimit" read as "cidrLimit"; please spell it exactly`,
+				`key "cidrLimit" given more than once (keys match case-insensitively); the value of the last one read, "CidrLimit", is used, as in the original agent`}},
+		{"duplicate key", "masqLinkLocal: true\nmasqLinkLocal: false", Default(v4Only), "",
+			[]string{`key "masqLinkLocal" given more than once (keys match case-insensitively); the value of the last one read, "masqLinkLocal", is used, as in the original agent`}},
+		{"duplicate unknown keys", "a: 1\nb: 2\na: 3\nb: 4", Default(v4Only), "",
+			[]string{`unknown key "a" ignored`, `unknown key "b" ignored`}},
+		{"duplicate key in JSON", "\n{\n  \"cidrLimit\": 5,\n  \"cidrLimit\": 6\n}", limitedTo(6), "",
+			[]string{`key "cidrLimit" given more than once (keys match case-insensitively); the value of the last one read, "cidrLimit", is used, as in the original agent`}},
+		{"null after a value in JSON keeps the value", `{"masqLinkLocal": true, "masqLinkLocal": null}`,
+			with(v4Only, func(c *Config) { c.MasqLinkLocal = true }), "",
+			[]string{`key "masqLinkLocal" given more than once (keys match case-insensitively); the value of the last one read, "masqLinkLocal", is used, as in the original agent`}},
+		{"only the last list is checked", `{"nonMasqueradeCIDRs": ["bad"], "nonMasqueradeCIDRs": ["10.0.0.0/8"]}`,
+			with(v4Only, func(c *Config) { c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8") }), "",
+			[]string{`key "nonMasqueradeCIDRs" given more than once (keys match case-insensitively); the value of the last one read, "nonMasqueradeCIDRs", is used, as in the original agent`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { check(t, tt.in, v4Only, tt.want, tt.wantErr, tt.wantWarns...) })
 	}
 }
+
+func limitedTo(n int) Config { return with(v4Only, func(c *Config) { c.CIDRLimit = n }) }
 
 func TestParseDocument(t *testing.T) {
 	tests := []struct {
@@ -533,11 +568,13 @@ func TestParseDocument(t *testing.T) {
 		{"invalid UTF-8", "a: \x80\x81", "cannot parse YAML/JSON: yaml: invalid leading UTF-8 octet"},
 		{"unclosed list", "nonMasqueradeCIDRs: [10.0.0.0/8\n", "cannot parse YAML/JSON: yaml: line 1:"},
 		{"bad indentation", "masqLinkLocal: true\n  masqOutBound: false\n", "cannot parse YAML/JSON: yaml: line 2:"},
-		{"JSON missing comma", "{\"masqLinkLocal\": true\n \"masqOutBound\": true}", "cannot parse YAML/JSON: yaml: line 1: did not find expected ',' or '}'"},
+		{"JSON missing comma", "{\"masqLinkLocal\": true\n \"masqOutBound\": true}", "cannot parse YAML/JSON: line 2: invalid character '\"' after object key:value pair"},
+		{"YAML flow mapping", "{masqLinkLocal: true}", "cannot parse YAML/JSON: line 1: invalid character 'm' looking for beginning of object key string (a file starting with \"{\" is read as JSON, as the original agent did)"},
+		{"whitespace with a tab", " \n\t\r\n  ", "cannot parse YAML/JSON: yaml: line 2: found character that cannot start any token"},
 		{"non-string key", "? [a, b]\n: c\n", "cannot parse YAML/JSON: "},
 		{"infinity", "masqLinkLocal: .inf", "cannot parse YAML/JSON: json: unsupported value: +Inf"},
 		{"deep nesting", "a: " + strings.Repeat("[", 100000), "cannot parse YAML/JSON: yaml: "},
-		{"deep JSON nesting", `{"a": ` + strings.Repeat("[", 100000), "cannot parse YAML/JSON: yaml: "},
+		{"deep JSON nesting", `{"a": ` + strings.Repeat("[", 100000), "cannot parse YAML/JSON: line 1: invalid character '[' exceeded max depth"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -789,7 +826,7 @@ func TestLoad(t *testing.T) {
 		{"file in the way", filepath.Join(file, "ip-masq-agent"), v4Only, Default(v4Only), "", nil},
 		{"dangling symlink", symlink("nowhere", "dangling"), v4Only, Default(v4Only), "", nil},
 		{"empty file", file, v4Only, Default(v4Only), "", nil},
-		{"whitespace", write("space", "\n  \n\t\n"), v4Only, Default(v4Only), "", nil},
+		{"whitespace", write("space", "\n  \n  \n"), v4Only, Default(v4Only), "", nil},
 		{"plain file", write("plain", "masqLinkLocal: true\n"), v4Only, linkLocal, "", nil},
 		{"ConfigMap symlinks", configMap, v4Only, linkLocal, "", nil},
 		{"errors and warnings name the path", bad, v4Only, Config{},
@@ -876,7 +913,7 @@ func BenchmarkParse100k(b *testing.B) {
 // checkValid checks, independently of the parser, what a parsed Config promises.
 func checkValid(t *testing.T, c Config, f Flags) {
 	t.Helper()
-	if c.CIDRLimit < 1 || len(c.NonMasqueradeCIDRs) > c.CIDRLimit || len(c.MasqueradeCIDRs) > c.CIDRLimit {
+	if len(c.NonMasqueradeCIDRs) > c.CIDRLimit || len(c.MasqueradeCIDRs) > c.CIDRLimit {
 		t.Errorf("lists of %d and %d CIDRs with cidrLimit %d", len(c.NonMasqueradeCIDRs), len(c.MasqueradeCIDRs), c.CIDRLimit)
 	}
 	if c.ResyncInterval < time.Second {
@@ -923,8 +960,53 @@ func FuzzParse(f *testing.F) {
 		}
 		checkValid(t, c, flags)
 		again, warns, err := Parse([]byte(c.String()), flags)
+		warns = slices.DeleteFunc(warns, func(w string) bool { return strings.Contains(w, msgExtension) })
 		if err != nil || len(warns) != 0 || !again.Equal(c) {
 			t.Fatalf("round trip of\n%s\ngave\n%s\nwarnings %q, error %v", c, again, warns, err)
 		}
 	})
+}
+
+// A null list is an empty list; a null item keeps what the list held at
+// that place (a default, or an item of an earlier list under a repeated
+// key), because encoding/json decodes into the existing array.
+func TestParseNullItems(t *testing.T) {
+	reserved := Flags{NoMasqAllReservedRanges: true}
+	const emptyWarn = `nonMasqueradeCIDRs: null means an empty list, as in the original agent: every destination but link-local is masqueraded (write [] to say so)`
+	list := func(f Flags, s ...string) Config {
+		return with(f, func(c *Config) { c.NonMasqueradeCIDRs = prefixes(s...) })
+	}
+	empty := with(reserved, func(c *Config) { c.NonMasqueradeCIDRs = nil })
+	check(t, "nonMasqueradeCIDRs:\n", reserved, empty, "", emptyWarn)
+	check(t, `{"nonMasqueradeCIDRs": null}`, reserved, empty, "", emptyWarn)
+	check(t, "nonMasqueradeCIDRs: [null, 1.0.0.0/8]", v4Only, list(v4Only, "10.0.0.0/8", "1.0.0.0/8"), "",
+		`nonMasqueradeCIDRs[0]: null keeps "10.0.0.0/8", the item there before (from the defaults), as in the original agent`)
+	check(t, "nonMasqueradeCIDRs: [null, null, null, null]", v4Only, Config{},
+		`nonMasqueradeCIDRs[3]: expected a CIDR string such as "10.0.0.0/8", got null`,
+		`nonMasqueradeCIDRs[0]: null keeps "10.0.0.0/8", the item there before (from the defaults), as in the original agent`,
+		`nonMasqueradeCIDRs[1]: null keeps "172.16.0.0/12", the item there before (from the defaults), as in the original agent`,
+		`nonMasqueradeCIDRs[2]: null keeps "192.168.0.0/16", the item there before (from the defaults), as in the original agent`)
+	check(t, `{"nonMasqueradeCIDRs": ["1.0.0.0/8", "2.0.0.0/8"], "nonMasqueradeCIDRs": ["3.0.0.0/8"], "nonMasqueradeCIDRs": [null, null]}`,
+		v4Only, list(v4Only, "3.0.0.0/8", "2.0.0.0/8"), "",
+		`key "nonMasqueradeCIDRs" given more than once (keys match case-insensitively); the value of the last one read, "nonMasqueradeCIDRs", is used, as in the original agent`,
+		`nonMasqueradeCIDRs[0]: null keeps "3.0.0.0/8", the item there before (from nonMasqueradeCIDRs[0]), as in the original agent`,
+		`nonMasqueradeCIDRs[1]: null keeps "2.0.0.0/8", the item there before (from nonMasqueradeCIDRs[1]), as in the original agent`)
+}
+
+// The extension keys get a note when they change what the original agent
+// would do with the same file.
+func TestParseExtensionNote(t *testing.T) {
+	const note = msgExtension
+	check(t, "masqOutBound: false", v4Only, with(v4Only, func(c *Config) { c.MasqOutBound = false }), "", "masqOutBound: "+note)
+	check(t, "masqueradeCIDRs: [10.1.0.0/16]", v4Only, with(v4Only, func(c *Config) { c.MasqueradeCIDRs = prefixes("10.1.0.0/16") }), "",
+		"masqueradeCIDRs: "+note)
+	check(t, "masqueradeCIDRs: []\nmasqOutBound: true\nmasqOutBoundIPv6: true", v4Only, Default(v4Only), "")
+}
+
+// Content after the first YAML document is ignored with a warning, as the
+// original agent ignored it (silently).
+func TestParseMoreDocuments(t *testing.T) {
+	for _, in := range []string{"cidrLimit: 5\n---\ncidrLimit: 7\n", "cidrLimit: 5\n---\n: : bad [\n", "cidrLimit: 5\n...\ngarbage: [\n"} {
+		check(t, in, v4Only, with(v4Only, func(c *Config) { c.CIDRLimit = 5 }), "", msgMoreDocuments)
+	}
 }

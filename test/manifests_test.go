@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -200,8 +201,14 @@ func TestManifestsDaemonSet(t *testing.T) {
 	if ps.PriorityClassName != "system-node-critical" {
 		t.Errorf("priorityClassName %q, want system-node-critical", ps.PriorityClassName)
 	}
-	if ps.NodeSelector["node.kubernetes.io/masq-agent-ds-ready"] != "true" {
-		t.Errorf("nodeSelector %v lacks node.kubernetes.io/masq-agent-ds-ready=true", ps.NodeSelector)
+	// Every Linux node, as the original agent's manifest: a node added
+	// later runs the agent without a label (the label-gated variant is the
+	// component deploy/components/label-gated).
+	if !maps.Equal(ps.NodeSelector, map[string]string{"kubernetes.io/os": "linux"}) {
+		t.Errorf("nodeSelector %v, want only kubernetes.io/os: linux", ps.NodeSelector)
+	}
+	if ps.Affinity != nil {
+		t.Errorf("affinity %+v: the agent runs on every Linux node", ps.Affinity)
 	}
 	if !slices.ContainsFunc(ps.Tolerations, func(tol corev1.Toleration) bool {
 		return tol.Operator == corev1.TolerationOpExists && tol.Key == "" && tol.Effect == ""
@@ -377,12 +384,12 @@ func checkSecurityContext(t *testing.T, pod *corev1.PodSecurityContext, sc *core
 	}
 }
 
-// TestManifestsConfigMap: the example ConfigMap is the Kubernetes docs'
-// example, and the agent accepts it without a warning, with the flags the
-// DaemonSet passes.
+// TestManifestsConfigMap: the example ConfigMap (deploy/examples, not
+// applied by deploy/) is the Kubernetes docs' example, and the agent
+// accepts it without a warning, with the flags the DaemonSet passes.
 func TestManifestsConfigMap(t *testing.T) {
 	var cm corev1.ConfigMap
-	readManifest(t, "configmap.yaml", &cm, "v1", "ConfigMap")
+	readManifest(t, "examples/configmap.yaml", &cm, "v1", "ConfigMap")
 	if cm.Namespace != "kube-system" || cm.Name != "ip-masq-agent" {
 		t.Errorf("ConfigMap is %s/%s, want kube-system/ip-masq-agent", cm.Namespace, cm.Name)
 	}
@@ -417,5 +424,105 @@ func TestManifestsConfigMap(t *testing.T) {
 	want.MasqLinkLocal = true
 	if !cfg.Equal(want) {
 		t.Errorf("the example config is\n%s\nwant the Kubernetes docs' example\n%s", cfg, want)
+	}
+}
+
+// TestManifestsNeverTouchTheConfigMap: kubectl apply -k deploy/ must not
+// create or change the ConfigMap kube-system/ip-masq-agent, which the
+// cluster's operator (and an iptables agent still running) owns; the
+// example lives in deploy/examples, a kustomization of its own.
+func TestManifestsNeverTouchTheConfigMap(t *testing.T) {
+	var k kustomization
+	readManifest(t, "kustomization.yaml", &k, "kustomize.config.k8s.io/v1beta1", "Kustomization")
+	for _, r := range k.Resources {
+		data, err := os.ReadFile(filepath.Join(deployDir, r))
+		if err != nil {
+			t.Fatalf("resource %s: %v (deploy/ lists files only)", r, err)
+		}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(data, &tm); err != nil {
+			t.Fatalf("deploy/%s: %v", r, err)
+		}
+		if tm.Kind == "ConfigMap" {
+			t.Errorf("deploy/kustomization.yaml applies deploy/%s, a ConfigMap", r)
+		}
+	}
+	var ex kustomization
+	readManifest(t, "examples/kustomization.yaml", &ex, "kustomize.config.k8s.io/v1beta1", "Kustomization")
+	if !slices.Equal(ex.Resources, []string{"configmap.yaml"}) {
+		t.Errorf("deploy/examples/kustomization.yaml resources %v, want [configmap.yaml]", ex.Resources)
+	}
+}
+
+// TestManifestsImagePinned: the image is a release tag, the same in the
+// kustomization and the DaemonSet (the release workflow checks the tag it
+// builds against both).
+func TestManifestsImagePinned(t *testing.T) {
+	var k kustomization
+	readManifest(t, "kustomization.yaml", &k, "kustomize.config.k8s.io/v1beta1", "Kustomization")
+	var ds appsv1.DaemonSet
+	readManifest(t, "daemonset.yaml", &ds, "apps/v1", "DaemonSet")
+	release := regexp.MustCompile(`^v\d+\.\d+\.\d+$`)
+	if len(k.Images) != 1 || !release.MatchString(k.Images[0].NewTag) || k.Images[0].NewName != "" {
+		t.Fatalf("kustomization.yaml images %+v: want one newTag vX.Y.Z", k.Images)
+	}
+	want := k.Images[0].Name + ":" + k.Images[0].NewTag
+	if got := ds.Spec.Template.Spec.Containers[0].Image; got != want {
+		t.Errorf("the DaemonSet's image %q, want %q (the kustomization's)", got, want)
+	}
+	wf, err := os.ReadFile("../.github/workflows/release.yml")
+	if err != nil {
+		t.Fatalf("the release workflow: %v", err)
+	}
+	if !strings.Contains(string(wf), "make image-multiarch") {
+		t.Error(".github/workflows/release.yml does not build with make image-multiarch")
+	}
+}
+
+// component is the part of kustomize's Component type that
+// deploy/components/label-gated may use.
+type component struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Patches    []struct {
+		Target struct {
+			Group   string `json:"group,omitempty"`
+			Version string `json:"version,omitempty"`
+			Kind    string `json:"kind"`
+			Name    string `json:"name"`
+		} `json:"target"`
+		Patch string `json:"patch"`
+	} `json:"patches"`
+}
+
+// TestManifestsLabelGatedComponent: the Kubernetes docs' variant, an
+// optional component, adds exactly the node label to the nodeSelector.
+func TestManifestsLabelGatedComponent(t *testing.T) {
+	var c component
+	readManifest(t, "components/label-gated/kustomization.yaml", &c, "kustomize.config.k8s.io/v1alpha1", "Component")
+	if len(c.Patches) != 1 {
+		t.Fatalf("%d patches, want 1", len(c.Patches))
+	}
+	p := c.Patches[0]
+	if p.Target.Kind != "DaemonSet" || p.Target.Name != "ip-masq-agent-nft" {
+		t.Errorf("patch target %+v, want the DaemonSet ip-masq-agent-nft", p.Target)
+	}
+	var ops []struct {
+		Op    string `json:"op"`
+		Path  string `json:"path"`
+		Value any    `json:"value"`
+	}
+	if err := decodeStrict([]byte(p.Patch), &ops); err != nil {
+		t.Fatalf("the patch: %v", err)
+	}
+	want := "/spec/template/spec/nodeSelector/node.kubernetes.io~1masq-agent-ds-ready"
+	if len(ops) != 1 || ops[0].Op != "add" || ops[0].Path != want || ops[0].Value != "true" {
+		t.Errorf("patch %+v, want one add of %s: \"true\"", ops, want)
+	}
+	// The path's parent exists in the DaemonSet, so the JSON patch applies.
+	var ds appsv1.DaemonSet
+	readManifest(t, "daemonset.yaml", &ds, "apps/v1", "DaemonSet")
+	if ds.Spec.Template.Spec.NodeSelector == nil {
+		t.Error("the DaemonSet has no nodeSelector for the component's patch to add to")
 	}
 }

@@ -348,9 +348,9 @@ func TestToolsValidateManifests(t *testing.T) {
 		t.Errorf("validate --strict: exit %d %q", code, out)
 	}
 	// The repository's own example ConfigMap is valid, strictly.
-	if _, err := os.Stat("../deploy/configmap.yaml"); err == nil {
-		if code, out, stderr := run("--strict", "../deploy/configmap.yaml"); code != 0 {
-			t.Errorf("deploy/configmap.yaml: exit %d %s%s", code, out, stderr)
+	if _, err := os.Stat("../deploy/examples/configmap.yaml"); err == nil {
+		if code, out, stderr := run("--strict", "../deploy/examples/configmap.yaml"); code != 0 {
+			t.Errorf("deploy/examples/configmap.yaml: exit %d %s%s", code, out, stderr)
 		}
 	}
 }

@@ -1,7 +1,12 @@
 package main
 
 import (
+	"errors"
 	"flag"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -40,11 +45,193 @@ func (r *rulesetFlags) finish() error {
 	if err := nft.ValidateChain(r.nft.Chain); err != nil {
 		return err
 	}
-	ports, err := nft.ParsePorts(r.toPorts)
+	ports, err := parseToPorts(r.toPorts)
 	if err != nil {
 		return err
 	}
 	r.nft.ToPorts = ports
 	r.nft.EnableIPv6 = r.flags.EnableIPv6
+	return nil
+}
+
+// parseToPorts parses --to-ports as the original agent did
+// (pkg/interval.ParseIntervals, then iptables' --to-ports): ports or
+// ranges FIRST-LAST separated by commas, each number as strconv.Atoi reads
+// it ("+1024" and "01024" are 1024), FIRST <= LAST; no spaces. Ranges may
+// overlap: each range is chosen with a probability proportional to its
+// size, as the original's "-m statistic" rules did. Empty means no port
+// restriction.
+//
+// One difference: a port outside 1-65535 passed the original's parser but
+// iptables-restore refused the rule at every sync, so the original never
+// programmed anything; here it is refused at start.
+func parseToPorts(s string) ([]nft.PortRange, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []nft.PortRange
+	for _, part := range strings.Split(s, ",") {
+		fields := strings.Split(part, "-")
+		if len(fields) > 2 {
+			return nil, fmt.Errorf("--to-ports %q: %q is not a port or a range FIRST-LAST", s, part)
+		}
+		var ports [2]int
+		for i, f := range fields {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				return nil, fmt.Errorf("--to-ports %q: %q is not a port or a range FIRST-LAST", s, part)
+			}
+			if n < 1 || n > 65535 {
+				return nil, fmt.Errorf("--to-ports %q: %d is not a port (1-65535)", s, n)
+			}
+			ports[i] = n
+		}
+		if len(fields) == 1 {
+			ports[1] = ports[0]
+		}
+		if ports[0] > ports[1] {
+			return nil, fmt.Errorf("--to-ports %q: first is greater than last in %q", s, part)
+		}
+		out = append(out, nft.PortRange{First: uint16(ports[0]), Last: uint16(ports[1])})
+	}
+	return out, nil
+}
+
+// logFlags are the logging flags the original agent's binary accepts: the
+// ones klog.InitFlags registers (klog v2.140.0, which it vendors), with
+// klog's defaults and klog's checks of their values, so that the original
+// DaemonSet's args work unchanged. -v maps onto the log level; the others
+// have no meaning here (logs always go to stderr, through log/slog) and are
+// accepted with one warning naming them.
+type logFlags struct {
+	v klogLevel
+}
+
+// klogFlagNames lists every flag of klog.InitFlags, in klog's order.
+var klogFlagNames = []string{"log_dir", "log_file", "log_file_max_size", "logtostderr", "alsologtostderr",
+	"legacy_stderr_threshold_behavior", "v", "add_dir_header", "skip_headers", "one_output", "skip_log_headers",
+	"stderrthreshold", "alsologtostderrthreshold", "vmodule", "log_backtrace_at"}
+
+func (l *logFlags) register(fs *flag.FlagSet) {
+	fs.String("log_dir", "", "ignored (klog flag of the original agent; logs go to stderr)")
+	fs.String("log_file", "", "ignored (klog flag of the original agent; logs go to stderr)")
+	fs.Uint64("log_file_max_size", 1800, "ignored (klog flag of the original agent)")
+	fs.Bool("logtostderr", true, "ignored (klog flag of the original agent; logs always go to stderr)")
+	fs.Bool("alsologtostderr", false, "ignored (klog flag of the original agent; logs always go to stderr)")
+	fs.Bool("legacy_stderr_threshold_behavior", true, "ignored (klog flag of the original agent)")
+	fs.Var(&l.v, "v", "klog-style verbosity: 2 or more logs at debug level")
+	fs.Bool("add_dir_header", false, "ignored (klog flag of the original agent)")
+	fs.Bool("skip_headers", false, "ignored (klog flag of the original agent)")
+	fs.Bool("one_output", false, "ignored (klog flag of the original agent)")
+	fs.Bool("skip_log_headers", false, "ignored (klog flag of the original agent)")
+	stderr, also := klogSeverity(2), klogSeverity(0) // ERROR, INFO
+	fs.Var(&stderr, "stderrthreshold", "ignored (klog flag of the original agent)")
+	fs.Var(&also, "alsologtostderrthreshold", "ignored (klog flag of the original agent)")
+	fs.Var(new(klogVModule), "vmodule", "ignored (klog flag of the original agent)")
+	fs.Var(new(klogTrace), "log_backtrace_at", "ignored (klog flag of the original agent)")
+}
+
+// ignored returns the warning about the logging flags given on the command
+// line that have no effect here; "" if none. --logtostderr=true and
+// --alsologtostderr are what this agent does anyway.
+func (l *logFlags) ignored(fs *flag.FlagSet) string {
+	var names []string
+	fs.Visit(func(f *flag.Flag) {
+		switch {
+		case !slices.Contains(klogFlagNames, f.Name), f.Name == "v", f.Name == "alsologtostderr",
+			f.Name == "logtostderr" && f.Value.String() == "true":
+			return
+		}
+		names = append(names, "--"+f.Name+"="+f.Value.String())
+	})
+	if len(names) == 0 {
+		return ""
+	}
+	return "logging flags of the original agent (klog) have no effect here; logs go to stderr through log/slog " +
+		"(--log-format, --log-level, --v): " + strings.Join(names, " ")
+}
+
+// klogLevel is klog's Level: a 32-bit integer.
+type klogLevel int32
+
+func (l *klogLevel) String() string { return strconv.Itoa(int(*l)) }
+
+func (l *klogLevel) Set(s string) error {
+	v, err := strconv.ParseInt(s, 10, 32)
+	if err != nil {
+		return err
+	}
+	*l = klogLevel(v)
+	return nil
+}
+
+// klogSeverity is klog's severityValue: a name (INFO, WARNING, ERROR,
+// FATAL, any case) or a number.
+type klogSeverity int32
+
+var klogSeverityNames = []string{"INFO", "WARNING", "ERROR", "FATAL"}
+
+func (s *klogSeverity) String() string { return strconv.Itoa(int(*s)) }
+
+func (s *klogSeverity) Set(value string) error {
+	if i := slices.Index(klogSeverityNames, strings.ToUpper(value)); i >= 0 {
+		*s = klogSeverity(i)
+		return nil
+	}
+	v, err := strconv.ParseInt(value, 10, 32)
+	if err != nil {
+		return err
+	}
+	*s = klogSeverity(v)
+	return nil
+}
+
+// klogVModule is klog's -vmodule: comma-separated PATTERN=N, N >= 0.
+type klogVModule string
+
+func (m *klogVModule) String() string { return string(*m) }
+
+func (m *klogVModule) Set(value string) error {
+	for _, pat := range strings.Split(value, ",") {
+		if pat == "" {
+			continue
+		}
+		patLev := strings.Split(pat, "=")
+		if len(patLev) != 2 || patLev[0] == "" || patLev[1] == "" {
+			return errors.New("syntax error: expect comma-separated list of filename=N")
+		}
+		v, err := strconv.ParseInt(patLev[1], 10, 32)
+		if err != nil {
+			return errors.New("syntax error: expect comma-separated list of filename=N")
+		}
+		if v < 0 {
+			return errors.New("negative value for vmodule level")
+		}
+	}
+	*m = klogVModule(value)
+	return nil
+}
+
+// klogTrace is klog's -log_backtrace_at: empty, or FILE:N with a "." in
+// FILE and N > 0.
+type klogTrace string
+
+func (t *klogTrace) String() string { return string(*t) }
+
+func (t *klogTrace) Set(value string) error {
+	if value != "" {
+		fields := strings.Split(value, ":")
+		if len(fields) != 2 || !strings.Contains(fields[0], ".") {
+			return errors.New("syntax error: expect file.go:234")
+		}
+		v, err := strconv.Atoi(fields[1])
+		if err != nil {
+			return errors.New("syntax error: expect file.go:234")
+		}
+		if v <= 0 {
+			return errors.New("negative or zero value for level")
+		}
+	}
+	*t = klogTrace(value)
 	return nil
 }

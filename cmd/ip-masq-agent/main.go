@@ -31,7 +31,7 @@ import (
 var version = "dev"
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // options are the parsed command line.
@@ -44,18 +44,22 @@ type options struct {
 	httpAddr     string
 }
 
-func run(args []string, stderr io.Writer) int {
-	// ip-masq-agent COMMAND ...: the tools (commands.go); without a
-	// command, the daemon.
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		return runCommand(args[0], args[1:], os.Stdout, stderr)
-	}
+// daemonFlags are the daemon's parsed command line.
+type daemonFlags struct {
+	options
+	logFormat, logLevel string
+	logFlags            logFlags               // the original agent's klog flags (flags.go)
+	logIgnored          string                 // the warning about those that have no effect, if any
+	visit               func(func(*flag.Flag)) // every flag, for the start line
+}
+
+// parseDaemonFlags parses the daemon's flags. --help and --version write
+// to stdout; done is true when the agent is to exit with code.
+func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, code int, done bool) {
 	fs := flag.NewFlagSet("ip-masq-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { daemonUsage(fs) }
-	var o options
-	var logFormat, logLevel string
-	var verbosity int
+	o := &d.options
 	var showVersion bool
 	// The original agent's flags, with its defaults.
 	o.register(fs)
@@ -66,43 +70,78 @@ func run(args []string, stderr io.Writer) int {
 	fs.Var(&o.conntrack, "conntrack-cleanup", "after a change of decisions, delete the conntrack entries that keep the old one: udp (default), all (also breaks established TCP to the changed ranges) or none")
 	fs.BoolVar(&o.ownTable, "own-table", true, "own the table (Linux 6.9+): while the agent runs no other process can change it; false: verify and repair only")
 	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz; empty disables")
-	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
-	fs.StringVar(&logLevel, "log-level", "", "log level: debug, info, warn or error (overrides --v)")
-	fs.IntVar(&verbosity, "v", 0, "klog-style verbosity: 2 or more logs at debug level")
+	fs.StringVar(&d.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&d.logLevel, "log-level", "", "log level: debug, info, warn or error (overrides --v)")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
-	// Accepted for compatibility with the original agent's glog flags.
-	fs.Bool("logtostderr", true, "ignored (logs always go to stderr)")
-	fs.Bool("alsologtostderr", false, "ignored (logs always go to stderr)")
+	// The original agent's logging flags (klog's), -v among them.
+	d.logFlags.register(fs)
+	// A parse error goes to stderr with the usage; --help to stdout alone.
+	help := false
+	fs.Usage = func() {
+		if !help {
+			daemonUsage(fs)
+		}
+	}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "-h" || a == "--h" || a == "-help" || a == "--help" {
+			help = true
+		}
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			fs.SetOutput(stdout)
+			daemonUsage(fs)
+			return d, 0, true
 		}
-		return 2
+		return d, 2, true
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "ip-masq-agent: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
-		return 2
+		return d, 2, true
 	}
 	if showVersion {
-		fmt.Fprintln(stderr, "ip-masq-agent", version)
-		return 0
+		fmt.Fprintln(stdout, "ip-masq-agent", version)
+		return d, 0, true
 	}
-	log, err := newLogger(stderr, logFormat, logLevel, verbosity)
-	if err == nil {
-		err = o.finish()
+	d.logIgnored = d.logFlags.ignored(fs)
+	if err := o.finish(); err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
+		return d, 2, true
 	}
+	d.visit = fs.VisitAll
+	return d, 0, false
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	// ip-masq-agent COMMAND ...: the tools (commands.go); without a
+	// command, the daemon.
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return runCommand(args[0], args[1:], stdout, stderr)
+	}
+	d, code, done := parseDaemonFlags(args, stdout, stderr)
+	if done {
+		return code
+	}
+	o := d.options
+	log, err := newLogger(stderr, d.logFormat, d.logLevel, int(d.logFlags.v))
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
 		return 2
 	}
 
 	attrs := []any{"version", version}
-	fs.VisitAll(func(f *flag.Flag) {
+	d.visit(func(f *flag.Flag) {
 		if f.Name != "version" {
 			attrs = append(attrs, f.Name, f.Value.String())
 		}
 	})
 	log.Info("starting ip-masq-agent", attrs...)
+	if d.logIgnored != "" {
+		log.Warn(d.logIgnored)
+	}
 
 	slog.SetDefault(log)
 	k := &nft.Netlink{NoOwner: !o.ownTable}

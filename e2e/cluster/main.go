@@ -485,7 +485,7 @@ func (s *suite) dryRun() error {
 	// Server-side dry-run rejects what client-side validation lets through
 	// (e.g. maxUnavailable: 0 with maxSurge: 0).
 	for _, target := range [][]string{
-		{"-f", filepath.Join(s.repo, "deploy", "configmap.yaml")},
+		{"-f", filepath.Join(s.repo, "deploy", "examples", "configmap.yaml")},
 		{"-f", filepath.Join(s.repo, "deploy", "daemonset.yaml")},
 		{"-k", filepath.Join(s.repo, "deploy")},
 		{"-k", filepath.Join(s.e2eDir, "overlay")},
@@ -548,12 +548,7 @@ func (s *suite) agentPods() ([]string, error) {
 }
 
 func (s *suite) install() error {
-	s.logf("install: as the README says (label the node, kubectl apply -k, rollout status), with e2e/overlay for the local image")
-	if out, err := s.kubectlAll(time.Minute, "label", "nodes", nodeName, "node.kubernetes.io/masq-agent-ds-ready=true"); err != nil {
-		return err
-	} else {
-		s.logf("  %s", out)
-	}
+	s.logf("install: as the README says (kubectl apply -k, rollout status; no node label), with e2e/overlay for the local image and the example ConfigMap")
 	t := time.Now()
 	out, err := s.kubectlAll(time.Minute, "apply", "-k", filepath.Join(s.e2eDir, "overlay"))
 	if err != nil {
@@ -747,7 +742,7 @@ func (s *suite) expect(phase string, masq map[string]bool) {
 }
 
 func (s *suite) defaultConfig() error {
-	s.logf("deploy/configmap.yaml (nonMasqueradeCIDRs: [10.0.0.0/8]): real packets from the client pod")
+	s.logf("deploy/examples/configmap.yaml (nonMasqueradeCIDRs: [10.0.0.0/8]): real packets from the client pod")
 	s.expect("installed config", map[string]bool{internetDst: true, partnerDst: true, privateDst: false})
 	return nil
 }
@@ -997,8 +992,6 @@ func (s *suite) uninstall() error {
 	s.expect("uninstalled", map[string]bool{internetDst: false, privateDst: false})
 	out, err = s.kubectlAll(time.Minute, "-n", "default", "delete", "pod", pod)
 	s.assert(err == nil, "kubectl delete pod %s: %s", pod, oneLine(out, err))
-	out, err = s.kubectlAll(time.Minute, "label", "nodes", "--all", "node.kubernetes.io/masq-agent-ds-ready-")
-	s.assert(err == nil, "kubectl label nodes --all node.kubernetes.io/masq-agent-ds-ready-: %s", oneLine(out, err))
 	return nil
 }
 

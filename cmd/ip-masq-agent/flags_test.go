@@ -1,0 +1,147 @@
+package main
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// parseArgs parses the daemon's flags without starting it.
+func parseArgs(t *testing.T, args ...string) (d daemonFlags, code int, done bool, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	d, code, done = parseDaemonFlags(args, &out, &errOut)
+	return d, code, done, out.String(), errOut.String()
+}
+
+// Every flag that the original agent's binary accepts (its own and those
+// that klog.InitFlags registers, klog v2.140.0) is accepted, with the
+// values klog accepts.
+func TestOriginalFlagsAccepted(t *testing.T) {
+	args := []string{
+		// The original agent's own flags.
+		"--masq-chain=IP-MASQ", "--to-ports=1024-29999,32768-65535", "--nomasq-all-reserved-ranges",
+		"--enable-ipv6=true", "--random-fully=false",
+		// klog's.
+		"--log_dir=/var/log", "--log_file=/var/log/ip-masq-agent.log", "--log_file_max_size=100",
+		"--logtostderr=false", "--alsologtostderr", "--legacy_stderr_threshold_behavior=false", "--v=4",
+		"--add_dir_header", "--skip_headers", "--one_output", "--skip_log_headers",
+		"--stderrthreshold=WARNING", "--alsologtostderrthreshold=1", "--vmodule=agent=2,nft*=3,",
+		"--log_backtrace_at=agent.go:10",
+	}
+	var given []string
+	for _, a := range args {
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		given = append(given, name)
+	}
+	for _, name := range klogFlagNames {
+		if !slices.Contains(given, name) {
+			t.Errorf("the test does not give klog's flag --%s", name)
+		}
+	}
+	d, code, done, out, errOut := parseArgs(t, args...)
+	if done || code != 0 || out != "" || errOut != "" {
+		t.Fatalf("parse: done=%v code=%d stdout %q stderr %q", done, code, out, errOut)
+	}
+	if d.logFlags.v != 4 || d.nft.Chain != "IP-MASQ" || !d.flags.EnableIPv6 || d.nft.RandomFully || !d.flags.NoMasqAllReservedRanges {
+		t.Errorf("parsed %+v", d)
+	}
+	// One warning names every logging flag without effect here.
+	w := d.logIgnored
+	for _, name := range []string{"log_dir", "log_file", "log_file_max_size", "logtostderr", "legacy_stderr_threshold_behavior",
+		"add_dir_header", "skip_headers", "one_output", "skip_log_headers", "stderrthreshold", "alsologtostderrthreshold",
+		"vmodule", "log_backtrace_at"} {
+		if !strings.Contains(w, "--"+name+"=") {
+			t.Errorf("the warning does not name --%s: %q", name, w)
+		}
+	}
+	if strings.Contains(w, "--v=") || strings.Contains(w, "--alsologtostderr=") {
+		t.Errorf("the warning names a flag that has its meaning here: %q", w)
+	}
+	// The original DaemonSet's usual arguments need no warning.
+	if d, code, done, _, _ := parseArgs(t, "--logtostderr", "--alsologtostderr", "--v=2"); done || code != 0 || d.logIgnored != "" {
+		t.Errorf("--logtostderr --alsologtostderr --v=2: done=%v code=%d warning %q", done, code, d.logIgnored)
+	}
+	// Go's flag syntax, as the original's: one dash, separate value.
+	if d, code, done, _, errOut := parseArgs(t, "-v", "3", "-stderrthreshold", "error", "-masq-chain", "X"); done || code != 0 || d.logFlags.v != 3 {
+		t.Errorf("single-dash flags: done=%v code=%d %q", done, code, errOut)
+	}
+}
+
+// Values that klog refuses are refused (exit 2), as the original refused them.
+func TestOriginalFlagsBadValues(t *testing.T) {
+	for _, arg := range []string{"--v=x", "--v=99999999999", "--stderrthreshold=LOUD", "--alsologtostderrthreshold=",
+		"--vmodule=agent", "--vmodule=agent=-1", "--vmodule==2", "--log_backtrace_at=agent:10", "--log_backtrace_at=agent.go:0",
+		"--log_file_max_size=-1", "--logtostderr=maybe", "--to-ports=x"} {
+		if _, code, done, _, errOut := parseArgs(t, arg); !done || code != 2 || errOut == "" {
+			t.Errorf("%s: done=%v code=%d stderr %q", arg, done, code, errOut)
+		}
+	}
+}
+
+func TestVersionAndHelpToStdout(t *testing.T) {
+	_, code, done, out, errOut := parseArgs(t, "--version")
+	if !done || code != 0 || out != "ip-masq-agent "+version+"\n" || errOut != "" {
+		t.Errorf("--version: %d %q %q", code, out, errOut)
+	}
+	for _, arg := range []string{"--help", "-h", "-help"} {
+		_, code, done, out, errOut = parseArgs(t, arg)
+		if !done || code != 0 || !strings.HasPrefix(out, "Usage: ip-masq-agent") || !strings.Contains(out, "-stderrthreshold") || errOut != "" {
+			t.Errorf("%s: %d %q %q", arg, code, out, errOut)
+		}
+	}
+	// A bad flag: the error and the usage on stderr, nothing on stdout.
+	_, code, done, out, errOut = parseArgs(t, "--no-such-flag")
+	if !done || code != 2 || out != "" || !strings.Contains(errOut, "flag provided but not defined: -no-such-flag") ||
+		!strings.Contains(errOut, "Usage: ip-masq-agent") {
+		t.Errorf("bad flag: %d %q %q", code, out, errOut)
+	}
+}
+
+// --to-ports accepts what the original's parser (pkg/interval) accepts,
+// with the same ranges.
+func TestToPorts(t *testing.T) {
+	r := func(a, b uint16) nft.PortRange { return nft.PortRange{First: a, Last: b} }
+	tests := []struct {
+		in      string
+		want    []nft.PortRange
+		wantErr string
+	}{
+		{in: "", want: nil},
+		{in: "1024-29999,32768-65535", want: []nft.PortRange{r(1024, 29999), r(32768, 65535)}},
+		{in: "8080", want: []nft.PortRange{r(8080, 8080)}},
+		{in: "1-1", want: []nft.PortRange{r(1, 1)}},
+		{in: "+1024-01999", want: []nft.PortRange{r(1024, 1999)}}, // strconv.Atoi
+		{in: "2000-3000,1000-1500", want: []nft.PortRange{r(2000, 3000), r(1000, 1500)}},
+		{in: "1024-2000,1500-3000", want: []nft.PortRange{r(1024, 2000), r(1500, 3000)}}, // overlap: kept, as the original
+		{in: "5,5", want: []nft.PortRange{r(5, 5), r(5, 5)}},
+		{in: "65535", want: []nft.PortRange{r(65535, 65535)}},
+		{in: "2000-1000", wantErr: `first is greater than last in "2000-1000"`},
+		{in: "1-2-3", wantErr: `"1-2-3" is not a port or a range FIRST-LAST`},
+		{in: "1024,", wantErr: `"" is not a port or a range FIRST-LAST`},
+		{in: " 1024", wantErr: `" 1024" is not a port or a range FIRST-LAST`},
+		{in: "1024 - 2048", wantErr: `"1024 - 2048" is not a port or a range FIRST-LAST`},
+		{in: "-1024", wantErr: `"-1024" is not a port or a range FIRST-LAST`},
+		{in: "http", wantErr: `"http" is not a port or a range FIRST-LAST`},
+		// The original's parser took these, and iptables then refused the
+		// rule at every sync; refused at start here.
+		{in: "0", wantErr: "0 is not a port (1-65535)"},
+		{in: "0-1024", wantErr: "0 is not a port (1-65535)"},
+		{in: "65536", wantErr: "65536 is not a port (1-65535)"},
+	}
+	for _, tt := range tests {
+		got, err := parseToPorts(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("parseToPorts(%q) = %v, %v; want an error with %q", tt.in, got, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tt.want) {
+			t.Errorf("parseToPorts(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+}
