@@ -900,7 +900,7 @@ func TestParse100k(t *testing.T) {
 	}
 }
 
-func BenchmarkParse100k(b *testing.B) {
+func BenchmarkParse100kOld(b *testing.B) {
 	data := config100k()
 	b.SetBytes(int64(len(data)))
 	for b.Loop() {

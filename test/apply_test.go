@@ -169,8 +169,8 @@ func TestBadConfigKeepsRules(t *testing.T) {
 		{"misaligned CIDR", "nonMasqueradeCIDRs: [10.0.0.1/8]\n", nil, []string{"nonMasqueradeCIDRs[0]", "10.0.0.1/8"}},
 		{"bad masqueradeCIDR", "masqueradeCIDRs: [not-a-cidr]\n", nil, []string{"masqueradeCIDRs[0]", "not-a-cidr"}},
 		{"bad duration", "resyncInterval: soon\n", nil, []string{"resyncInterval", "soon"}},
-		{"zero duration", "resyncInterval: 0s\n", nil, []string{"resyncInterval", "0s"}},
-		{"negative duration", "resyncInterval: -5s\n", nil, []string{"resyncInterval", "-5s"}},
+		// A zero or negative resyncInterval is accepted, as by the
+		// original, and raised to 1s with a warning (config's tests).
 		{"too many CIDRs", "cidrLimit: 2\nnonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16]\n", nil, []string{"nonMasqueradeCIDRs", "cidrLimit"}},
 		{"IPv6 without --enable-ipv6", "nonMasqueradeCIDRs: [\"fd00::/8\"]\n", nil, []string{"nonMasqueradeCIDRs[0]", "fd00::/8", "--enable-ipv6"}},
 		{"wrong type", "masqLinkLocal: \"yes\"\n", nil, []string{"masqLinkLocal"}},

@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
@@ -217,4 +221,92 @@ func TestStalePlanRefused(t *testing.T) {
 	if listed := listTable(t, topo); strings.Contains(listed, "foreign") || res.Found == nil {
 		t.Errorf("after Ensure (%+v):\n%s", res, listed)
 	}
+}
+
+// TestRandomPlansKernel: a seeded walk through random configs, with random
+// foreign changes made with nft in between (the table not owned): every
+// Ensure's plan, applied by the kernel, yields exactly the wanted table, as
+// the agent reads it back and as nft lists it.
+func TestRandomPlansKernel(t *testing.T) {
+	topo := newTopology(t)
+	k := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+	defer k.Close()
+	rng := rand.New(rand.NewPCG(7, 11))
+	prefix := func() string {
+		bits := 8 + rng.IntN(25)
+		a := netip.AddrFrom4([4]byte{byte(1 + rng.IntN(223)), byte(rng.IntN(256)), byte(rng.IntN(256)), byte(rng.IntN(256))})
+		p, _ := a.Prefix(bits)
+		return p.String()
+	}
+	prefix6 := func() string {
+		var b [16]byte
+		b[0], b[1], b[2], b[3] = 0x20, 0x01, 0x0d, 0xb8
+		b[4], b[5] = byte(rng.IntN(256)), byte(rng.IntN(256))
+		p, _ := netip.AddrFrom16(b).Prefix(32 + rng.IntN(33))
+		return p.String()
+	}
+	list := func(n int, gen func() string) string {
+		var l []string
+		for range n {
+			l = append(l, `"`+gen()+`"`)
+		}
+		return "[" + strings.Join(l, ", ") + "]"
+	}
+	tampers := []string{
+		"add element inet ip-masq-agent nonmasq-v4 { 198.51.100.0/24 }",
+		"flush set inet ip-masq-agent nonmasq-v4",
+		"flush chain inet ip-masq-agent IP-MASQ-AGENT",
+		"add element inet ip-masq-agent masq-v4 { 192.0.2.10-192.0.2.13 }",
+		"insert rule inet ip-masq-agent IP-MASQ-AGENT ip daddr 192.0.2.99 return",
+		"add chain inet ip-masq-agent stray",
+		"add counter inet ip-masq-agent stray",
+		"delete table inet ip-masq-agent",
+	}
+	steps := pick(60, 400)
+	for i := range steps {
+		cfg := fmt.Sprintf("nonMasqueradeCIDRs: %s\nmasqueradeCIDRs: %s\nmasqLinkLocal: %v\nmasqOutBound: %v\n",
+			list(rng.IntN(40), prefix), list(rng.IntN(5), prefix), rng.IntN(2) == 0, rng.IntN(2) == 0)
+		ipv6 := rng.IntN(2) == 0
+		if ipv6 {
+			cfg = strings.Replace(cfg, "nonMasqueradeCIDRs: [", "nonMasqueradeCIDRs: ["+strings.Trim(list(1+rng.IntN(5), prefix6), "[]")+", ", 1)
+		}
+		c, _, err := config.Parse([]byte(cfg), config.Flags{EnableIPv6: ipv6})
+		if err != nil {
+			t.Fatalf("step %d: config %q: %v", i, cfg, err)
+		}
+		want := nft.Build(c, nft.Options{Chain: nft.DefaultChain, EnableIPv6: ipv6, RandomFully: rng.IntN(2) == 0})
+		if i > 0 && rng.IntN(3) == 0 {
+			tamper := tampers[rng.IntN(len(tampers))]
+			if out, err := topo.NFT("-f", writeConfig(t, tamper+"\n")); err != nil {
+				t.Logf("step %d: tamper %q refused: %v %s", i, tamper, err, out)
+			}
+		}
+		res, err := k.Apply(want)
+		if err != nil {
+			t.Fatalf("step %d: apply: %v\nconfig:\n%s", i, err, cfg)
+		}
+		if res.Recreated {
+			t.Errorf("step %d: re-created the table (%s); in place was expected", i, res.Plan.Why)
+		}
+		got, _, err := k.Read()
+		if err != nil || got == nil || !want.Equal(*got) {
+			t.Fatalf("step %d: read back differs (%v):\n%s", i, err, nft.DiffPlan(got, want))
+		}
+		if i%10 == 0 {
+			// nft as the independent reader: the wanted table, loaded by
+			// nft -f elsewhere, lists the same.
+			file := writeConfig(t, "table inet ip-masq-agent\ndelete table inet ip-masq-agent\n"+nft.Render(want))
+			if out, err := testnet.Exec(topo.ExtNS, "nft", "-f", file); err != nil {
+				t.Fatalf("nft -f: %v\n%s", err, out)
+			}
+			loaded, err := testnet.Exec(topo.ExtNS, "nft", "list", "table", "inet", nft.TableName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if listed, want := withoutCounters(listTable(t, topo)), withoutCounters(string(loaded)); listed != want {
+				t.Fatalf("step %d: nft lists:\n%s\nwant:\n%s", i, listed, want)
+			}
+		}
+	}
+	t.Logf("%d random plans applied and verified", steps)
 }
