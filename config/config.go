@@ -216,7 +216,13 @@ func Parse(data []byte, f Flags) (Config, []string, error) {
 // parseKeys is Parse that also returns the known keys set by the file,
 // for merging (see Loader).
 func parseKeys(data []byte, f Flags) (Config, map[string]bool, []string, error) {
-	c, d, err := parse(data, f)
+	return parseKeysWith(data, f, true)
+}
+
+// parseKeysWith is parseKeys; fast false turns the fast path off (for the
+// tests that compare the two paths).
+func parseKeysWith(data []byte, f Flags, fast bool) (Config, map[string]bool, []string, error) {
+	c, d, err := parseWith(data, f, fast)
 	if err != nil {
 		return Config{}, nil, nil, err
 	}
@@ -238,6 +244,12 @@ func isJSON(data []byte) bool {
 // error is about the document as a whole (syntax, not a mapping); problems
 // with keys are in the decoder, and c is returned even with them.
 func parse(data []byte, f Flags) (Config, *decoder, error) {
+	return parseWith(data, f, true)
+}
+
+// parseWith is parse; with fast, the common shapes of a file are read by
+// fastYAML (see fast.go) instead of the YAML library, with the same result.
+func parseWith(data []byte, f Flags, fast bool) (Config, *decoder, error) {
 	if len(data) == 0 {
 		return Default(f), &decoder{f: f, present: map[string]bool{}}, nil
 	}
@@ -246,9 +258,15 @@ func parse(data []byte, f Flags) (Config, *decoder, error) {
 	var order map[string]int // the position of each key in the file
 	var repeated []string    // YAML: keys written more than once, exactly
 	asJSON := isJSON(data)
-	if asJSON {
+	simple := false // a document fastYAML read: one document, no repeated keys
+	if fast && !asJSON {
+		entries, order, simple = fastYAML(data)
+	}
+	switch {
+	case simple:
+	case asJSON:
 		entries, err = jsonEntries(data)
-	} else {
+	default:
 		entries, err = yamlEntries(data)
 		order, repeated = yamlKeyOrder(data)
 	}
@@ -276,7 +294,7 @@ func parse(data []byte, f Flags) (Config, *decoder, error) {
 		}
 		return a.index < b.index
 	})
-	if !asJSON && moreDocuments(data) {
+	if !asJSON && !simple && moreDocuments(data) {
 		d.add(finding{warning: true, index: -1, msg: msgMoreDocuments, text: msgMoreDocuments})
 	}
 	return c, d, nil
@@ -665,6 +683,10 @@ func (d *decoder) field(c *Config, name, key string, v any) {
 // decodeList decodes a list into the list of name as encoding/json decodes
 // a JSON array into a non-empty []string (see list).
 func (d *decoder) decodeList(name, key string, v any) {
+	if ss, ok := v.(stringList); ok {
+		d.decodeStrings(name, key, ss)
+		return
+	}
 	vals, ok := v.([]any)
 	if !ok {
 		d.errorAt(key, -1, "expected a list of CIDRs, got %s", describe(v))
@@ -675,10 +697,8 @@ func (d *decoder) decodeList(name, key string, v any) {
 		d.lists[name] = &list{}
 		return
 	}
+	l.grow(len(vals))
 	for i, val := range vals {
-		if i >= len(l.items) {
-			l.items = append(l.items, item{})
-		}
 		switch val := val.(type) {
 		case nil:
 			if old := l.items[i]; old.set {
@@ -692,6 +712,29 @@ func (d *decoder) decodeList(name, key string, v any) {
 		}
 	}
 	l.n = len(vals)
+}
+
+// decodeStrings is decodeList for a list of strings only (from fastYAML),
+// without an interface value per item.
+func (d *decoder) decodeStrings(name, key string, ss stringList) {
+	l := d.lists[name]
+	if len(ss) == 0 {
+		d.lists[name] = &list{}
+		return
+	}
+	l.grow(len(ss))
+	for i, s := range ss {
+		l.items[i] = item{s: s, set: true, key: key, index: i}
+	}
+	l.n = len(ss)
+}
+
+// grow makes room for n items, as encoding/json grows the array: the
+// items past the old ones are unset.
+func (l *list) grow(n int) {
+	if n > len(l.items) {
+		l.items = append(l.items, make([]item, n-len(l.items))...)
+	}
 }
 
 func from(it item) string {

@@ -354,3 +354,36 @@ func TestToolsValidateManifests(t *testing.T) {
 		}
 	}
 }
+
+// TestToolsListMatchesNFT: `ip-masq-agent list` (the agent's own reader)
+// and `nft list table` describe the same table, counters included: list's
+// output, loaded with nft -f elsewhere, lists exactly as the original.
+func TestToolsListMatchesNFT(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	mustApply(t, topo, "nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16, \"fd00::/8\"]\nmasqueradeCIDRs: [10.250.0.10/32]\n",
+		"--enable-ipv6", "--to-ports", "1024-29999,32768-65535")
+	expectSources(t, topo, map[string]bool{internet1: true, private1: true})
+	code, out, stderr := runTool(t, topo, "list")
+	if code != 0 {
+		t.Fatalf("list: exit %d: %s", code, stderr)
+	}
+	file := writeConfig(t, out)
+	if out, err := testnet.Exec(topo.ExtNS, "nft", "-f", file); err != nil {
+		t.Fatalf("nft -f rejects list's output: %v\n%s", err, out)
+	}
+	loaded, err := testnet.Exec(topo.ExtNS, "nft", "list", "table", "inet", "ip-masq-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	strip := func(s string) string { return tableFlagsRE.ReplaceAllString(s, "") }
+	if got, want := strip(string(loaded)), strip(listTable(t, topo)); got != want {
+		t.Errorf("list's table, loaded with nft -f:\n%s\nnft list of the node:\n%s", got, want)
+	}
+	if !strings.Contains(out, "counter packets 1 ") {
+		t.Errorf("list shows no counted packet:\n%s", out)
+	}
+	if code, _, _ := runTool(t, newTopology(t), "list"); code != 1 {
+		t.Errorf("list without a table: exit %d, want 1", code)
+	}
+}

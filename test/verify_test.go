@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -309,4 +310,56 @@ func TestRandomPlansKernel(t *testing.T) {
 		}
 	}
 	t.Logf("%d random plans applied and verified", steps)
+}
+
+// TestResyncNotStarvedByRepairs: another process touches the table more
+// often than the resync interval, and the config file changes without a
+// file event (written through a hard link in another directory, which
+// inotify on the config's directory does not see). Repairs do not postpone
+// the resync: the change is applied at the resync deadline.
+func TestResyncNotStarvedByRepairs(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	dir, other := t.TempDir(), t.TempDir()
+	path := dir + "/ip-masq-agent"
+	if err := os.WriteFile(path, []byte("resyncInterval: 3s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := other + "/same-file"
+	if err := os.Link(path, link); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, topo, "--config", path, "--http-address=", "--own-table=false")
+	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // a foreign touch every second, for at most 30 s
+		defer close(done)
+		for i := 0; i < 30; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Second):
+			}
+			topo.NFT("add", "element", "inet", nft.TableName, "nonmasq-v4", "{ 198.51.100.0/24 }")
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	time.Sleep(1500 * time.Millisecond)
+	f, err := os.OpenFile(link, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("resyncInterval: 3s\nnonMasqueradeCIDRs: [203.0.113.0/24]\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	eventually(t, "the change, at a resync", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
+	if strings.Contains(d.output(), "config file changed") {
+		t.Fatalf("the change was seen as a file event; the test needs it unseen:\n%s", d.output())
+	}
+	if n := strings.Count(d.output(), "put it back"); n < 2 {
+		t.Errorf("%d repairs, want the foreign touches repaired meanwhile", n)
+	}
 }

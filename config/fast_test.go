@@ -1,0 +1,272 @@
+package config
+
+// The fast path (fast.go) against the library path: for every input, Parse
+// through each must give the same Config, warnings and errors, and the same
+// decoder state (the findings with their keys and indexes, from which Check
+// places its lines; the keys present and as written).
+
+import (
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+var allFlags = []Flags{{}, {EnableIPv6: true}, {NoMasqAllReservedRanges: true}, {EnableIPv6: true, NoMasqAllReservedRanges: true}}
+
+// samePaths parses data through both paths and fails t where they differ.
+// It reports whether the fast path read data.
+func samePaths(t testing.TB, data []byte, f Flags) bool {
+	t.Helper()
+	show := func() string {
+		if len(data) > 300 {
+			return fmt.Sprintf("%q... (%d bytes)", data[:300], len(data))
+		}
+		return strconv.Quote(string(data))
+	}
+	fc, fd, ferr := parseWith(data, f, true)
+	sc, sd, serr := parseWith(data, f, false)
+	if errString(ferr) != errString(serr) {
+		t.Fatalf("%s %+v: error\nfast: %v\nfull: %v", show(), f, ferr, serr)
+	}
+	if !reflect.DeepEqual(fc, sc) {
+		t.Fatalf("%s %+v: config\nfast: %#v\nfull: %#v", show(), f, fc, sc)
+	}
+	if !reflect.DeepEqual(fd, sd) {
+		t.Fatalf("%s %+v: decoder\nfast: %+v\nfull: %+v", show(), f, fd, sd)
+	}
+	// What Parse and Loader see.
+	fc, fp, fw, ferr := parseKeysWith(data, f, true)
+	sc, sp, sw, serr := parseKeysWith(data, f, false)
+	if errString(ferr) != errString(serr) || !reflect.DeepEqual(fc, sc) || !reflect.DeepEqual(fp, sp) || !reflect.DeepEqual(fw, sw) {
+		t.Fatalf("%s %+v: Parse\nfast: %v %v %q %v\nfull: %v %v %q %v", show(), f, fc, fp, fw, ferr, sc, sp, sw, serr)
+	}
+	if isJSON(data) {
+		return false
+	}
+	_, _, ok := fastYAML(data)
+	return ok
+}
+
+// testStrings returns every string literal in the package's test files:
+// the inputs of the hand-written tests (edge cases, hostile inputs) among
+// them.
+func testStrings(t *testing.T) []string {
+	files, err := filepath.Glob("*_test.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("test files: %v", err)
+	}
+	var out []string
+	fset := token.NewFileSet()
+	for _, name := range files {
+		file, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(file, func(n ast.Node) bool {
+			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+				if s, err := strconv.Unquote(lit.Value); err == nil {
+					out = append(out, s)
+				}
+			}
+			return true
+		})
+	}
+	return out
+}
+
+// fuzzSeeds returns the inputs of the fuzz seed corpus (testdata/fuzz).
+func fuzzSeeds(t *testing.T) []string {
+	var out []string
+	err := filepath.WalkDir("testdata/fuzz", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "[]byte("); ok {
+				s, err := strconv.Unquote(strings.TrimSuffix(v, ")"))
+				if err != nil {
+					return fmt.Errorf("%s: %w", path, err)
+				}
+				out = append(out, s)
+			}
+		}
+		return nil
+	})
+	if err != nil || len(out) == 0 {
+		t.Fatalf("fuzz seeds: %d, %v", len(out), err)
+	}
+	return out
+}
+
+// fastShaped returns configs of the shape the fast path reads, large and
+// small, valid and not, and near misses of it.
+func fastShaped() []string {
+	out := []string{
+		string(configBlocks(10000)), string(configBlocks(100000)), string(config100k()),
+		"cidrLimit: 100000\nnonMasqueradeCIDRs:\n" + strings.Repeat("- 10.0.0.0/24\n", 100000),
+		"nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n  - 172.16.0.0/12\n  - 192.168.0.0/16\ncidrLimit: 64\nmasqLinkLocal: false\nmasqLinkLocalIPv6: false\nresyncInterval: 60s\n",
+		"# comment\n\nnonMasqueradeCIDRs: # the list\n  # first\n  - 10.0.0.0/8 # a comment\n\n  - \"10.1.0.0/16\"\n  - '10.2.0.0/16'   \n   # odd comment\nmasqueradeCIDRs:\n- 10.3.0.0/16\nmasqOutBound: false\n",
+		"nonMasqueradeCIDRs:\n  - fd00::/8\n  - 2001:db8::/32\n  - ::ffff:10.0.0.0/104\n  - \"::/0\"\n  - \"::ffff:0:0/96\"\n",
+		"nonMasqueradeCIDRs:\n  - 10.0.0.1/8\n  - 10.0.0.0/08\n  - 10.0.0.0/33\n  - 1/2\n  - a/b\n  - \" 10.0.0.0/8\"\n  - \"\"\n  - ''\n  - 'fe80::1%eth0/64'\n  - \"x\"\n",
+		"nonMasqueradeCIDRs:\n" + cidrListItems(65, "  "),
+		"nonMasqueradeCIDRs:\n" + cidrListItems(65, "  ") + "cidrLimit: 65\n",
+		"cidrLimit: 1\nnonMasqueradeCIDRs:\n" + cidrListItems(3000, "") + "masqueradeCIDRs:\n" + cidrListItems(2, "    "),
+		"nonMasqueradeCIDRs:\n", "nonMasqueradeCIDRs: []\n", "nonMasqueradeCIDRs: []\ncidrLimit: 0\n", "masqueradeCIDRs:\ncidrLimit:\n",
+		"resyncInterval:\n", "resyncInterval: null\n", "resyncInterval: ~\n", "resyncInterval: \"1m\"\n", "resyncInterval: '5s' # c\n",
+		"resyncInterval: 0s\n", "resyncInterval: 500ms\n", "resyncInterval: 1h2m3s\n", "resyncInterval: 60\n", "resyncInterval: bogus\n",
+		"cidrLimit: 64.0\n", "cidrLimit: 0x40\n", "cidrLimit: 1e2\n", "cidrLimit: 0100\n", "cidrLimit: 1_000\n", "cidrLimit: -1\n",
+		"cidrLimit: 99999999999999999999\n", "cidrLimit: .inf\n", "cidrLimit: \"5\"\n", "cidrLimit: yes\n", "cidrLimit: []\n",
+		"masqLinkLocal: yes\n", "masqLinkLocal: Off\n", "masqLinkLocal: y\n", "masqLinkLocal: 1\n", "masqLinkLocal: 'true'\n", "masqLinkLocal: 2001-01-01\n",
+		"masqLinkLocalIPv6: true\nmasqOutBoundIPv6: false\nmasqOutBound: true\n", "masqLinkLocal: -\n", "masqLinkLocal: --\n",
+		"nonMasqueradeCIDRs: [10.0.0.0/8]\n", "nonMasqueradeCIDRs: 10.0.0.0/8\n", "nonMasqueradeCIDRs: \"\"\n",
+		"masqueradeCIDRs: []\nnonMasqueradeCIDRs:\n- 10.0.0.0/8\n", "cidrLimit:\n  - 10.0.0.0/8\n", "masqLinkLocal:\n- 10.0.0.0/8\n",
+	}
+	return out
+}
+
+func cidrListItems(n int, indent string) string {
+	var b strings.Builder
+	for _, h := range hosts(n) {
+		b.WriteString(indent + "- " + h + "\n")
+	}
+	return b.String()
+}
+
+// mutate changes a fast-shaped config in one of the ways that the fast
+// path must notice (or that it must read as the library does).
+func mutate(r *rand.Rand, s string) string {
+	lines := strings.Split(s, "\n")
+	i := r.IntN(len(lines))
+	ins := []string{"\t", "\r", " ", "  ", "#", " #", ":", ": ", "-", "- ", "---", "...", "\"", "'", "\\", "[", "]", "{", "}",
+		"&a ", "*a", "!!str ", "|", ">", "?", "%", "@", "`", ",", "/", "::", "\xef\xbb\xbf", "\u00e9", "null", "~", "yes", "0x"}
+	switch r.IntN(9) {
+	case 0: // insert a character or an indicator
+		l := lines[i]
+		at := r.IntN(len(l) + 1)
+		lines[i] = l[:at] + ins[r.IntN(len(ins))] + l[at:]
+	case 1: // indent a line more or less
+		if r.IntN(2) == 0 {
+			lines[i] = strings.Repeat(" ", 1+r.IntN(4)) + lines[i]
+		} else {
+			lines[i] = strings.TrimPrefix(lines[i], " ")
+		}
+	case 2: // duplicate a line elsewhere
+		lines = append(lines[:i], append([]string{lines[r.IntN(len(lines))]}, lines[i:]...)...)
+	case 3: // delete a line
+		lines = append(lines[:i], lines[i+1:]...)
+	case 4: // change a key's case or spelling
+		keys := append(knownKeys[:], "NonMasqueradeCIDRs", "cidrlimit", "foo", "1", "<<", "? cidrLimit")
+		if k, v, ok := strings.Cut(lines[i], ":"); ok && !strings.HasPrefix(k, " ") && !strings.HasPrefix(k, "-") {
+			lines[i] = keys[r.IntN(len(keys))] + ":" + v
+		}
+	case 5: // add a key line
+		vals := []string{"", " 5", " true", " 1m", " []", " null", " \"x\"", " [10.0.0.0/8]", " 10.0.0.0/8"}
+		lines = append(lines[:i], append([]string{knownKeys[r.IntN(len(knownKeys))] + ":" + vals[r.IntN(len(vals))]}, lines[i:]...)...)
+	case 6: // add an item
+		items := []string{"- 10.9.0.0/16", "  - 10.9.0.0/16", "-", "- ", "- null", "- ~", "- \"\"", "- - x", "- a: b", "- fd00::/8", "- 10.0.0.0/8:"}
+		lines = append(lines[:i], append([]string{items[r.IntN(len(items))]}, lines[i:]...)...)
+	case 7: // add a document marker or a directive
+		marks := []string{"---", "...", "--- ", "%YAML 1.1", "---\ncidrLimit: 1"}
+		lines = append(lines[:i], append([]string{marks[r.IntN(len(marks))]}, lines[i:]...)...)
+	default: // cut the file short
+		j := strings.Join(lines, "\n")
+		return j[:r.IntN(len(j)+1)]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func TestFastPathSameAsFull(t *testing.T) {
+	type input struct{ from, data string }
+	var inputs []input
+	for _, tc := range append(handWrittenCases(), generatedCases(400)...) {
+		inputs = append(inputs, input{"parity " + tc.name, tc.data})
+	}
+	for i, s := range testStrings(t) {
+		inputs = append(inputs, input{fmt.Sprintf("test literal %d", i), s})
+	}
+	for i, s := range fuzzSeeds(t) {
+		inputs = append(inputs, input{fmt.Sprintf("fuzz seed %d", i), s})
+	}
+	shaped := fastShaped()
+	for i, s := range shaped {
+		inputs = append(inputs, input{fmt.Sprintf("fast-shaped %d", i), s})
+	}
+	r := rand.New(rand.NewPCG(11, 2025))
+	var small []string
+	for _, s := range shaped {
+		if len(s) < 4000 {
+			small = append(small, s)
+		}
+	}
+	for i := range 3000 {
+		s := small[r.IntN(len(small))]
+		for range 1 + r.IntN(3) {
+			s = mutate(r, s)
+		}
+		inputs = append(inputs, input{fmt.Sprintf("mutation %d", i), s})
+	}
+	fast := map[string]int{}
+	for _, in := range inputs {
+		kind, _, _ := strings.Cut(in.from, " ")
+		for _, f := range allFlags {
+			if samePaths(t, []byte(in.data), f) && f == (Flags{}) {
+				fast[kind]++
+			}
+		}
+	}
+	t.Logf("%d inputs x %d flag sets; read by the fast path: %v", len(inputs), len(allFlags), fast)
+	for _, s := range shaped[:4] {
+		if _, _, ok := fastYAML([]byte(s)); !ok {
+			t.Errorf("the fast path does not read a large config (%q...)", s[:40])
+		}
+	}
+	if fast["mutation"] < 500 || fast["parity"] < 50 || fast["test"] < 50 {
+		t.Errorf("too few inputs took the fast path: %v", fast)
+	}
+}
+
+// Load and Loader read files through the fast path too.
+func TestFastPathLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ip-masq-agent")
+	data := configBlocks(10000)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, warns, err := (&Loader{}).Load(path, v4Only)
+	want, _, _, _ := parseKeysWith(data, v4Only, false)
+	if err != nil || len(warns) != 0 || !reflect.DeepEqual(c, want) {
+		t.Fatalf("Load: %d CIDRs, %q, %v", len(c.NonMasqueradeCIDRs), warns, err)
+	}
+}
+
+// FuzzFastPath compares the two paths on random input, starting from
+// configs of the fast path's shape.
+func FuzzFastPath(f *testing.F) {
+	for _, s := range fastShaped() {
+		if len(s) < 4000 {
+			f.Add([]byte(s), false, false)
+		}
+	}
+	for _, tc := range handWrittenCases() {
+		f.Add([]byte(tc.data), true, true)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, ipv6, reserved bool) {
+		samePaths(t, data, Flags{EnableIPv6: ipv6, NoMasqAllReservedRanges: reserved})
+	})
+}
+
+var _ = errors.New
