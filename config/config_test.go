@@ -42,6 +42,7 @@ func errString(err error) string {
 // check parses in and compares the result with want, wantErr and wantWarns.
 func check(t *testing.T, in string, f Flags, want Config, wantErr string, wantWarns ...string) {
 	t.Helper()
+	samePaths(t, []byte(in), f)
 	c, warns, err := Parse([]byte(in), f)
 	// The note on extension keys (see TestParseExtensionNote) is checked
 	// only where a test asks for it.
