@@ -45,7 +45,8 @@ type Config struct {
 	Agent string    // the agent binary (bin/ip-masq-agent); needed for RSS and live operation
 	Quick bool      // tiny sizes, one or two repetitions: a smoke run of seconds
 	Log   io.Writer // progress lines; nil: discarded
-	// Parts to run: any of "control", "data", "live"; empty means all.
+	// Parts to run: any of "control", "kernel", "data", "live",
+	// "conntrack"; empty means all.
 	Parts []string
 }
 
@@ -66,16 +67,22 @@ type Results struct {
 	LoadEnd    string            // /proc/loadavg at the end
 	Load       map[string]string // /proc/loadavg at the start of each part
 
-	Control    *ControlResults
-	ControlErr error
-	Data       *DataResults
-	DataErr    error
-	Live       *LiveResults
-	LiveErr    error
+	Control      *ControlResults
+	ControlErr   error
+	Data         *DataResults
+	DataErr      error
+	Live         *LiveResults
+	LiveErr      error
+	Kernel       *KernelResults
+	KernelErr    error
+	Conntrack    *CleanupResults
+	ConntrackErr error
 }
 
 // Err is the first error of any part, or nil.
-func (r *Results) Err() error { return errors.Join(r.ControlErr, r.DataErr, r.LiveErr) }
+func (r *Results) Err() error {
+	return errors.Join(r.ControlErr, r.KernelErr, r.DataErr, r.LiveErr, r.ConntrackErr)
+}
 
 // Run runs the parts the config asks for, one after the other, and returns
 // what they measured. A part that fails leaves its error in Results and the
@@ -92,6 +99,10 @@ func Run(ctx context.Context, cfg Config) *Results {
 		r.Load["control"] = readTrim("/proc/loadavg")
 		r.Control, r.ControlErr = RunControl(ctx, cfg)
 	}
+	if cfg.wants("kernel") && ctx.Err() == nil {
+		r.Load["kernel"] = readTrim("/proc/loadavg")
+		r.Kernel, r.KernelErr = RunKernel(ctx, cfg)
+	}
 	if cfg.wants("data") && ctx.Err() == nil {
 		r.Load["data"] = readTrim("/proc/loadavg")
 		r.Data, r.DataErr = RunData(ctx, cfg)
@@ -99,6 +110,10 @@ func Run(ctx context.Context, cfg Config) *Results {
 	if cfg.wants("live") && ctx.Err() == nil {
 		r.Load["live"] = readTrim("/proc/loadavg")
 		r.Live, r.LiveErr = RunLive(ctx, cfg)
+	}
+	if cfg.wants("conntrack") && ctx.Err() == nil {
+		r.Load["conntrack"] = readTrim("/proc/loadavg")
+		r.Conntrack, r.ConntrackErr = RunConntrack(ctx, cfg)
 	}
 	r.End = time.Now()
 	r.LoadEnd = readTrim("/proc/loadavg")

@@ -68,16 +68,16 @@ type DaemonFirst struct {
 
 // Restart is what a restarted daemon did on finding its table in place.
 type Restart struct {
-	Owned          bool
-	N              int
-	Messages       []int // per restart, from its log line
-	Adopted        []bool
-	Took           []time.Duration
-	GenMoves       []int // commits seen from the restart to its log line
-	Before, After  []uint64
-	CountersKept   bool // every restart: the decision counters did not go down
-	Line           string
-	NotRecognised  int // restarts that did not log "holds the config's table already"
+	Owned         bool
+	N             int
+	Messages      []int // per restart, from its log line
+	Adopted       []bool
+	Took          []time.Duration
+	GenMoves      []int // commits seen from the restart to its log line
+	Before, After []uint64
+	CountersKept  bool // every restart: the decision counters did not go down
+	Line          string
+	NotRecognised int // restarts that did not log "holds the config's table already"
 }
 
 // KernelResults are the figures of the kernel side.
@@ -436,11 +436,7 @@ func restartRuns(ctx context.Context, cfg Config, topo *testnet.Topology, path s
 		if d, err = startDaemon(ctx, topo, cfg.Agent, args...); err != nil {
 			return err
 		}
-		line, _, err := waitLine(ctx, d, `msg=`+strconv.Quote(""), cmdTimeout) // any line: started
-		_ = line
-		if err == nil {
-			line, _, err = waitAnyLine(ctx, d, []string{adoptMarker, appliedMarker}, cmdTimeout)
-		}
+		line, _, err := waitAnyLine(ctx, d, []string{adoptMarker, appliedMarker}, cmdTimeout)
 		if err != nil {
 			d.stop()
 			return err

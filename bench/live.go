@@ -33,7 +33,16 @@ type LiveRow struct {
 	// each trial (from /proc/PID/task/*/schedstat): on a loaded machine the
 	// slow trials are mostly this.
 	ReloadWait, RepairWait []time.Duration
+	// The agent is restarted every repairsPerLife repairs: messages its
+	// restarts sent and commits seen across them (want 0: not owned, the
+	// table found in place is left alone).
+	Restarts, RestartMessages, RestartGenMoves int
 }
+
+// repairsPerLife is how many repairs one agent process makes in the
+// trials: the agent takes a third repair within 10 s for the sign of a
+// rival writer and backs off before the next one.
+const repairsPerLife = 3
 
 // LiveResults are the live operation figures.
 type LiveResults struct {
@@ -114,7 +123,8 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 	}
 	defer mon.close()
 
-	d, err := startDaemon(ctx, topo, cfg.Agent, "--config", cm.path(), "--http-address=", "--own-table=false") // repairs are measured: nobody could delete an owned table
+	args := []string{"--config", cm.path(), "--http-address=", "--own-table=false"} // repairs are measured: nobody could delete an owned table
+	d, err := startDaemon(ctx, topo, cfg.Agent, args...)
 	if err != nil {
 		return err
 	}
@@ -168,6 +178,37 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if i > 0 && i%repairsPerLife == 0 {
+			// A fourth repair within 10 s would be taken for a rival
+			// writer's doing and delayed (backoff): a new agent process,
+			// which finds the table in place and sends nothing.
+			if err := d.stop(); err != nil {
+				return fmt.Errorf("stop the agent: %w", err)
+			}
+			g0, err := generation(int(topo.NodeHandle()))
+			if err != nil {
+				return err
+			}
+			if d, err = startDaemon(ctx, topo, cfg.Agent, args...); err != nil {
+				return err
+			}
+			line, _, err := waitAnyLine(ctx, d, []string{adoptMarker, appliedMarker}, cmdTimeout)
+			if err != nil {
+				return err
+			}
+			g1, err := generation(int(topo.NodeHandle()))
+			if err != nil {
+				return err
+			}
+			row.Restarts++
+			if m := messagesRE.FindStringSubmatch(line); m != nil {
+				n, _ := strconv.Atoi(m[1])
+				row.RestartMessages += n
+			}
+			row.RestartGenMoves += int(g1 - g0)
+			pid = d.cmd.Process.Pid
+			sleepCtx(ctx, 50*time.Millisecond)
+		}
 		mon.drain()
 		w0 := runQueueWait(pid)
 		if err := deleteTable(int(topo.NodeHandle())); err != nil {
@@ -186,7 +227,7 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 		} else {
 			row.RepairFailed++
 		}
-		idle(repaired, i+1)
+		idle(repaired, i%repairsPerLife+1)
 	}
 	// The table is back and whole.
 	if _, err := topo.NFT("list", "set", "inet", nft.TableName, nft.SetNonMasqV4); err != nil {
@@ -273,20 +314,55 @@ func (d *configMapDir) update(content string) (time.Time, error) {
 // --- the daemon ---
 
 type daemon struct {
-	cmd    *exec.Cmd
-	mu     sync.Mutex
-	logs   bytes.Buffer
-	exited chan struct{} // closed when Wait returns
-	err    error         // Wait's error, set before exited is closed
+	cmd     *exec.Cmd
+	started time.Time // just before the fork
+	mu      sync.Mutex
+	logs    bytes.Buffer
+	writes  []timedWrite  // when each piece of the log arrived
+	exited  chan struct{} // closed when Wait returns
+	err     error         // Wait's error, set before exited is closed
+}
+
+// timedWrite is one write of the daemon's log: slog writes a line at a
+// time.
+type timedWrite struct {
+	at  time.Time
+	end int // offset in logs after the write
 }
 
 func (d *daemon) Write(p []byte) (int, error) {
+	now := time.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.logs.Len() < 1<<20 {
 		d.logs.Write(p)
+		d.writes = append(d.writes, timedWrite{at: now, end: d.logs.Len()})
 	}
 	return len(p), nil
+}
+
+// line returns the first log line containing marker and when the write
+// that completed it arrived.
+func (d *daemon) line(marker string) (string, time.Time, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.logs.String()
+	i := strings.Index(s, marker)
+	if i < 0 {
+		return "", time.Time{}, false
+	}
+	start := strings.LastIndexByte(s[:i], '\n') + 1
+	end := strings.IndexByte(s[i:], '\n')
+	if end < 0 {
+		return "", time.Time{}, false // not whole yet
+	}
+	end += i
+	for _, w := range d.writes {
+		if w.end > end {
+			return s[start:end], w.at, true
+		}
+	}
+	return "", time.Time{}, false
 }
 
 func (d *daemon) output() string {
@@ -301,7 +377,7 @@ func startDaemon(ctx context.Context, topo *testnet.Topology, bin string, args .
 	d.cmd.Stdout, d.cmd.Stderr = d, d
 	// Should the harness die without stopping it, the kernel does.
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := startIn(topo.NodeHandle(), d.cmd, nil); err != nil {
+	if err := startIn(topo.NodeHandle(), d.cmd, &d.started); err != nil {
 		return nil, err
 	}
 	go func() { d.err = d.cmd.Wait(); close(d.exited) }()

@@ -27,5 +27,5 @@ func benchParse(b *testing.B, data []byte) {
 	}
 }
 
-func BenchmarkParse10k(b *testing.B)       { benchParse(b, configBlocks(10000)) }
+func BenchmarkParse10k(b *testing.B)        { benchParse(b, configBlocks(10000)) }
 func BenchmarkParseBlocks100k(b *testing.B) { benchParse(b, configBlocks(100000)) }

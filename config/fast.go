@@ -178,7 +178,7 @@ func fastItem(v string) (string, bool) {
 }
 
 // fastQuoted reads a quoted scalar that ends on its line, has no escapes
-// (no '\\' in double quotes, no '' in single ones) and is followed only by
+// (no '\\' in double quotes, no ” in single ones) and is followed only by
 // spaces and a comment; the content is the string.
 func fastQuoted(v string) (string, bool) {
 	q := v[0]

@@ -133,6 +133,31 @@ func fastShaped() []string {
 		"nonMasqueradeCIDRs: [10.0.0.0/8]\n", "nonMasqueradeCIDRs: 10.0.0.0/8\n", "nonMasqueradeCIDRs: \"\"\n",
 		"masqueradeCIDRs: []\nnonMasqueradeCIDRs:\n- 10.0.0.0/8\n", "cidrLimit:\n  - 10.0.0.0/8\n", "masqLinkLocal:\n- 10.0.0.0/8\n",
 	}
+	// Near misses, one line in a config of the shape.
+	items := []string{`- "10.0.0.0\/8"`, `- "a\"b/8"`, `- "\x31/8"`, `- 'it''s/8'`, `- "10.0.0.0/8" # c`, `- "10.0.0.0/8"#c`,
+		`- '10.0.0.0/8'x`, `- "10.0.0.0/8`, "- \"a\n  b/8\"", "- 'a\n  b/8'", `- 10.0.0.0/8:`, `- 10.0.0.0/8: x`, `- a:b/c`,
+		`- 10.0.0.0/8 10.1.0.0/16`, "- 10.0.0.0/8\t", `- &a 10.0.0.0/8`, `- *a`, `- !!str 10.0.0.0/8`, `- ? a/b`, `- [a/b]`,
+		`- {a/b}`, "- |\n    a/b", "- >\n    a/b", "-\t10.0.0.0/8", `- -1/8`, `- .5/8`, `- /8`, `- 1/`, `- 0x10/8`, `- 1e3/8`,
+		`- yes/8`, `- null/8`, `- ~/8`, `- 10.0.0.0/8#c`, `- 10.0.0.0/8 #c`, `-  10.0.0.0/8`, `- - 10.0.0.0/8`,
+		"- 10.0.0.0/8\n    10.2.0.0/16", `-`, `- `, `- #c`, `- ""`, `- ''`, `- "#"`, `- ':'`, `- " - a"`, `- "a: b"`, `- 'a # b'`,
+		`- "é/8"`, `- "a\ b/8"`, "- \"a\\\n  b/8\""}
+	for _, it := range items {
+		out = append(out, "cidrLimit: 10\nnonMasqueradeCIDRs:\n  - 10.0.0.0/8\n  "+it+"\n  - 10.1.0.0/16\n")
+	}
+	keys := []string{`cidrLimit: 5 # c`, `cidrLimit: 5#c`, `cidrLimit : 5`, `cidrLimit:5`, `"cidrLimit": 5`, "cidrLimit: 5\n  6",
+		"cidrLimit: \"5\n  6\"", "cidrLimit: |\n  5", "cidrLimit: >-\n  5", `cidrLimit: !!str 5`, `cidrLimit: &x 5`, `cidrLimit: *x`,
+		`cidrLimit: [5]`, `cidrLimit: {}`, `cidrLimit: [ ]`, `cidrLimit: "5" x`, `cidrLimit: '5'''`, `cidrLimit: "\x35"`,
+		`masqueradeCIDRs: [] # c`, `masqueradeCIDRs: []x`, `masqueradeCIDRs: [],`, `resyncInterval: 1m # c`, `resyncInterval: 1m#c`,
+		`resyncInterval: 1m 2s`, `resyncInterval: "1m 2s"`, `resyncInterval: 1m:2s`, `resyncInterval: a/b`, `resyncInterval: -`,
+		`resyncInterval: -1s`, `resyncInterval: +1s`, `resyncInterval: .5s`, `resyncInterval: ...`, `resyncInterval: ---`, `resyncInterval: <<`,
+		"masqueradeCIDRs: &x\n  - 10.2.0.0/16", "masqueradeCIDRs: !!seq\n  - 10.2.0.0/16", "masqueradeCIDRs:\n  - 10.2.0.0/16\n - 10.3.0.0/16",
+		"masqueradeCIDRs:\n   - 10.2.0.0/16\n  - 10.3.0.0/16", "masqueradeCIDRs:\n  - 10.2.0.0/16\n    - 10.3.0.0/16",
+		"masqueradeCIDRs:\n  cidrLimit: 5", "  cidrLimit: 5", "cidrLimit: 5\n  - 10.2.0.0/16", "cidrLimit: 5\n# c\n  x: 1",
+		"masqLinkLocal: true\nmasqLinkLocal: true", "masqLinkLocal: true\nMasqLinkLocal: true", "--- \ncidrLimit: 5", "cidrLimit: 5\n---",
+		"cidrLimit: 5\n...", "%YAML 1.1\n---\ncidrLimit: 5", "? cidrLimit\n: 5", "<<: {cidrLimit: 5}", "cidrLimit: 5\n\n\n"}
+	for _, k := range keys {
+		out = append(out, k+"\nnonMasqueradeCIDRs:\n- 10.0.0.0/8\n", "nonMasqueradeCIDRs:\n- 10.0.0.0/8\n"+k+"\n")
+	}
 	return out
 }
 
@@ -234,7 +259,7 @@ func TestFastPathSameAsFull(t *testing.T) {
 		}
 	}
 	t.Logf("%d inputs x %d flag sets; read by the fast path: %v", len(inputs), len(allFlags), fast)
-	for _, s := range shaped[:4] {
+	for _, s := range shaped[:4] { // the large ones
 		if _, _, ok := fastYAML([]byte(s)); !ok {
 			t.Errorf("the fast path does not read a large config (%q...)", s[:40])
 		}
