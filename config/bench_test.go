@@ -6,8 +6,9 @@ import (
 	"testing"
 )
 
-// configBlocks is the shape of the --once cost test's files: cidrLimit,
-// then n /24 blocks as a compact block sequence.
+// configBlocks is the shape of the --once cost test's files (issue 11;
+// /tmp/cfg10000.yaml, /tmp/cfg100000.yaml): cidrLimit, then n /24 blocks
+// as a block sequence at column 0.
 func configBlocks(n int) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "cidrLimit: %d\nnonMasqueradeCIDRs:\n", n)
@@ -17,15 +18,40 @@ func configBlocks(n int) []byte {
 	return []byte(b.String())
 }
 
-func benchParse(b *testing.B, data []byte) {
+// configJSON is configBlocks as JSON.
+func configJSON(n int) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, "{\"cidrLimit\": %d, \"nonMasqueradeCIDRs\": [\n", n)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",\n")
+		}
+		fmt.Fprintf(&b, "  \"10.%d.%d.0/24\"", i>>8&255, i&255)
+	}
+	b.WriteString("\n]}\n")
+	return []byte(b.String())
+}
+
+// benchParse parses data as Parse does, through the fast path or not.
+func benchParse(b *testing.B, data []byte, fast bool) {
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := Parse(data, v4Only); err != nil {
+		if _, _, _, err := parseKeysWith(data, v4Only, fast); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
-func BenchmarkParse10k(b *testing.B)        { benchParse(b, configBlocks(10000)) }
-func BenchmarkParseBlocks100k(b *testing.B) { benchParse(b, configBlocks(100000)) }
+func BenchmarkParse10k(b *testing.B)  { benchParse(b, configBlocks(10000), true) }
+func BenchmarkParse100k(b *testing.B) { benchParse(b, configBlocks(100000), true) }
+
+// The same through the library path, as Parse read them before the fast path.
+func BenchmarkParse10kLibrary(b *testing.B)  { benchParse(b, configBlocks(10000), false) }
+func BenchmarkParse100kLibrary(b *testing.B) { benchParse(b, configBlocks(100000), false) }
+
+// An indented list of /32s (TestParse100k's config).
+func BenchmarkParse100kIndented(b *testing.B) { benchParse(b, config100k(), true) }
+
+// JSON has no fast path.
+func BenchmarkParseJSON100k(b *testing.B) { benchParse(b, configJSON(100000), true) }

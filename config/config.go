@@ -174,14 +174,16 @@ func readFile(path string) ([]byte, error) {
 		return nil, tooBig
 	}
 	// Size is meaningless for pipes and devices, so bound the read as well.
-	data, err := io.ReadAll(io.LimitReader(file, MaxFileSize+1))
-	if err != nil {
+	// Room for the whole file (and for the read that sees its end) at once.
+	var buf bytes.Buffer
+	buf.Grow(int(fi.Size()) + bytes.MinRead)
+	if _, err := buf.ReadFrom(io.LimitReader(file, MaxFileSize+1)); err != nil {
 		return nil, unwrapPath(err)
 	}
-	if len(data) > MaxFileSize {
+	if buf.Len() > MaxFileSize {
 		return nil, tooBig
 	}
-	return data, nil
+	return buf.Bytes(), nil
 }
 
 // unwrapPath drops the path from an *fs.PathError, since Load adds it itself.
@@ -479,6 +481,31 @@ type decoder struct {
 type list struct {
 	items []item
 	n     int // the slice's length
+	// A list of strings only (decodeStrings) is kept as it is, with the
+	// key that set it: items[:len(strs)] are made only if needed (see
+	// materialize). The slice's length is then len(strs).
+	strs stringList
+	key  string
+}
+
+// item returns the i-th item, i < l.n.
+func (l *list) item(i int) item {
+	if l.strs != nil {
+		return item{s: l.strs[i], set: true, key: l.key, index: i}
+	}
+	return l.items[i]
+}
+
+// materialize makes the items of strs.
+func (l *list) materialize() {
+	if l.strs == nil {
+		return
+	}
+	l.grow(len(l.strs))
+	for i := range l.strs {
+		l.items[i] = l.item(i)
+	}
+	l.strs, l.key = nil, ""
 }
 
 type item struct {
@@ -697,6 +724,7 @@ func (d *decoder) decodeList(name, key string, v any) {
 		d.lists[name] = &list{}
 		return
 	}
+	l.materialize()
 	l.grow(len(vals))
 	for i, val := range vals {
 		switch val := val.(type) {
@@ -715,18 +743,15 @@ func (d *decoder) decodeList(name, key string, v any) {
 }
 
 // decodeStrings is decodeList for a list of strings only (from fastYAML),
-// without an interface value per item.
+// without an interface value or an item per string.
 func (d *decoder) decodeStrings(name, key string, ss stringList) {
 	l := d.lists[name]
 	if len(ss) == 0 {
 		d.lists[name] = &list{}
 		return
 	}
-	l.grow(len(ss))
-	for i, s := range ss {
-		l.items[i] = item{s: s, set: true, key: key, index: i}
-	}
-	l.n = len(ss)
+	l.materialize()
+	l.strs, l.key, l.n = ss, key, len(ss)
 }
 
 // grow makes room for n items, as encoding/json grows the array: the
@@ -753,7 +778,8 @@ func (d *decoder) checkList(name string) []netip.Prefix {
 	}
 	// One slot per item, valid or not, so that the cidrLimit check counts all.
 	out := make([]netip.Prefix, l.n)
-	for i, it := range l.items[:l.n] {
+	for i := range l.n {
+		it := l.item(i)
 		key, index := it.key, it.index
 		if key == "" {
 			key, index = d.written[name], i

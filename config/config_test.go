@@ -901,16 +901,6 @@ func TestParse100k(t *testing.T) {
 	}
 }
 
-func BenchmarkParse100kOld(b *testing.B) {
-	data := config100k()
-	b.SetBytes(int64(len(data)))
-	for b.Loop() {
-		if _, _, err := Parse(data, v4Only); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // checkValid checks, independently of the parser, what a parsed Config promises.
 func checkValid(t *testing.T, c Config, f Flags) {
 	t.Helper()
@@ -947,6 +937,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte, ipv6, reserved bool) {
 		flags := Flags{EnableIPv6: ipv6, NoMasqAllReservedRanges: reserved}
+		samePaths(t, data, flags) // the fast path (fast.go) against the library path
 		c, warns, err := Parse(data, flags)
 		for _, w := range warns {
 			if strings.ContainsAny(w, "\r\n") {
