@@ -20,6 +20,8 @@ export PATH
 # package, its Fedora package. Keep in step with internal/testnet/require.go.
 test_needs='ip iproute2 iproute
 nft nftables nftables
+iptables-nft iptables iptables-nft
+iptables-legacy iptables iptables-legacy
 sysctl procps procps-ng
 conntrack conntrack conntrack-tools
 setpriv util-linux util-linux

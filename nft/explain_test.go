@@ -241,7 +241,7 @@ func TestExplainTable(t *testing.T) {
 		&expr.Verdict{Kind: expr.VerdictGoto, Chain: MasqChainName},
 	}})}, c.Rules...)
 	if e := explain(tbl, "10.250.0.10", false); !e.Masquerade || e.Reason != "chain IP-MASQ-AGENT rule 1" ||
-		e.Rule != "meta nfproto ipv4 ip daddr & 255.255.0.0 10.250.0.0 goto masq-to-node" {
+		e.Rule != "meta nfproto ipv4 ip daddr 10.250.0.0/16 goto masq-to-node" {
 		t.Errorf("inserted rule: %s %q %q", e.Verdict(), e.Reason, e.Rule)
 	}
 	if e := explain(tbl, "10.251.0.10", false); e.Masquerade {

@@ -3,6 +3,7 @@ package nft
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 )
 
@@ -16,12 +17,19 @@ type Fake struct {
 	Refuse func(Op) error
 	// ReadErr and SendErr, if set, fail every Read or Send.
 	ReadErr, SendErr error
+	// OriginalErr fails every FindOriginal and RemoveOriginal; RemoveErr
+	// every RemoveOriginal that would remove something.
+	OriginalErr, RemoveErr error
 
 	mu     sync.Mutex
 	table  *Table
 	gen    uint32
 	sent   []Plan
 	events chan Event
+
+	original Original // the original agent's rules (iptables-nft), see SetOriginal
+	handle   uint64
+	removals int
 }
 
 func (f *Fake) Owns() bool { return !f.NoOwner }
@@ -122,4 +130,80 @@ func (f *Fake) Watch(ctx context.Context, notify func(Event)) error {
 			notify(e)
 		}
 	}
+}
+
+// SetOriginal puts the original agent's rules (as FindOriginal returns
+// them) into the fake's iptables-nft tables, as another process would.
+func (f *Fake) SetOriginal(o Original) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.original = o
+	f.gen++
+}
+
+// RewriteOriginal re-adds the original's chain rules with new handles, as
+// the original agent's iptables-restore does at every resync.
+func (f *Fake) RewriteOriginal() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.original.Families {
+		for j := range f.original.Families[i].Rules {
+			f.handle++
+			f.original.Families[i].Rules[j].Handle = 1000 + f.handle
+		}
+	}
+	f.gen++
+}
+
+// FindOriginal returns the original's rules set by SetOriginal (none when
+// chain is another one).
+func (f *Fake) FindOriginal(chain string) (Original, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.findOriginal(chain)
+}
+
+func (f *Fake) findOriginal(chain string) (Original, error) {
+	if f.OriginalErr != nil {
+		return Original{}, f.OriginalErr
+	}
+	o := Original{Chain: chain, Legacy: slices.Clone(f.original.Legacy), Gen: f.gen + 1}
+	for _, fam := range f.original.Families {
+		if f.original.Chain != chain {
+			fam = OriginalFamily{Family: fam.Family, Chain: chain, Exemptions: fam.Exemptions}
+		}
+		fam.Jumps, fam.Rules, fam.Exemptions = slices.Clone(fam.Jumps), slices.Clone(fam.Rules), slices.Clone(fam.Exemptions)
+		o.Families = append(o.Families, fam)
+	}
+	return o, nil
+}
+
+// RemoveOriginal removes the original's chain and jumps, as Netlink's does.
+func (f *Fake) RemoveOriginal(chain, fingerprint string) (Original, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	o, err := f.findOriginal(chain)
+	if err != nil || !o.Present() {
+		return o, err
+	}
+	if fingerprint != "" && o.Fingerprint() != fingerprint {
+		return o, ErrOriginalChanged
+	}
+	if f.RemoveErr != nil {
+		return o, f.RemoveErr
+	}
+	for i := range f.original.Families {
+		fam := &f.original.Families[i]
+		fam.ChainPresent, fam.Jumps, fam.Rules = false, nil, nil
+	}
+	f.gen++
+	f.removals++
+	return o, nil
+}
+
+// Removals counts the RemoveOriginal calls that removed something.
+func (f *Fake) Removals() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.removals
 }

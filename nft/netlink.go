@@ -580,6 +580,12 @@ func readObjects(conn *netlink.Conn, t *Table) error {
 // the set for every part, so small reads (mdlayher/netlink peeks with one
 // page) make reading 100,000 elements several times slower in the kernel.
 func request(conn *netlink.Conn, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	return requestFamily(conn, unix.NFPROTO_INET, typ, dump, attrs...)
+}
+
+// requestFamily is request for a table family other than inet (iptables-nft's
+// ip and ip6 tables, see iptables.go).
+func requestFamily(conn *netlink.Conn, family uint8, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
 	data, err := netlink.MarshalAttributes(attrs)
 	if err != nil {
 		return nil, err
@@ -590,7 +596,7 @@ func request(conn *netlink.Conn, typ int, dump bool, attrs ...netlink.Attribute)
 	}
 	req, err := conn.Send(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
-		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), data...),
+		Data:   append(nfgenmsg(family, 0), data...),
 	})
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -23,19 +24,39 @@ const unknownPrefix = "unknown expression "
 // that google/nftables cannot decode becomes an *expr.Match named
 // unknownPrefix + its name.
 func decodeRuleMessage(data []byte) (Rule, string, error) {
-	r := &nftables.Rule{}
-	var chain string
-	ad, err := netlink.NewAttributeDecoder(data)
+	d, err := decodeRuleAttrs(data, unix.NFPROTO_INET)
 	if err != nil {
 		return Rule{}, "", err
+	}
+	return foundRule(&nftables.Rule{Exprs: d.exprs, UserData: d.userData}), d.chain, nil
+}
+
+// ruleAttrs are the attributes of a rule message.
+type ruleAttrs struct {
+	chain    string
+	handle   uint64
+	userData []byte
+	exprs    []expr.Any
+}
+
+// decodeRuleAttrs decodes a rule message of family fam (after the nfgenmsg
+// header). The family matters for xtables matches and targets (iptables-nft's
+// rules), whose info depends on it.
+func decodeRuleAttrs(data []byte, fam byte) (ruleAttrs, error) {
+	var r ruleAttrs
+	ad, err := netlink.NewAttributeDecoder(data)
+	if err != nil {
+		return r, err
 	}
 	ad.ByteOrder = binary.BigEndian
 	for ad.Next() {
 		switch ad.Type() &^ unix.NLA_F_NESTED {
 		case unix.NFTA_RULE_CHAIN:
-			chain = ad.String()
+			r.chain = ad.String()
+		case unix.NFTA_RULE_HANDLE:
+			r.handle = ad.Uint64()
 		case unix.NFTA_RULE_USERDATA:
-			r.UserData = ad.Bytes()
+			r.userData = ad.Bytes()
 		case unix.NFTA_RULE_EXPRESSIONS:
 			ad.Nested(func(list *netlink.AttributeDecoder) error {
 				for list.Next() {
@@ -48,15 +69,15 @@ func decodeRuleMessage(data []byte) (Rule, string, error) {
 								name = e.String()
 							case unix.NFTA_EXPR_DATA:
 								hasData = true
-								x, err := decodeExpr(name, e.Bytes())
+								x, err := decodeExprFamily(fam, name, e.Bytes())
 								if err != nil {
 									return fmt.Errorf("expression %s: %w", name, err)
 								}
-								r.Exprs = append(r.Exprs, x)
+								r.exprs = append(r.exprs, x)
 							}
 						}
 						if !hasData { // an expression without data (notrack, ...)
-							r.Exprs = append(r.Exprs, &expr.Match{Name: unknownPrefix + name})
+							r.exprs = append(r.exprs, &expr.Match{Name: unknownPrefix + name})
 						}
 						return nil
 					})
@@ -66,13 +87,18 @@ func decodeRuleMessage(data []byte) (Rule, string, error) {
 		}
 	}
 	if err := ad.Err(); err != nil {
-		return Rule{}, "", err
+		return ruleAttrs{}, err
 	}
-	return foundRule(r), chain, nil
+	return r, nil
 }
 
-// decodeExpr decodes one expression's data.
+// decodeExpr decodes one expression's data, in an inet table.
 func decodeExpr(name string, data []byte) (expr.Any, error) {
+	return decodeExprFamily(unix.NFPROTO_INET, name, data)
+}
+
+// decodeExprFamily decodes one expression's data in a table of family fam.
+func decodeExprFamily(fam byte, name string, data []byte) (expr.Any, error) {
 	var e expr.Any
 	switch name {
 	case "byteorder": // google/nftables v0.3.0 cannot
@@ -123,16 +149,23 @@ func decodeExpr(name string, data []byte) (expr.Any, error) {
 		e = &expr.Range{}
 	case "ct":
 		e = &expr.Ct{}
+	case "match": // an xtables match (iptables-nft): its name and info
+		e = &expr.Match{}
+	case "target": // an xtables target (iptables-nft)
+		e = &expr.Target{}
 	default:
 		return &expr.Match{Name: unknownPrefix + name}, nil
 	}
-	if err := expr.Unmarshal(unix.NFPROTO_INET, data, e); err != nil {
+	if err := expr.Unmarshal(fam, data, e); err != nil {
+		if name == "match" || name == "target" { // an info blob google/nftables cannot read
+			return &expr.Match{Name: unknownPrefix + name}, nil
+		}
 		return nil, err
 	}
 	// A verdict is an immediate that writes the verdict register.
 	if imm, ok := e.(*expr.Immediate); ok && imm.Register == unix.NFT_REG_VERDICT && len(imm.Data) == 0 {
 		e = &expr.Verdict{}
-		if err := expr.Unmarshal(unix.NFPROTO_INET, data, e); err != nil {
+		if err := expr.Unmarshal(fam, data, e); err != nil {
 			return nil, err
 		}
 	}
@@ -163,8 +196,18 @@ func foundRule(r *nftables.Rule) Rule {
 // close to nft's, for diff and explain: enough to recognise it.
 func describeExprs(exprs []expr.Any) string {
 	var w []string
-	field := "" // what the last load put in register 1, for showing data
+	field := ""  // what the last load put in register 1, for showing data
+	partial := 0 // the load covers the first bytes of an address of this many bytes (iptables-nft's prefixes)
+	var mask []byte
 	show := func(data []byte) string {
+		if partial > 0 {
+			if p, ok := prefixText(data, mask, partial); ok {
+				return p
+			}
+		}
+		if strings.HasSuffix(field, "ifname") {
+			return fmt.Sprintf("%q", strings.TrimRight(string(data), "\x00"))
+		}
 		if a, ok := netip.AddrFromSlice(data); ok && strings.Contains(field, "addr") {
 			return a.String()
 		}
@@ -187,10 +230,13 @@ func describeExprs(exprs []expr.Any) string {
 	for _, e := range exprs {
 		switch e := e.(type) {
 		case *expr.Meta:
-			field = "meta " + metaName(e.Key)
+			field, partial, mask = "meta "+metaName(e.Key), 0, nil
 			w = append(w, field)
 		case *expr.Payload:
-			field = payloadName(e)
+			field, partial, mask = payloadName(e), 0, nil
+			if name, full := addrPrefixLoad(e); name != "" {
+				field, partial = name, full
+			}
 			w = append(w, field)
 		case *expr.Fib:
 			field = "fib daddr type"
@@ -200,6 +246,11 @@ func describeExprs(exprs []expr.Any) string {
 				expr.CmpOpLte: "<= ", expr.CmpOpGt: "> ", expr.CmpOpGte: ">= "}[e.Op]
 			w = append(w, op+show(e.Data))
 		case *expr.Bitwise:
+			if full := map[string]int{"ip saddr": 4, "ip daddr": 4, "ip6 saddr": 16, "ip6 daddr": 16}[field]; full > 0 &&
+				len(e.Mask) <= full && bytes.Count(e.Xor, []byte{0}) == len(e.Xor) {
+				partial, mask = full, e.Mask // shown with the comparison, as a prefix
+				continue
+			}
 			w = append(w, "& "+show(e.Mask))
 		case *expr.Range:
 			w = append(w, show(e.FromData)+"-"+show(e.ToData))
@@ -219,7 +270,13 @@ func describeExprs(exprs []expr.Any) string {
 			w = append(w, "nat")
 		case *expr.Immediate:
 		case *expr.Match:
-			w = append(w, strings.TrimPrefix(e.Name, unknownPrefix))
+			if strings.HasPrefix(e.Name, unknownPrefix) {
+				w = append(w, strings.TrimPrefix(e.Name, unknownPrefix))
+			} else {
+				w = append(w, xtText(e.Name, e.Info, false))
+			}
+		case *expr.Target:
+			w = append(w, xtText(e.Name, e.Info, true))
 		default:
 			w = append(w, strings.ToLower(strings.TrimPrefix(fmt.Sprintf("%T", e), "*expr.")))
 		}
@@ -241,6 +298,25 @@ func metaName(k expr.MetaKey) string {
 		return "oifname"
 	}
 	return fmt.Sprintf("key %d", k)
+}
+
+// addrPrefixLoad names a load of the first bytes of an address (how
+// iptables-nft matches a prefix), and the address's length.
+func addrPrefixLoad(p *expr.Payload) (string, int) {
+	if p.Base != expr.PayloadBaseNetworkHeader || p.Len == 0 {
+		return "", 0
+	}
+	switch {
+	case p.Offset == 12 && p.Len < 4:
+		return "ip saddr", 4
+	case p.Offset == 16 && p.Len < 4:
+		return "ip daddr", 4
+	case p.Offset == 8 && p.Len < 16 && p.Len > 4: // shorter: an IPv4 header's ttl and protocol
+		return "ip6 saddr", 16
+	case p.Offset == 24 && p.Len < 16:
+		return "ip6 daddr", 16
+	}
+	return "", 0
 }
 
 func payloadName(p *expr.Payload) string {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -112,6 +113,32 @@ missing"); 2 on errors.`,
 			run:     runDiff,
 		},
 		{
+			name: "cleanup-iptables", args: "[--masq-chain NAME] [--watch DURATION]",
+			summary: "remove the original (iptables) ip-masq-agent's chain and POSTROUTING jump, IPv4 and IPv6",
+			about: `Removes what the original iptables ip-masq-agent left in the node's
+iptables-nft nat tables (table ip nat and table ip6 nat), in one
+transaction: the POSTROUTING rules that jump to the chain named by
+--masq-chain, and that chain, flushed and deleted. Nothing else is touched.
+The daemon does the same by itself once the original agent is gone (its
+chain unchanged for twice the resync interval plus 5s); this command does
+it now. Needs CAP_NET_ADMIN: run it on the node.
+
+Before removing, it watches the chain for --watch: the original agent
+rewrites its chain at every resync, so a chain rewritten meanwhile means
+the original agent still runs and will put its rules back at its next
+resync (delete its DaemonSet first). It warns and removes them anyway.
+
+Rules written by iptables-legacy cannot be seen over nftables: when a
+legacy nat table exists, the commands that remove the original's rules
+from it are printed.
+
+Exit status: 0 when the rules were removed or there were none; 1 on a
+failure (nothing was removed); 2 on bad usage; 3 when they were removed
+but the chain was rewritten during --watch (the original agent still runs).`,
+			example: "ip-masq-agent cleanup-iptables\n  ip-masq-agent cleanup-iptables --masq-chain IP-MASQ --watch 0",
+			run:     runCleanupIptables,
+		},
+		{
 			name: "list", args: "",
 			summary: "print the kernel's table inet ip-masq-agent in nft syntax, with counters (no nft needed)",
 			about: `Reads the kernel's table inet ip-masq-agent through the agent's own netlink
@@ -150,7 +177,7 @@ func commandList(w io.Writer) {
 	fmt.Fprintln(w, "       ip-masq-agent COMMAND [ARGS...]   a tool for operators")
 	fmt.Fprintln(w, "\nCommands:")
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-16s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun \"ip-masq-agent COMMAND --help\" for a command's flags and an example,")
 	fmt.Fprintln(w, "and \"ip-masq-agent --help\" for the agent's flags.")
@@ -451,6 +478,10 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %v\n", hint(err))
 		return 2
 	}
+	original, oerr := readOriginal(r.nft.Chain)
+	if oerr != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent explain --live: cannot look for the original agent's iptables rules: %v\n", hint(oerr))
+	}
 	local := localAddrs()
 	disagree := 0
 	for _, a := range addrs {
@@ -458,6 +489,12 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		got := nft.Explanation{Addr: want.Addr, Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
 		if table != nil {
 			got = nft.ExplainTable(table, a, local)
+		}
+		// The original agent's jump, in iptables' nat POSTROUTING, runs first.
+		if first, decided := original.ExplainOriginal(a, local(a)); decided {
+			got = first
+		} else if first.Reason != "" {
+			got.Reason = first.Reason + "; then " + got.Reason
 		}
 		fmt.Fprintf(stdout, "%s\n  config: %s: %s\n  kernel: %s: %s\n", a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
 		if got.Rule != "" {
@@ -512,17 +549,120 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ip-masq-agent diff: %v\n", hint(err))
 		return 2
 	}
+	// The original agent's jump, when there, decides before this table.
+	original := 0
+	if o, err := readOriginal(r.nft.Chain); err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent diff: cannot look for the original agent's iptables rules: %v\n", hint(err))
+	} else {
+		original = printOriginal(stdout, o)
+	}
 	if table == nil {
 		fmt.Fprintf(stdout, "table inet %s missing: the agent would create it\n", nft.TableName)
 		return 1
 	}
 	p := nft.DiffPlan(table, nft.Build(cfg, r.nft))
 	if p.Empty() {
+		if original > 0 {
+			fmt.Fprintln(stdout, "table inet "+nft.TableName+" in sync, but the original agent's rules decide first")
+			return 1
+		}
 		fmt.Fprintln(stdout, "in sync")
 		return 0
 	}
 	fmt.Fprint(stdout, p)
 	return 1
+}
+
+// printOriginal prints the original agent's jumps that decide before the
+// agent's table, and the legacy tables it cannot see; it returns how many
+// jumps there are.
+func printOriginal(w io.Writer, o nft.Original) int {
+	n := 0
+	for _, f := range o.Families {
+		for _, j := range f.Jumps {
+			n++
+			fmt.Fprintf(w, "table %s chain POSTROUTING: the original ip-masq-agent's jump decides first (iptables nat POSTROUTING, priority srcnat, runs before table inet %s at srcnat + 10):\n  %s\n",
+				f.Table(), nft.TableName, j)
+		}
+	}
+	if n > 0 {
+		fmt.Fprintln(w, "  (the agent removes it once the original agent is gone; ip-masq-agent cleanup-iptables removes it now)")
+	}
+	for _, tool := range o.Legacy {
+		fmt.Fprintf(w, "note: a legacy %s nat table exists; rules there cannot be seen; if the original agent used iptables-legacy, remove them with:\n  %s\n",
+			tool, strings.Join(nft.LegacyCommands(o.Chain, tool), "\n  "))
+	}
+	return n
+}
+
+// readOriginal reads the original agent's rules once.
+func readOriginal(chain string) (nft.Original, error) {
+	k := &nft.Netlink{}
+	defer k.Close()
+	return k.FindOriginal(chain)
+}
+
+func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cleanup-iptables", flag.ContinueOnError)
+	chain := fs.String("masq-chain", nft.DefaultChain, "the original agent's --masq-chain")
+	watch := fs.Duration("watch", 3*time.Second, "watch the chain this long before removing it, to tell whether the original agent still rewrites it (0: do not watch)")
+	pos, code, done := c.parse(fs, args, stdout, stderr)
+	if done {
+		return code
+	}
+	if len(pos) > 0 {
+		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
+	}
+	if *watch < 0 {
+		return usageError(c, stderr, "--watch %s: want 0 or more", *watch)
+	}
+	k := &nft.Netlink{}
+	defer k.Close()
+	o, err := k.FindOriginal(*chain)
+	if err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent cleanup-iptables: %v\n", hint(err))
+		return 1
+	}
+	for _, tool := range o.Legacy {
+		fmt.Fprintf(stderr, "warning: a legacy %s nat table exists: rules written by %s-legacy cannot be seen over nftables; if the original agent used it, remove its rules with:\n  %s\n",
+			tool, tool, strings.Join(nft.LegacyCommands(*chain, tool), "\n  "))
+	}
+	if !o.Present() {
+		fmt.Fprintf(stdout, "no chain %s and no jump to it in table ip nat or ip6 nat: nothing to remove\n", *chain)
+		return 0
+	}
+	alive := false
+	if *watch > 0 {
+		time.Sleep(*watch)
+		again, err := k.FindOriginal(*chain)
+		if err != nil {
+			fmt.Fprintf(stderr, "ip-masq-agent cleanup-iptables: %v\n", hint(err))
+			return 1
+		}
+		if again.Fingerprint() != o.Fingerprint() {
+			alive = true
+			fmt.Fprintf(stderr, "warning: chain %s was rewritten within the last %s: the original ip-masq-agent still runs and will put its rules back at its next resync; stop it (delete its DaemonSet) and run this again\n", *chain, *watch)
+		}
+		o = again
+	}
+	removed, err := k.RemoveOriginal(*chain, o.Fingerprint())
+	if errors.Is(err, nft.ErrOriginalChanged) {
+		alive = true
+		removed, err = k.RemoveOriginal(*chain, "")
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent cleanup-iptables: %v\n", hint(err))
+		return 1
+	}
+	for _, f := range removed.Families {
+		if f.Present() {
+			fmt.Fprintf(stdout, "removed from %s\n", f.Summary())
+		}
+	}
+	if alive {
+		return 3
+	}
+	return 0
 }
 
 // readTable reads the kernel's table once (nil: there is none).

@@ -29,6 +29,13 @@ type Kernel interface {
 	Watch(ctx context.Context, notify func(nft.Event)) error
 }
 
+// OriginalRules finds and removes the original (iptables) ip-masq-agent's
+// rules; nft.Netlink and nft.Fake have it.
+type OriginalRules interface {
+	FindOriginal(chain string) (nft.Original, error)
+	RemoveOriginal(chain, fingerprint string) (nft.Original, error)
+}
+
 // Options are what the agent is run with.
 type Options struct {
 	ConfigPath string
@@ -63,11 +70,17 @@ type Agent struct {
 
 	lastWarnings []string
 	lastErr      string
+
+	configBad bool          // the last load of the config failed (not a partial directory)
+	orig      OriginalRules // nil: the kernel cannot look for the original's rules
+	original  originalState
 }
 
 // New returns an agent; log and m must not be nil.
 func New(o Options, k Kernel, log *slog.Logger, m *metrics.Agent) *Agent {
-	return &Agent{opts: o, kernel: k, log: log, metrics: m}
+	a := &Agent{opts: o, kernel: k, log: log, metrics: m}
+	a.orig, _ = k.(OriginalRules)
+	return a
 }
 
 // Rival detection: this many repairs that had to write, within the window,
@@ -139,6 +152,9 @@ func (a *Agent) next() time.Time {
 	if !a.repairAt.IsZero() && a.repairAt.Before(t) {
 		t = a.repairAt
 	}
+	if c := a.original.checkAt; !c.IsZero() && c.Before(t) {
+		t = c
+	}
 	return t
 }
 
@@ -153,6 +169,9 @@ func (a *Agent) Tick(now time.Time) {
 		}
 	} else if !now.Before(due) {
 		a.Sync(now)
+	}
+	if c := a.original.checkAt; !c.IsZero() && !now.Before(c) {
+		a.checkOriginal(now)
 	}
 }
 
@@ -179,10 +198,18 @@ func (a *Agent) interval() time.Duration {
 
 // Sync loads the config and makes the kernel hold its table. On a bad
 // config the kernel keeps what it has. Only a successful sync moves the
-// resync deadline and resets the failure backoff.
+// resync deadline and resets the failure backoff. Every sync also looks
+// for the original agent's rules (original.go).
 func (a *Agent) Sync(now time.Time) error {
+	err := a.sync(now)
+	a.checkOriginal(now)
+	return err
+}
+
+func (a *Agent) sync(now time.Time) error {
 	cfg, warnings, err := a.loader.Load(a.opts.ConfigPath, a.opts.Flags)
 	partial := config.IsPartial(err)
+	a.configBad = err != nil && !partial
 	if !slices.Equal(warnings, a.lastWarnings) {
 		for _, w := range warnings {
 			a.log.Warn(w)

@@ -60,6 +60,7 @@ type Agent struct {
 	repairs     *prometheus.CounterVec
 	rival       prometheus.Gauge
 	ctDeleted   prometheus.Counter
+	legacyRules *prometheus.GaugeVec
 
 	mu     sync.Mutex
 	health healthState
@@ -126,6 +127,11 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 			Name:      "conntrack_entries_deleted_total",
 			Help:      "Conntrack entries deleted because a config change made their masquerade decision wrong (--conntrack-cleanup).",
 		}),
+		legacyRules: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "legacy_rules",
+			Help:      "1 while the original (iptables) ip-masq-agent's chain or POSTROUTING jump is in the node's iptables-nft nat table of the family, else 0.",
+		}, []string{"family"}),
 		rival: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "rival_writer",
@@ -143,6 +149,9 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	for _, w := range repairKinds {
 		a.repairs.WithLabelValues(w)
 	}
+	for _, f := range []string{"ipv4", "ipv6"} {
+		a.legacyRules.WithLabelValues(f)
+	}
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace:   namespace,
 		Name:        "build_info",
@@ -153,7 +162,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	a.reg.MustRegister(
 		buildInfo,
 		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads,
-		a.cidrs, a.intervals, a.repairs, a.rival, a.ctDeleted,
+		a.cidrs, a.intervals, a.repairs, a.rival, a.ctDeleted, a.legacyRules,
 		a.rules,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -229,6 +238,16 @@ func (a *Agent) Repaired(what string) {
 
 // ConntrackDeleted counts conntrack entries deleted by a cleanup.
 func (a *Agent) ConntrackDeleted(n int) { a.ctDeleted.Add(float64(max(n, 0))) }
+
+// LegacyRules says whether the original agent's rules are in the node's
+// iptables-nft nat table of family ("ipv4" or "ipv6").
+func (a *Agent) LegacyRules(family string, present bool) {
+	v := 0.0
+	if present {
+		v = 1
+	}
+	a.legacyRules.WithLabelValues(family).Set(v)
+}
 
 // RivalWriter says whether another process owns the table or keeps
 // rewriting it.

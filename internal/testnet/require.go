@@ -22,16 +22,18 @@ var (
 // packages names the Debian package that installs each binary the tests,
 // the demo and the container test run. hack/deps.sh installs them all.
 var packages = map[string]string{
-	"ip":        "iproute2",
-	"nft":       "nftables",
-	"sysctl":    "procps",
-	"conntrack": "conntrack",
-	"setpriv":   "util-linux",
-	"sh":        "dash",
-	"make":      "make",
-	"podman":    "podman",
-	"buildah":   "buildah",
-	"runc":      "runc",
+	"ip":              "iproute2",
+	"nft":             "nftables",
+	"iptables-nft":    "iptables",
+	"iptables-legacy": "iptables",
+	"sysctl":          "procps",
+	"conntrack":       "conntrack",
+	"setpriv":         "util-linux",
+	"sh":              "dash",
+	"make":            "make",
+	"podman":          "podman",
+	"buildah":         "buildah",
+	"runc":            "runc",
 }
 
 // Package returns the Debian package that installs binary (binary itself

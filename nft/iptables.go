@@ -1,0 +1,707 @@
+package nft
+
+// The original ip-masq-agent's rules, as iptables-nft writes them: found,
+// described and removed over the agent's own netlink socket.
+//
+// The original agent (kubernetes-sigs/ip-masq-agent, cmd/ip-masq-agent)
+// keeps, in iptables' nat table and, with --enable-ipv6, in ip6tables' nat
+// table:
+//
+//	-A POSTROUTING -m comment --comment "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom IP-MASQ-AGENT chain" -m addrtype ! --dst-type LOCAL -j IP-MASQ-AGENT
+//	:IP-MASQ-AGENT                  (--masq-chain), rewritten whole by iptables-restore --noflush at every resync:
+//	-A IP-MASQ-AGENT -m comment --comment "ip-masq-agent: local traffic is not subject to MASQUERADE" -d CIDR -j RETURN ...
+//	-A IP-MASQ-AGENT -m comment --comment "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)" -j MASQUERADE [--random-fully]
+//
+// and never removes them. iptables-nft turns them into table ip nat (ip6
+// nat) with xtables "match" expressions for the comment and addrtype
+// matches and a "target" expression for MASQUERADE. Each rewrite of the
+// chain re-adds its rules, with new handles: the handles are the
+// fingerprint that tells a running original agent from a gone one.
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/google/nftables/xt"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// natTable and postrouting are iptables' names.
+	natTable    = "nat"
+	postrouting = "POSTROUTING"
+	// originalJumpCommentFormat is the comment of the original's jump,
+	// with its chain's name (ip-masq-agent.go, postRoutingMasqChainCommentFormat).
+	originalJumpCommentFormat = "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom %s chain"
+	// originalJumpCommentPrefix: older releases wrote IP-MASQ-AGENT in the
+	// comment whatever --masq-chain said.
+	originalJumpCommentPrefix = "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom"
+	// originalCommentPrefix begins the comment of each of the original's rules.
+	originalCommentPrefix = "ip-masq-agent: "
+)
+
+// OriginalJumpComment is the comment the original agent gives its
+// POSTROUTING jump to chain.
+func OriginalJumpComment(chain string) string { return fmt.Sprintf(originalJumpCommentFormat, chain) }
+
+// XTRule is a rule of an iptables-nft table.
+type XTRule struct {
+	Handle  uint64
+	Comment string // the comment match's text (or the rule's nft comment)
+	Verdict string // accept, return, drop, jump CHAIN, goto CHAIN, masquerade, "" (none), or -j TARGET
+	Text    string // the rule in nft's syntax, xtables matches in iptables' (-m comment --comment "...")
+
+	exprs []expr.Any
+}
+
+func (r XTRule) String() string { return fmt.Sprintf("%s # handle %d", r.Text, r.Handle) }
+
+// OriginalFamily is what one family's nat table holds of the original
+// agent's rules.
+type OriginalFamily struct {
+	Family       Family // 4: table ip nat (iptables), 6: table ip6 nat (ip6tables)
+	Chain        string // the chain looked for (--masq-chain)
+	ChainPresent bool
+	ChainHandle  uint64
+	Jumps        []XTRule // the rules of nat POSTROUTING that jump to (or goto) Chain
+	Rules        []XTRule // Chain's rules, in order
+	// Exemptions are the rules of nat POSTROUTING before the first jump
+	// to Chain (all of them when there is none) whose verdict is accept or
+	// return: under the original agent they kept traffic from being
+	// masqueraded, which this agent's table (at srcnat + 10) does not see.
+	Exemptions []XTRule
+}
+
+// Present reports whether the family holds the chain or a jump to it.
+func (f OriginalFamily) Present() bool { return f.ChainPresent || len(f.Jumps) > 0 }
+
+// Table names the family's nat table in nft's terms.
+func (f OriginalFamily) Table() string {
+	if f.Family == 6 {
+		return "ip6 nat"
+	}
+	return "ip nat"
+}
+
+// Tool is the iptables command of the family.
+func (f OriginalFamily) Tool() string {
+	if f.Family == 6 {
+		return "ip6tables"
+	}
+	return "iptables"
+}
+
+// MetricFamily is "ipv4" or "ipv6".
+func (f OriginalFamily) MetricFamily() string {
+	if f.Family == 6 {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
+// Recognised reports whether what was found is the original agent's: a
+// jump with its comment, or a chain whose every rule has one of its
+// comments. Anything else under the chain's name is reported, never
+// removed by the daemon.
+func (f OriginalFamily) Recognised() bool {
+	for _, j := range f.Jumps {
+		if strings.HasPrefix(j.Comment, originalJumpCommentPrefix) {
+			return true
+		}
+	}
+	if len(f.Rules) == 0 {
+		return false
+	}
+	for _, r := range f.Rules {
+		if !strings.HasPrefix(r.Comment, originalCommentPrefix) {
+			return false
+		}
+	}
+	return true
+}
+
+// Summary is one line: where the chain and the jump are.
+func (f OriginalFamily) Summary() string {
+	var w []string
+	if f.ChainPresent {
+		w = append(w, fmt.Sprintf("chain %s (%d rules)", f.Chain, len(f.Rules)))
+	} else {
+		w = append(w, fmt.Sprintf("no chain %s", f.Chain))
+	}
+	switch len(f.Jumps) {
+	case 0:
+		w = append(w, "no jump from POSTROUTING")
+	default:
+		for _, j := range f.Jumps {
+			w = append(w, fmt.Sprintf("POSTROUTING rule (handle %d): %s", j.Handle, j.Text))
+		}
+	}
+	return "table " + f.Table() + ": " + strings.Join(w, "; ")
+}
+
+// Original is what the node's iptables-nft nat tables hold of the original
+// agent's rules, and whether legacy iptables nat tables exist.
+type Original struct {
+	Chain    string
+	Families []OriginalFamily // IPv4, then IPv6
+	// Legacy names the tools ("iptables", "ip6tables") whose legacy
+	// (x_tables) nat table exists in the network namespace: rules there
+	// cannot be seen over nftables netlink.
+	Legacy []string
+	// Gen is the nftables generation this was read at.
+	Gen uint32
+}
+
+// Present reports whether any family holds the chain or a jump to it.
+func (o Original) Present() bool {
+	for _, f := range o.Families {
+		if f.Present() {
+			return true
+		}
+	}
+	return false
+}
+
+// Jumped reports whether the family (4 or 6) has a jump to the chain.
+func (o Original) Jumped(family Family) *OriginalFamily {
+	for i := range o.Families {
+		if o.Families[i].Family == family && len(o.Families[i].Jumps) > 0 {
+			return &o.Families[i]
+		}
+	}
+	return nil
+}
+
+// Fingerprint changes whenever the original agent rewrites its chain (the
+// rewritten rules get new handles) or its jump.
+func (o Original) Fingerprint() string {
+	var b strings.Builder
+	for _, f := range o.Families {
+		if !f.Present() {
+			continue
+		}
+		fmt.Fprintf(&b, "%d:%d:", f.Family, f.ChainHandle)
+		for _, r := range f.Jumps {
+			fmt.Fprintf(&b, "j%d,", r.Handle)
+		}
+		for _, r := range f.Rules {
+			fmt.Fprintf(&b, "%d,", r.Handle)
+		}
+		b.WriteString(";")
+	}
+	return b.String()
+}
+
+// LegacyCommands are the commands that remove the original's rules from a
+// legacy nat table (iptables-legacy), which this agent cannot see.
+func LegacyCommands(chain, tool string) []string {
+	t := tool + "-legacy"
+	return []string{
+		fmt.Sprintf(`%s -t nat -D POSTROUTING -m comment --comment "%s" -m addrtype ! --dst-type LOCAL -j %s`, t, OriginalJumpComment(chain), chain),
+		fmt.Sprintf("%s -t nat -F %s", t, chain),
+		fmt.Sprintf("%s -t nat -X %s", t, chain),
+	}
+}
+
+// ErrOriginalChanged: the original's rules changed since they were found
+// (the original agent still runs): nothing was removed.
+var ErrOriginalChanged = errors.New("the original agent's rules changed since they were read (is it still running?)")
+
+// FindOriginal reads the iptables-nft nat tables (ip and ip6) for the
+// original agent's chain, its jump and the exemptions before it, as one
+// consistent read (the generation did not move while reading), and looks
+// for legacy nat tables.
+func (n *Netlink) FindOriginal(chain string) (Original, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	o, err := n.findOriginal(chain)
+	if err != nil {
+		return o, err
+	}
+	o.Legacy = n.legacyNat()
+	return o, nil
+}
+
+func (n *Netlink) findOriginal(chain string) (Original, error) {
+	conn, err := n.socket()
+	if err != nil {
+		return Original{}, err
+	}
+	for attempt := 1; ; attempt++ {
+		before, err := generation(conn)
+		if err != nil {
+			n.broken()
+			return Original{}, fmt.Errorf("read the nftables generation: %w", err)
+		}
+		o := Original{Chain: chain, Gen: before}
+		for _, fam := range []Family{4, 6} {
+			f, err := readOriginalFamily(conn, fam, chain)
+			if err != nil {
+				n.broken()
+				return Original{}, fmt.Errorf("read table %s: %w", f.Table(), err)
+			}
+			o.Families = append(o.Families, f)
+		}
+		after, err := generation(conn)
+		if err != nil {
+			n.broken()
+			return Original{}, fmt.Errorf("read the nftables generation: %w", err)
+		}
+		if before == after {
+			return o, nil
+		}
+		if attempt == maxAttempts {
+			return Original{}, fmt.Errorf("read the iptables nat tables: the ruleset kept changing while it was read (%d tries)", attempt)
+		}
+	}
+}
+
+func readOriginalFamily(conn *netlink.Conn, fam Family, chain string) (OriginalFamily, error) {
+	f := OriginalFamily{Family: fam, Chain: chain}
+	proto := nfproto(fam)
+	msgs, err := requestFamily(conn, proto, unix.NFT_MSG_GETCHAIN, false,
+		attr(unix.NFTA_CHAIN_TABLE, cstring(natTable)), attr(unix.NFTA_CHAIN_NAME, cstring(chain)))
+	switch {
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return f, fmt.Errorf("get chain %s: %w", chain, err)
+	default:
+		for _, m := range msgs {
+			f.ChainPresent = true
+			if err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+				if ad.Type() == unix.NFTA_CHAIN_HANDLE {
+					f.ChainHandle = ad.Uint64()
+				}
+			}); err != nil {
+				return f, err
+			}
+		}
+	}
+	if f.ChainPresent {
+		if f.Rules, err = readXTRules(conn, proto, chain); err != nil {
+			return f, fmt.Errorf("list chain %s: %w", chain, err)
+		}
+	}
+	post, err := readXTRules(conn, proto, postrouting)
+	if err != nil {
+		return f, fmt.Errorf("list chain %s: %w", postrouting, err)
+	}
+	f.Jumps, f.Exemptions = jumpsAndExemptions(post, chain)
+	return f, nil
+}
+
+// jumpsAndExemptions picks, from nat POSTROUTING's rules, those that jump
+// to chain and the accept or return rules before the first of them.
+func jumpsAndExemptions(post []XTRule, chain string) (jumps, exemptions []XTRule) {
+	for _, r := range post {
+		switch r.Verdict {
+		case "jump " + chain, "goto " + chain:
+			jumps = append(jumps, r)
+		case "accept", "return":
+			if len(jumps) == 0 {
+				exemptions = append(exemptions, r)
+			}
+		}
+	}
+	return jumps, exemptions
+}
+
+// readXTRules reads a chain of a nat table; no table or chain is no rules.
+func readXTRules(conn *netlink.Conn, proto uint8, chain string) ([]XTRule, error) {
+	msgs, err := requestFamily(conn, proto, unix.NFT_MSG_GETRULE, true,
+		attr(unix.NFTA_RULE_TABLE, cstring(natTable)), attr(unix.NFTA_RULE_CHAIN, cstring(chain)))
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []XTRule
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		d, err := decodeRuleAttrs(m.Data[4:], proto)
+		if err != nil {
+			return nil, err
+		}
+		if d.chain != chain {
+			continue
+		}
+		out = append(out, newXTRule(d.handle, d.exprs, d.userData))
+	}
+	return out, nil
+}
+
+// newXTRule describes a rule read from an iptables-nft table.
+func newXTRule(handle uint64, exprs []expr.Any, userData []byte) XTRule {
+	r := XTRule{Handle: handle, exprs: exprs}
+	for _, e := range exprs {
+		switch e := e.(type) {
+		case *expr.Match:
+			if c, ok := e.Info.(*xt.Comment); ok && e.Name == "comment" {
+				r.Comment = string(*c)
+			}
+		case *expr.Verdict:
+			r.Verdict = verdictName(e)
+		case *expr.Target:
+			if e.Name == "MASQUERADE" {
+				r.Verdict = "masquerade"
+			} else {
+				r.Verdict = "-j " + e.Name
+			}
+		case *expr.Masq:
+			r.Verdict = "masquerade"
+		}
+	}
+	r.Text = describeExprs(exprs)
+	if c, ok := userdata.GetString(userData, userdata.TypeComment); ok && c != "" {
+		if r.Comment == "" {
+			r.Comment = c
+		}
+		r.Text += fmt.Sprintf(" comment %q", c)
+	}
+	return r
+}
+
+// xtText writes an xtables match or target as iptables would.
+func xtText(name string, info xt.InfoAny, target bool) string {
+	if target {
+		switch name {
+		case "MASQUERADE":
+			s := "-j MASQUERADE"
+			if r, ok := info.(*xt.NatRange); ok && r.Flags&uint(xt.NatRangeProtoRandomFully) != 0 {
+				s += " --random-fully"
+			}
+			return s
+		}
+		return "-j " + name
+	}
+	switch i := info.(type) {
+	case *xt.Comment:
+		return fmt.Sprintf("-m comment --comment %q", string(*i))
+	case *xt.AddrTypeV1:
+		var w []string
+		if i.Source != 0 {
+			if i.Flags&0x1 != 0 {
+				w = append(w, "!")
+			}
+			w = append(w, "--src-type", addrTypes(i.Source))
+		}
+		if i.Dest != 0 {
+			if i.Flags&0x2 != 0 {
+				w = append(w, "!")
+			}
+			w = append(w, "--dst-type", addrTypes(i.Dest))
+		}
+		return "-m addrtype " + strings.Join(w, " ")
+	}
+	return "-m " + name
+}
+
+func addrTypes(t uint16) string {
+	names := []string{"UNSPEC", "UNICAST", "LOCAL", "BROADCAST", "ANYCAST", "MULTICAST", "BLACKHOLE",
+		"UNREACHABLE", "PROHIBIT", "THROW", "NAT", "XRESOLVE"}
+	var w []string
+	for i, n := range names {
+		if t&(1<<i) != 0 {
+			w = append(w, n)
+		}
+	}
+	return strings.Join(w, ",")
+}
+
+// RemoveOriginal removes the original agent's rules from the iptables-nft
+// nat tables in one transaction: the jumps to chain from POSTROUTING (by
+// handle), then the chain, flushed and deleted, for both families; nothing
+// else. With fingerprint not empty, it removes nothing and returns
+// ErrOriginalChanged if the rules are no longer the ones with that
+// fingerprint. The transaction carries the generation of its read, so
+// that it is refused if anything changed in between (then it reads and
+// tries again). It returns what it removed (nothing, when nothing was there).
+func (n *Netlink) RemoveOriginal(chain, fingerprint string) (Original, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for attempt := 1; ; attempt++ {
+		o, err := n.findOriginal(chain)
+		if err != nil {
+			return o, err
+		}
+		if !o.Present() {
+			return o, nil
+		}
+		if fingerprint != "" && o.Fingerprint() != fingerprint {
+			return o, ErrOriginalChanged
+		}
+		conn, err := n.socket()
+		if err != nil {
+			return o, err
+		}
+		b := &batch{msgs: removeOriginalMessages(o)}
+		if n.pause != nil {
+			resume := n.pause()
+			_, err = b.send(conn, o.Gen)
+			resume()
+		} else {
+			_, err = b.send(conn, o.Gen)
+		}
+		switch {
+		case err == nil:
+			return o, nil
+		case errors.Is(err, unix.ERESTART) && attempt < maxAttempts:
+			continue
+		case errors.Is(err, unix.ERESTART):
+			return o, fmt.Errorf("%w: %w", ErrStale, err)
+		case errors.Is(err, errNoAnswer):
+			n.broken()
+		case errors.Is(err, unix.EBUSY):
+			err = fmt.Errorf("%w (chain %s is still referenced by a rule other than POSTROUTING's jumps)", err, chain)
+		}
+		return o, fmt.Errorf("remove the original agent's rules: %w", err)
+	}
+}
+
+// removeOriginalMessages encodes the removal: the jumps by handle, then
+// each chain flushed (a DELRULE without a handle) and deleted.
+func removeOriginalMessages(o Original) []netlink.Message {
+	var msgs []netlink.Message
+	msg := func(proto uint8, typ int, attrs ...netlink.Attribute) {
+		data, _ := netlink.MarshalAttributes(attrs)
+		msgs = append(msgs, netlink.Message{
+			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: netlink.Request},
+			Data:   append(nfgenmsg(proto, 0), data...),
+		})
+	}
+	for _, f := range o.Families {
+		proto := nfproto(f.Family)
+		for _, j := range f.Jumps {
+			msg(proto, unix.NFT_MSG_DELRULE, attr(unix.NFTA_RULE_TABLE, cstring(natTable)),
+				attr(unix.NFTA_RULE_CHAIN, cstring(postrouting)), attr(unix.NFTA_RULE_HANDLE, binaryutil.BigEndian.PutUint64(j.Handle)))
+		}
+		if f.ChainPresent {
+			msg(proto, unix.NFT_MSG_DELRULE, attr(unix.NFTA_RULE_TABLE, cstring(natTable)), attr(unix.NFTA_RULE_CHAIN, cstring(f.Chain)))
+			msg(proto, unix.NFT_MSG_DELCHAIN, attr(unix.NFTA_CHAIN_TABLE, cstring(natTable)), attr(unix.NFTA_CHAIN_NAME, cstring(f.Chain)))
+		}
+	}
+	return msgs
+}
+
+// legacyNat returns the tools whose legacy nat table exists in the
+// namespace (/proc/net/ip_tables_names and ip6_tables_names are per
+// network namespace). Called with n.mu held.
+func (n *Netlink) legacyNat() []string {
+	var out []string
+	read := func() {
+		for _, x := range []struct{ file, tool string }{
+			{"ip_tables_names", "iptables"}, {"ip6_tables_names", "ip6tables"},
+		} {
+			data, err := os.ReadFile("/proc/thread-self/net/" + x.file)
+			if err != nil {
+				continue // no x_tables module loaded: no legacy table
+			}
+			if slices.Contains(strings.Fields(string(data)), natTable) {
+				out = append(out, x.tool)
+			}
+		}
+	}
+	if n.NetNS == 0 {
+		read()
+		return out
+	}
+	// Another namespace (tests): read its /proc/net from a thread in it.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		if unix.Unshare(unix.CLONE_FS) != nil || unix.Setns(n.NetNS, unix.CLONE_NEWNET) != nil {
+			return
+		}
+		read()
+	}()
+	<-done
+	return out
+}
+
+// ExplainOriginal says what the original's rules of a's family do to a
+// new connection to a, before table inet ip-masq-agent sees it (iptables'
+// nat POSTROUTING runs at priority srcnat, the agent's chain at srcnat +
+// 10). decided is false when they leave the decision to the agent's table.
+func (o Original) ExplainOriginal(a netip.Addr, local bool) (e Explanation, decided bool) {
+	a = a.Unmap()
+	fam := Family(4)
+	if a.Is6() {
+		fam = 6
+	}
+	e.Addr = a
+	f := o.Jumped(fam)
+	if f == nil {
+		return e, false
+	}
+	where := fmt.Sprintf("the original ip-masq-agent's rules in table %s (iptables nat POSTROUTING, priority srcnat: before table inet %s)", f.Table(), TableName)
+	for _, x := range f.Exemptions {
+		switch xtMatch(x, a, local) {
+		case matchYes:
+			e.Reason = fmt.Sprintf("nat POSTROUTING rule %q %ss it before the original agent's jump: not masqueraded by iptables; table inet %s decides next", x.Text, x.Verdict, TableName)
+			return e, false
+		case matchUnknown:
+			e.Undetermined = true
+			e.Reason = fmt.Sprintf("nat POSTROUTING rule %q may %s it before the original agent's jump (it matches on more than the destination)", x.Text, x.Verdict)
+			e.Rule = x.Text
+			return e, true
+		}
+	}
+	j := f.Jumps[0]
+	switch xtMatch(j, a, local) {
+	case matchNo:
+		return e, false // a local destination: the jump is not taken
+	case matchUnknown:
+		e.Undetermined, e.Reason, e.Rule = true, where+" jump for some packets only", j.Text
+		return e, true
+	}
+	var maybe *XTRule
+	for i, r := range f.Rules {
+		m := xtMatch(r, a, local)
+		switch {
+		case m == matchNo || r.Verdict == "":
+			continue
+		case m == matchUnknown && r.Verdict == "masquerade":
+			if maybe == nil {
+				maybe = &f.Rules[i]
+			}
+			continue
+		case m == matchUnknown:
+			e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s rule %d matches on more than the destination", where, f.Chain, i+1), r.Text
+			return e, true
+		}
+		switch r.Verdict {
+		case "masquerade":
+			e.Masquerade, e.Reason, e.Rule = true, fmt.Sprintf("masqueraded by %s: chain %s rule %d", where, f.Chain, i+1), r.Text
+			return e, true
+		case "return":
+			if maybe != nil {
+				e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s masquerades some packets to it", where, f.Chain), maybe.Text
+				return e, true
+			}
+			e.Reason, e.Rule = fmt.Sprintf("not masqueraded by %s (chain %s rule %d returns); table inet %s decides next", where, f.Chain, i+1, TableName), r.Text
+			return e, false
+		default:
+			e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s rule %d: %s", where, f.Chain, i+1, r.Verdict), r.Text
+			return e, true
+		}
+	}
+	if maybe != nil {
+		e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s masquerades some packets to it", where, f.Chain), maybe.Text
+		return e, true
+	}
+	e.Reason = fmt.Sprintf("no rule of %s matched; table inet %s decides next", where, TableName)
+	return e, false
+}
+
+// xtMatch evaluates an iptables-nft rule's matches on a new connection from
+// a pod to a: destination prefixes, comments and the destination's address
+// type are known; anything else (the source, interfaces, marks) is not.
+func xtMatch(r XTRule, a netip.Addr, local bool) match {
+	addr := a.AsSlice()
+	daddr := 16
+	if a.Is6() {
+		daddr = 24
+	}
+	regs := map[uint32][]byte{}
+	unknown := false
+	for _, e := range r.exprs {
+		switch e := e.(type) {
+		case *expr.Payload:
+			delete(regs, e.DestRegister)
+			off := int(e.Offset) - daddr
+			if e.Base == expr.PayloadBaseNetworkHeader && off >= 0 && off+int(e.Len) <= len(addr) {
+				regs[e.DestRegister] = slices.Clone(addr[off : off+int(e.Len)])
+			}
+		case *expr.Meta:
+			delete(regs, e.Register)
+		case *expr.Bitwise:
+			v, ok := regs[e.SourceRegister]
+			delete(regs, e.DestRegister)
+			if ok && len(e.Mask) == len(v) && len(e.Xor) == len(v) {
+				out := make([]byte, len(v))
+				for i := range v {
+					out[i] = v[i]&e.Mask[i] ^ e.Xor[i]
+				}
+				regs[e.DestRegister] = out
+			}
+		case *expr.Cmp:
+			v, ok := regs[e.Register]
+			if !ok || len(v) != len(e.Data) {
+				unknown = true
+				continue
+			}
+			c := bytes.Compare(v, e.Data)
+			if !map[expr.CmpOp]bool{expr.CmpOpEq: c == 0, expr.CmpOpNeq: c != 0, expr.CmpOpLt: c < 0,
+				expr.CmpOpLte: c <= 0, expr.CmpOpGt: c > 0, expr.CmpOpGte: c >= 0}[e.Op] {
+				return matchNo
+			}
+		case *expr.Match:
+			switch i := e.Info.(type) {
+			case *xt.Comment:
+			case *xt.AddrTypeV1:
+				if i.Source != 0 || i.Flags&^0x2 != 0 || i.Dest&^uint16(xt.AddrTypeLocal) != 0 {
+					unknown = true
+					continue
+				}
+				// Only LOCAL: a pod's destination is local or unicast.
+				is := local
+				if i.Flags&0x2 != 0 {
+					is = !is
+				}
+				if !is {
+					return matchNo
+				}
+			default:
+				unknown = true
+			}
+		case *expr.Counter, *expr.Verdict, *expr.Target, *expr.Masq, *expr.Immediate:
+		default:
+			unknown = true
+		}
+	}
+	if unknown {
+		return matchUnknown
+	}
+	return matchYes
+}
+
+// prefixText shows a comparison of part of an address (iptables-nft loads
+// only the bytes a prefix covers, and masks the last one) as a prefix.
+func prefixText(data, mask []byte, full int) (string, bool) {
+	if len(data) == 0 || len(data) > full || (full != 4 && full != 16) {
+		return "", false
+	}
+	addr := make([]byte, full)
+	copy(addr, data)
+	n := len(data) * 8
+	if mask != nil {
+		if len(mask) != len(data) {
+			return "", false
+		}
+		n = 0
+		for _, m := range mask {
+			n += bits.OnesCount8(m)
+		}
+	}
+	a, _ := netip.AddrFromSlice(addr)
+	p := netip.PrefixFrom(a, n)
+	if !p.IsValid() {
+		return "", false
+	}
+	return p.String(), true
+}

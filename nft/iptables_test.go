@@ -1,0 +1,122 @@
+package nft
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
+)
+
+// xtRules are rules as iptables-nft writes the original agent's: a prefix
+// as a short payload load, comments and addrtype as xtables matches.
+func originalForTest() Original {
+	comment := func(s string) *expr.Match { c := xt.Comment(s); return &expr.Match{Name: "comment", Info: &c} }
+	ret := &expr.Verdict{Kind: expr.VerdictReturn}
+	jump := newXTRule(3, []expr.Any{
+		comment(OriginalJumpComment(DefaultChain)),
+		&expr.Match{Name: "addrtype", Rev: 1, Info: &xt.AddrTypeV1{Dest: uint16(xt.AddrTypeLocal), Flags: 0x2}},
+		&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: DefaultChain},
+	}, nil)
+	accept := newXTRule(2, []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 255, 240, 0}, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Register: 1, Data: []byte{192, 168, 0, 0}}, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept},
+	}, nil)
+	jumps, ex := jumpsAndExemptions([]XTRule{accept, jump}, DefaultChain)
+	return Original{Chain: DefaultChain, Families: []OriginalFamily{{
+		Family: 4, Chain: DefaultChain, ChainPresent: true, ChainHandle: 1, Jumps: jumps, Exemptions: ex,
+		Rules: []XTRule{
+			newXTRule(4, []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 1},
+				&expr.Cmp{Register: 1, Data: []byte{10}}, comment("ip-masq-agent: local traffic is not subject to MASQUERADE"), &expr.Counter{}, ret}, nil),
+			newXTRule(5, []expr.Any{comment("ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"),
+				&expr.Counter{}, &expr.Target{Name: "MASQUERADE"}}, nil),
+		},
+	}, {Family: 6, Chain: DefaultChain}}}
+}
+
+func TestOriginalDescribe(t *testing.T) {
+	o := originalForTest()
+	f := o.Families[0]
+	if !f.Recognised() || !o.Present() || o.Families[1].Present() {
+		t.Fatalf("recognised %v present %v", f.Recognised(), o.Present())
+	}
+	for got, want := range map[string]string{
+		f.Jumps[0].Text:      `-m comment --comment "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom IP-MASQ-AGENT chain" -m addrtype ! --dst-type LOCAL counter jump IP-MASQ-AGENT`,
+		f.Exemptions[0].Text: "ip daddr 192.168.0.0/20 counter accept",
+		f.Rules[0].Text:      `ip daddr 10.0.0.0/8 -m comment --comment "ip-masq-agent: local traffic is not subject to MASQUERADE" counter return`,
+		f.Rules[1].Verdict:   "masquerade",
+		o.Fingerprint():      "4:1:j3,4,5,;",
+		f.Tool() + " " + o.Families[1].Tool() + " " + o.Families[1].Table() + " " + o.Families[1].MetricFamily(): "iptables ip6tables ip6 nat ipv6",
+	} {
+		if got != want {
+			t.Errorf("got  %s\nwant %s", got, want)
+		}
+	}
+	if s := f.Summary(); !strings.Contains(s, "chain IP-MASQ-AGENT (2 rules); POSTROUTING rule (handle 3)") {
+		t.Errorf("summary %s", s)
+	}
+	if c := LegacyCommands("IP-MASQ", "ip6tables"); len(c) != 3 || !strings.HasPrefix(c[0], `ip6tables-legacy -t nat -D POSTROUTING -m comment --comment "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom IP-MASQ chain" -m addrtype ! --dst-type LOCAL -j IP-MASQ`) || c[2] != "ip6tables-legacy -t nat -X IP-MASQ" {
+		t.Errorf("legacy commands %q", c)
+	}
+	if n := len(removeOriginalMessages(o)); n != 3 { // the jump, flush, delete chain
+		t.Errorf("%d removal messages, want 3", n)
+	}
+	// A chain without the original's comments is not recognised.
+	g := OriginalFamily{Family: 4, Chain: "X", ChainPresent: true, Rules: []XTRule{{Text: "accept"}}}
+	if g.Recognised() || (OriginalFamily{}).Recognised() {
+		t.Error("a foreign chain recognised")
+	}
+}
+
+func TestOriginalExplain(t *testing.T) {
+	o := originalForTest()
+	local := func(s string) bool { return s == "10.244.1.1" }
+	for _, tc := range []struct {
+		addr           string
+		decided, masq  bool
+		reasonContains string
+	}{
+		{"203.0.113.10", true, true, "masqueraded by the original ip-masq-agent's rules in table ip nat"},
+		{"10.1.2.3", false, false, "chain IP-MASQ-AGENT rule 1 returns"},
+		{"192.168.3.4", false, false, "accepts it before the original agent's jump"},
+		{"10.244.1.1", false, false, ""},
+		{"2001:db8::1", false, false, ""},
+	} {
+		e, decided := o.ExplainOriginal(netip.MustParseAddr(tc.addr), local(tc.addr))
+		if decided != tc.decided || e.Masquerade != tc.masq || !strings.Contains(e.Reason, tc.reasonContains) {
+			t.Errorf("%s: decided %v masquerade %v reason %q", tc.addr, decided, e.Masquerade, e.Reason)
+		}
+	}
+	// A rule that matches on the source is undetermined.
+	src := newXTRule(7, []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 2},
+		&expr.Cmp{Register: 1, Data: []byte{10, 244}}, &expr.Verdict{Kind: expr.VerdictReturn}}, nil)
+	if src.Text != "ip saddr 10.244.0.0/16 return" {
+		t.Errorf("text %q", src.Text)
+	}
+	o.Families[0].Exemptions = []XTRule{src}
+	if e, decided := o.ExplainOriginal(netip.MustParseAddr("203.0.113.10"), false); !decided || !e.Undetermined {
+		t.Errorf("source exemption: %+v %v", e, decided)
+	}
+}
+
+func TestFakeOriginal(t *testing.T) {
+	f := &Fake{}
+	f.SetOriginal(originalForTest())
+	o, _ := f.FindOriginal(DefaultChain)
+	fp := o.Fingerprint()
+	f.RewriteOriginal()
+	if _, err := f.RemoveOriginal(DefaultChain, fp); err != ErrOriginalChanged {
+		t.Fatalf("stale removal: %v", err)
+	}
+	if other, _ := f.FindOriginal("IP-MASQ"); other.Present() {
+		t.Error("another chain name found the rules")
+	}
+	if _, err := f.RemoveOriginal(DefaultChain, ""); err != nil || f.Removals() != 1 {
+		t.Fatalf("removal: %v", err)
+	}
+	if o, _ := f.FindOriginal(DefaultChain); o.Present() {
+		t.Error("still present")
+	}
+}
