@@ -88,8 +88,37 @@ func TestQuickRun(t *testing.T) {
 		}
 	}
 
+	if k := r.Kernel; k == nil {
+		t.Error("no kernel side figures")
+	} else {
+		for _, x := range k.ReadBack {
+			if x.Read.Reps() == 0 || x.CachedRead.Reps() == 0 || x.Resync.Reps() == 0 {
+				t.Errorf("%d CIDRs: no read-back figures", x.N)
+			}
+			if x.Sent != 0 || x.GenMoves != 0 || x.NotUnchanged != 0 {
+				t.Errorf("%d CIDRs: unchanged resyncs sent %d messages, moved the generation %d times, %d not unchanged", x.N, x.Sent, x.GenMoves, x.NotUnchanged)
+			}
+		}
+		if len(k.Once) == 0 || len(k.Once[0].Wall) == 0 || k.daemon() == nil {
+			t.Error("no --once or daemon first apply figures")
+		}
+		if len(k.Restarts) != 2 {
+			t.Errorf("restarts measured: %d configurations, want 2", len(k.Restarts))
+		}
+		for _, x := range k.Restarts {
+			if len(x.Messages) == 0 || x.NotRecognised > 0 {
+				t.Errorf("restarts (owned %v): %d measured, %d did not find the table", x.Owned, len(x.Messages), x.NotRecognised)
+			}
+		}
+	}
+	if c := r.Conntrack; c == nil || len(c.Rows) == 0 || len(c.Rows[0].Took) == 0 {
+		t.Error("no conntrack cleanup figures")
+	} else if x := c.Rows[0]; x.Wrong != "" || x.Probe.Sent == 0 {
+		t.Errorf("conntrack cleanup: %s; probe %+v", x.Wrong, x.Probe)
+	}
+
 	md := Markdown(r)
-	for _, want := range []string{"## Machine", "## Targets", "## Control plane", "## Data plane", "## Live operation", "## Rerun"} {
+	for _, want := range []string{"## Machine", "## Targets", "## Control plane", "## Kernel side", "## Data plane", "## Live operation", "## Conntrack cleanup", "## Rerun"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the report lacks %q", want)
 		}

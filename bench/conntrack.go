@@ -40,7 +40,7 @@ type CleanupRow struct {
 }
 
 // Probe is UDP round trips from the pod to a host behind the node, one at a
-// time with no pause, on one flow (one conntrack entry that the cleanup
+// time, probeInterval apart, on one flow (one conntrack entry that the cleanup
 // must keep): how many were answered, and how long they took.
 type Probe struct {
 	Sent, Answered int
@@ -189,8 +189,12 @@ func (p *Probe) add(q Probe) {
 	p.RTTs = append(p.RTTs, q.RTTs...)
 }
 
+// probeInterval paces the probe: a flow of about 1,000 packets a second
+// each way, which leaves the CPUs to the cleanup.
+const probeInterval = time.Millisecond
+
 // runProbe sends a datagram and waits for its answer (at most 200 ms),
-// again and again, for d or until stop is closed.
+// again and again (probeInterval apart), for d or until stop is closed.
 func runProbe(c *net.UDPConn, d time.Duration, stop <-chan struct{}) Probe {
 	var p Probe
 	buf := make([]byte, 512)
@@ -204,6 +208,9 @@ func runProbe(c *net.UDPConn, d time.Duration, stop <-chan struct{}) Probe {
 			}
 		} else if time.Now().After(end) && p.Sent > 0 {
 			return p
+		}
+		if p.Sent > 0 {
+			time.Sleep(probeInterval)
 		}
 		start := time.Now()
 		p.Sent++

@@ -135,6 +135,7 @@ func RunKernel(ctx context.Context, cfg Config) (*KernelResults, error) {
 				if err := onceRun(ctx, cfg, topo, path, &row.Wall, &row.Took, &row.User, &row.Kernel); err != nil {
 					return err
 				}
+				cfg.logf("kernel side: --once wall %s, user %s, system %s, took= %s", row.Wall[len(row.Wall)-1], row.User[len(row.User)-1], row.Kernel[len(row.Kernel)-1], row.Took[len(row.Took)-1])
 			}
 			return nil
 		})
@@ -152,14 +153,18 @@ func RunKernel(ctx context.Context, cfg Config) (*KernelResults, error) {
 	res.Daemon = &DaemonFirst{N: onceN}
 	if err := withTopology("kdf", func(topo *testnet.Topology) error {
 		d := res.Daemon
-		for range pairs {
-			if err := onceRun(ctx, cfg, topo, path, &d.OnceWall, &d.OnceTook, nil, nil); err != nil {
-				return err
+		for i := range 2 * pairs {
+			var err error
+			if i%4 == 0 || i%4 == 3 { // once, daemon, daemon, once, ...: neither always goes first
+				err = onceRun(ctx, cfg, topo, path, &d.OnceWall, &d.OnceTook, nil, nil)
+			} else {
+				err = daemonFirst(ctx, cfg, topo, path, d)
 			}
-			if err := daemonFirst(ctx, cfg, topo, path, d); err != nil {
+			if err != nil {
 				return err
 			}
 		}
+		cfg.logf("kernel side: took= --once %v, daemon %v", d.OnceTook, d.DaemonTook)
 		return nil
 	}); err != nil {
 		return res, fmt.Errorf("the daemon's first apply: %w", err)
@@ -313,10 +318,21 @@ func tookOf(line string) (time.Duration, bool) {
 
 const appliedMarker = `msg="applied config"`
 
+// deleteAndSettle deletes the table, and waits a little for the kernel to
+// free it (deferred work): a first apply on a node does not come right
+// after the deletion of a large table.
+func deleteAndSettle(ctx context.Context, fd int) error {
+	if err := (&nft.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
+		return err
+	}
+	sleepCtx(ctx, 300*time.Millisecond)
+	return ctx.Err()
+}
+
 // onceRun deletes the table and runs `ip-masq-agent --once` (defaults:
 // the table owned) on path.
 func onceRun(ctx context.Context, cfg Config, topo *testnet.Topology, path string, wall, took, user, kernel *[]time.Duration) error {
-	if err := (&nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}).Delete(); err != nil {
+	if err := deleteAndSettle(ctx, int(topo.NodeHandle())); err != nil {
 		return err
 	}
 	r, err := runIn(ctx, topo.NodeHandle(), cfg.Agent, "--once", "--config", path)
@@ -359,7 +375,7 @@ func waitLine(ctx context.Context, d *daemon, marker string, timeout time.Durati
 // daemonFirst deletes the table and starts the daemon (defaults: the table
 // owned, the watch on) until its first apply.
 func daemonFirst(ctx context.Context, cfg Config, topo *testnet.Topology, path string, r *DaemonFirst) error {
-	if err := (&nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}).Delete(); err != nil {
+	if err := deleteAndSettle(ctx, int(topo.NodeHandle())); err != nil {
 		return err
 	}
 	d, err := startDaemon(ctx, topo, cfg.Agent, "--config", path, "--http-address=")

@@ -166,6 +166,8 @@ func Targets(r *Results) []Target {
 	} else {
 		add("live operation targets", "", nil)
 	}
+	kernelTargets(r, add)
+	conntrackTargets(r, add)
 	return ts
 }
 
@@ -192,10 +194,10 @@ func Markdown(r *Results) string {
 	w("| kernel | `%s` |\n| CPU | %s, %d CPUs (`nproc`) |\n| memory | %s |\n| Go | %s |\n", m.Kernel, m.CPU, m.CPUs, m.MemTotal, m.Go)
 	w("| nft | %s |\n| iptables | %s; %s |\n", m.NFT, m.IPTablesNFT, m.IPTablesLegacy)
 	w("| iptables-legacy in a network namespace | %s |\n", legacyStatus(r))
-	w("| load average (`/proc/loadavg`) | at the start `%s`; control plane `%s`; data plane `%s`; live operation `%s`; at the end `%s` |\n\n",
-		m.LoadStart, orDash(r.Load["control"]), orDash(r.Load["data"]), orDash(r.Load["live"]), r.LoadEnd)
+	w("| load average (`/proc/loadavg`) | at the start `%s`; control plane `%s`; kernel side `%s`; data plane `%s`; live operation `%s`; conntrack cleanup `%s`; at the end `%s` |\n\n",
+		m.LoadStart, orDash(r.Load["control"]), orDash(r.Load["kernel"]), orDash(r.Load["data"]), orDash(r.Load["live"]), orDash(r.Load["conntrack"]), r.LoadEnd)
 
-	w("## Targets\n\nThe goals of the issue that asked for these benchmarks, and this run's figures.\n\n")
+	w("## Targets\n\nThe goals of the issues that asked for these benchmarks (6; 11 and 14 where marked), and this run's figures.\n\n")
 	w("| target | measured | |\n| --- | --- | --- |\n")
 	for _, t := range Targets(r) {
 		measured := t.Measured
@@ -207,13 +209,15 @@ func Markdown(r *Results) string {
 	w("\n")
 
 	controlMarkdown(&b, r)
+	kernelMarkdown(&b, r)
 	dataMarkdown(&b, r)
 	liveMarkdown(&b, r)
+	conntrackMarkdown(&b, r)
 
 	w("## Rerun\n\n```sh\n" +
 		"make bench                # everything, about 6 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
 		"BENCH_QUICK=1 make bench  # a smoke run of seconds; prints the report, writes nothing\n" +
-		"go run ./bench/cmd/bench -help   # -only control,data,live; -out FILE; -timeout\n" +
+		"go run ./bench/cmd/bench -help   # -only control,kernel,data,live,conntrack; -out FILE; -timeout\n" +
 		"go test ./bench/          # the smoke run as a test (part of make test)\n" +
 		"```\n\n" +
 		"Needs root (it creates network namespaces; nothing is changed in the machine's own namespace), Linux with\n" +
@@ -240,10 +244,11 @@ func controlMarkdown(b *strings.Builder, r *Results) {
 		"repetitions (5; 3 at 100,000; `(n=…)` marks cells cut short after 20 s). The list is /29s from 100.64.0.0/10\n" +
 		"(IPv6: /48s from fd42::/16); \"one CIDR changed\" replaces its middle entry, \"full change\" swaps it for\n" +
 		"another list of the same size (from 240.0.0.0/4; IPv6 fd43::/16), and back.\n\n" +
-		"- **agent**: `nft.Netlink.Apply` in-process on the namespace, one Applier from the first apply on (it\n" +
-		"  remembers what the kernel holds: an unchanged resync reads the nftables generation id and sends\n" +
-		"  nothing, a change sends only the differences). Parsing the YAML and `nft.Build` come before it and\n" +
-		"  are listed separately below.\n" +
+		"- **agent**: `nft.Netlink.Apply` in-process on the namespace (the table not owned), one `nft.Netlink`\n" +
+		"  from the first apply on: each apply reads the table back, compares, sends the plan of the\n" +
+		"  differences and reads back again; an unchanged resync here finds the generation of its last whole\n" +
+		"  read, reuses it and sends nothing (the cost of a whole read-back is under \"Kernel side\").\n" +
+		"  Parsing the YAML and `nft.Build` come before it and are listed separately below.\n" +
 		"- **`nft -f`**: `nft.Render` of the same ruleset, prefixed with `table inet ip-masq-agent` and\n" +
 		"  `delete table inet ip-masq-agent` so that it replaces the table; a new `nft` process each time.\n" +
 		"- **iptables-…-restore**: `iptables-restore --noflush` of what the original agent writes on every\n" +
@@ -484,9 +489,12 @@ func liveMarkdown(b *strings.Builder, r *Results) {
 		"  timestamped directory (the kubelet's atomic update; each trial changes one CIDR) to the agent's\n" +
 		"  commit. The agent coalesces file events for 10 ms before reading.\n" +
 		"- **repair**: from the commit of a foreign `delete table inet ip-masq-agent` (sent by the harness\n" +
-		"  over netlink) to the agent's commit that re-creates the whole table: it re-reads the file and\n" +
+		"  over netlink; the earlier of the kernel's ack and the notification, which the monitor may read\n" +
+		"  late when it waits for a CPU) to the agent's commit that re-creates the whole table: it re-reads the file and\n" +
 		"  writes everything, as a first apply (see the control plane). The original agent repairs only at\n" +
-		"  its next resync: up to one interval, 60 s by default.\n\n" +
+		"  its next resync: up to one interval, 60 s by default. The agent takes a third repair within 10 s\n" +
+		"  for the sign of a rival writer and backs off before the next one, so the harness restarts it after\n" +
+		"  every 3 repairs (SIGTERM, then a new process, which finds the table in place; below).\n\n" +
 		"Between trials the harness waits until the agent has logged the end of its sync, and 50 ms more.\n" +
 		"Before it writes, the agent reads the table and the generation id over netlink, on sockets it opens\n" +
 		"and closes; as the control plane shows, on this kernel a close waits while an earlier transaction's\n" +
@@ -508,6 +516,12 @@ func liveMarkdown(b *strings.Builder, r *Results) {
 		}
 	}
 	w("\n")
+	for _, x := range l.Rows {
+		if x.Restarts > 0 {
+			w("%s CIDRs: the agent was restarted %d times between repairs; the restarts sent %d messages and made %d commits\n"+
+				"(the table not owned: want 0).\n\n", num(x.N), x.Restarts, x.RestartMessages, x.RestartGenMoves)
+		}
+	}
 }
 
 // --- formatting ---
@@ -550,4 +564,307 @@ func num(n int) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
+}
+
+// --- the kernel side (issue 11) and the conntrack cleanup (issue 14) ---
+
+func kernelTargets(r *Results, add func(goal, measured string, met *bool)) {
+	k := r.Kernel
+	goal := "an unchanged resync sends nothing, the table read back whole; the read-back's cost at 64, 10,000 and 100,000 CIDRs (issue 11)"
+	if k == nil || len(k.ReadBack) == 0 {
+		add(goal, "", nil)
+	} else {
+		var full, cached, sizes []string
+		sent, moves, not := 0, 0, 0
+		for _, x := range k.ReadBack {
+			sizes = append(sizes, num(x.N))
+			full = append(full, fmtDur(x.Resync.Median()))
+			cached = append(cached, fmtDur(x.CachedResync.Median()))
+			sent, moves, not = sent+x.Sent, moves+x.GenMoves, not+x.NotUnchanged
+		}
+		add(goal, fmt.Sprintf("read back whole, compared: %s (%s CIDRs); at an unchanged generation: %s; messages sent: %d, generation moves: %d",
+			strings.Join(full, " / "), strings.Join(sizes, " / "), strings.Join(cached, " / "), sent, moves),
+			ptr(sent == 0 && moves == 0 && not == 0))
+	}
+	if d := k.daemon(); d != nil {
+		dt, ot := median(d.DaemonTook), median(d.OnceTook)
+		dw, ow := median(d.DaemonWall), median(d.OnceWall)
+		ratio := float64(dt) / float64(ot)
+		add(fmt.Sprintf("the daemon's first apply of %s CIDRs within 1.2× of `--once` (issue 11)", num(d.N)),
+			fmt.Sprintf("`took=` %s vs %s: %.2f×; from the process's start to the table applied: %s vs %s: %.2f×",
+				fmtDur(dt), fmtDur(ot), ratio, fmtDur(dw), fmtDur(ow), float64(dw)/float64(ow)), ptr(ratio <= 1.2))
+	} else {
+		add("the daemon's first apply of 100,000 CIDRs within 1.2× of `--once` (issue 11)", "", nil)
+	}
+	onceGoal := func(n int) string {
+		return fmt.Sprintf("a cold `--once` of %s CIDRs at most 1.25× its own kernel (system) time, wall clock (issue 11)", num(n))
+	}
+	if k == nil || len(k.Once) == 0 {
+		add(onceGoal(100_000), "", nil)
+	} else {
+		for _, o := range k.Once {
+			ratio := o.Ratio()
+			add(onceGoal(o.N), fmt.Sprintf("wall %s vs system %s: %.2f× (user %s)",
+				fmtDur(median(o.Wall)), fmtDur(median(o.Kernel)), ratio, fmtDur(median(o.User))), ptr(ratio > 0 && ratio <= 1.25))
+		}
+	}
+	goal = "a restart that finds the right table sends nothing but the adoption (owned: 1 table-flags message; not owned: none) and keeps the counters (issue 11)"
+	if k == nil || len(k.Restarts) == 0 {
+		add(goal, "", nil)
+	} else {
+		var parts []string
+		met := true
+		for _, x := range k.Restarts {
+			want := 0
+			if x.Owned {
+				want = 1
+			}
+			for i, m := range x.Messages {
+				met = met && m >= 0 && m <= want && x.GenMoves[i] <= want
+			}
+			met = met && x.CountersKept && x.NotRecognised == 0 && len(x.Messages) > 0
+			parts = append(parts, fmt.Sprintf("%s: messages %s, commits %s, counters %s", ownedName(x.Owned),
+				joinInts(x.Messages), joinInts(x.GenMoves), keptWord(x.CountersKept)))
+		}
+		add(goal, strings.Join(parts, "; "), &met)
+	}
+}
+
+func (k *KernelResults) daemon() *DaemonFirst {
+	if k == nil || k.Daemon == nil || len(k.Daemon.DaemonTook) == 0 || len(k.Daemon.OnceTook) == 0 {
+		return nil
+	}
+	return k.Daemon
+}
+
+func ownedName(owned bool) string {
+	if owned {
+		return "owned (`--own-table=true`, the default)"
+	}
+	return "not owned (`--own-table=false`)"
+}
+
+func keptWord(kept bool) string {
+	if kept {
+		return "kept"
+	}
+	return "**reset**"
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ", ")
+}
+
+func conntrackTargets(r *Results, add func(goal, measured string, met *bool)) {
+	goal := "conntrack cleanup of 100,000 entries under 1 s, the data plane undisturbed (issue 14)"
+	c := r.Conntrack
+	var worst time.Duration
+	var probe Probe
+	var parts []string
+	wrong := false
+	for _, x := range rowsOf(c) {
+		if x.N != 100_000 || len(x.Took) == 0 {
+			continue
+		}
+		worst = max(worst, median(x.Took))
+		probe.add(x.Probe)
+		parts = append(parts, fmt.Sprintf("%s with %.0f%% stale", fmtDur(median(x.Took)), x.Stale*100))
+		wrong = wrong || x.Wrong != ""
+	}
+	if len(parts) == 0 {
+		add(goal, "", nil)
+		return
+	}
+	m := fmt.Sprintf("%s; a UDP probe through the node during the cleanups: %d of %d round trips answered, max %s",
+		strings.Join(parts, ", "), probe.Answered, probe.Sent, fmtDur(percentile(probe.RTTs, 100)))
+	if wrong {
+		m += "; **a count was wrong** (see below)"
+	}
+	add(goal, m, ptr(worst < time.Second && probe.Sent > 0 && probe.Answered == probe.Sent && !wrong))
+}
+
+func rowsOf(c *CleanupResults) []CleanupRow {
+	if c == nil {
+		return nil
+	}
+	return c.Rows
+}
+
+func kernelMarkdown(b *strings.Builder, r *Results) {
+	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	w("## Kernel side: verify, adopt (issue 11)\n\n")
+	k := r.Kernel
+	if k == nil {
+		w("Not run.\n\n")
+		return
+	}
+	if r.KernelErr != nil {
+		w("**Incomplete:** %s\n\n", oneLine(r.KernelErr.Error()))
+	}
+	w("The agent trusts nothing it believes about the kernel: every resync reads its table back and compares\n" +
+		"it with the wanted one, and writes only when they differ. A read at the nftables generation of the last\n" +
+		"whole read reuses that read (no transaction has committed in the namespace since).\n\n" +
+		"- **read back whole**: `nft.Netlink.Read` in-process (one lasting socket, the table not owned) right\n" +
+		"  after an unrelated commit (an empty `table ip x` added and deleted) moved the generation: the table,\n" +
+		"  its sets with every element, its chains and rules dumped over netlink.\n" +
+		"- **unchanged generation**: the same Read once more, answered from the last whole read.\n" +
+		"- **unchanged resync**: `Apply` of the same table, after the generation moved and at an unchanged one:\n" +
+		"  read, compare, nothing to send. Messages are those sent by all these resyncs; generation moves are\n" +
+		"  the commits across them (both want 0).\n\n")
+	w("| CIDRs | read back whole | read, unchanged generation | unchanged resync, read back whole | unchanged resync, unchanged generation | messages sent | generation moves |\n")
+	w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, x := range k.ReadBack {
+		w("| %s | %s | %s | %s | %s | %d | %d |\n", num(x.N), timingCell(x.Read, 0), timingCell(x.CachedRead, 0),
+			timingCell(x.Resync, 0), timingCell(x.CachedResync, 0), x.Sent, x.GenMoves)
+	}
+	w("\n")
+	if len(k.Once) > 0 {
+		w("A **cold `ip-masq-agent --once --config FILE`** (the table absent, a new process each time, defaults: the\n"+
+			"table owned): its wall clock from fork to exit against its own CPU time from its rusage, split into user\n"+
+			"(YAML decoding, building, encoding, Go's runtime) and system (the kernel's work: mostly the\n"+
+			"transaction and the read-back; the two are split by the kernel in proportion to 4 ms ticks). `took=`\n"+
+			"is what its \"applied config\" log line says `nft.Ensure` took. Median of %d runs; the ratio is the median\n"+
+			"of each run's own.\n\n", len(k.Once[0].Wall))
+		w("| CIDRs | wall | user | system | wall ÷ system | `took=` |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		for _, o := range k.Once {
+			w("| %s | %s | %s | %s | %.2f× | %s |\n", num(o.N), fmtDur(median(o.Wall)), fmtDur(median(o.User)),
+				fmtDur(median(o.Kernel)), o.Ratio(), fmtDur(median(o.Took)))
+		}
+		w("\n")
+	}
+	if d := k.daemon(); d != nil {
+		w("**The daemon's first apply against `--once`**, %s CIDRs, in turn in one namespace (the table deleted\n"+
+			"before each; defaults: the table owned, and for the daemon its nftables watch subscribed, which the\n"+
+			"agent leaves during its own commits so that the kernel does not build a notification per element).\n"+
+			"`took=` is the \"applied config\" log line's; \"from the start\" is from the fork to that line\n"+
+			"(daemon) or to the exit (`--once`). Medians of %d each.\n\n", num(d.N), len(d.DaemonTook))
+		w("| | `--once` | daemon | daemon ÷ `--once` |\n| --- | ---: | ---: | ---: |\n")
+		for _, c := range []struct {
+			name string
+			o, d []time.Duration
+		}{{"`took=`", d.OnceTook, d.DaemonTook}, {"from the start", d.OnceWall, d.DaemonWall}} {
+			w("| %s | %s | %s | %.2f× |\n", c.name, fmtDur(median(c.o)), fmtDur(median(c.d)), float64(median(c.d))/float64(median(c.o)))
+		}
+		w("\n")
+	}
+	if len(k.Restarts) > 0 {
+		w("**Restarts that find the right table**: the daemon applies its config, new UDP flows from the pod\n" +
+			"are masqueraded (the decision chain's counters move), then it is stopped (SIGTERM; the table stays)\n" +
+			"and started again, several times. Messages are what each restart's log line says it sent (an owned\n" +
+			"table is adopted with one message that sets the table's owner flag on the new socket); commits are\n" +
+			"the nftables generation moves from the stop to that line; the counters are the decision chain's\n" +
+			"packets before the stop and after the restart.\n\n")
+		w("| table | CIDRs | restarts | messages sent | adopted | commits | `took=` | counters (packets): before → after |\n")
+		w("| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |\n")
+		for _, x := range k.Restarts {
+			var counters []string
+			for i := range x.Before {
+				counters = append(counters, fmt.Sprintf("%d → %d", x.Before[i], x.After[i]))
+			}
+			adopted := make([]string, len(x.Adopted))
+			for i, a := range x.Adopted {
+				adopted[i] = fmt.Sprint(a)
+			}
+			took := make([]string, len(x.Took))
+			for i, t := range x.Took {
+				took[i] = fmtDur(t)
+			}
+			w("| %s | %s | %d | %s | %s | %s | %s | %s (%s) |\n", ownedName(x.Owned), num(x.N), len(x.Messages), joinInts(x.Messages),
+				strings.Join(adopted, ", "), joinInts(x.GenMoves), strings.Join(took, ", "), strings.Join(counters, "; "), keptWord(x.CountersKept))
+		}
+		w("\n")
+		for _, x := range k.Restarts {
+			if x.NotRecognised > 0 {
+				w("- %s: %d restarts did not log that the kernel held the table already.\n", ownedName(x.Owned), x.NotRecognised)
+			}
+		}
+	}
+}
+
+func conntrackMarkdown(b *strings.Builder, r *Results) {
+	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	w("## Conntrack cleanup (issue 14)\n\n")
+	c := r.Conntrack
+	if c == nil {
+		w("Not run.\n\n")
+		return
+	}
+	if r.ConntrackErr != nil {
+		w("**Incomplete:** %s\n\n", oneLine(r.ConntrackErr.Error()))
+	}
+	w("`conntrack.Cleanup` in-process, with the setup of `BenchmarkCleanup` (conntrack/cleanup_bench_test.go, which\n" +
+		"`go test -run '^$' -bench Cleanup -benchtime 1x ./conntrack/` runs alone): the table is filled with UDP entries by ctnetlink (not counted) in the\n" +
+		"node namespace of an `internal/testnet` topology; \"stale\" entries are masqueraded entries to\n" +
+		"203.0.113.0/24, which the new decider no longer masquerades; the others go to ranges whose decision did\n" +
+		"not change (half masqueraded, half not). Cleanup time covers opening the sockets, reading the local\n" +
+		"addresses, dumping both families, judging every entry and deleting the stale ones; the run checks the\n" +
+		"count deleted and `nf_conntrack_count` afterwards. Median of up to 3 repetitions (filling the table is\n" +
+		"the slow part: fewer at the larger sizes); \"allocated\" is the Go heap allocated during the last one.\n\n" +
+		"**Data plane**: all the while, a UDP probe from the pod to a host behind the node (198.51.100.200, whose\n" +
+		"decision does not change: its entry must survive) sends a datagram and waits for the answer (200 ms at\n" +
+		"most), again and again 1 ms apart on one flow; the same probe runs for as long right after, without a cleanup, as\n" +
+		"the reference.\n\n")
+	w("| entries | stale | Cleanup | allocated | examined, deleted | probe during the cleanup: answered, p50, max | probe without a cleanup | first version (by hand, 2026-11-23) |\n")
+	w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, x := range c.Rows {
+		first := orDash(firstVersion[[2]int{x.N, int(x.Stale * 100)}])
+		if x.Skipped != "" {
+			w("| %s | %.0f%% | not measured: %s | | | | | %s |\n", num(x.N), x.Stale*100, x.Skipped, first)
+			continue
+		}
+		took := timingCell(Timing{All: x.Took}, 0)
+		if len(x.Took) > 1 {
+			took += fmt.Sprintf(" (n=%d)", len(x.Took))
+		}
+		w("| %s | %.0f%% | %s | %s | %s, %s | %s | %s | %s |\n", num(x.N), x.Stale*100, took, fmtMB(int64(x.Alloc)),
+			num(x.Result.Examined), num(x.Result.Deleted), probeCell(x.Probe), probeCell(x.Before), first)
+	}
+	w("\n")
+	for _, x := range c.Rows {
+		if x.Wrong != "" {
+			w("- %s entries, %.0f%% stale: %s.\n", num(x.N), x.Stale*100, x.Wrong)
+		}
+	}
+	w("The first version used the library's conntrack API (`netlink.Handle.ConntrackDeleteFilters`), which keeps\n" +
+		"the whole dump in memory, parses every entry with many allocations and deletes one netlink round trip at\n" +
+		"a time; the current one judges entries as the dump streams in and deletes in 64 KiB batches. Its column\n" +
+		"was measured once, by hand, and is not rerun.\n\n")
+	// A linear extrapolation to the sizes nf_conntrack_max forbids.
+	var none, all time.Duration
+	for _, x := range c.Rows {
+		if x.N == 100_000 && len(x.Took) > 0 {
+			switch x.Stale {
+			case 0:
+				none = median(x.Took)
+			case 1:
+				all = median(x.Took)
+			}
+		}
+	}
+	for _, x := range c.Rows {
+		if x.Skipped == "" {
+			continue
+		}
+		w("%s entries could not be created: %s, and the root namespace's value is not ours to change.", num(x.N), x.Skipped)
+		if none > 0 && all > none {
+			perEntry := float64(none) / 1e5
+			perStale := float64(all-none) / 1e5
+			est := time.Duration(perEntry*float64(x.N) + perStale*float64(x.N)*x.Stale)
+			w(" The cost is linear in the entries (dump and judge: about %.1f µs per entry; delete: about %.1f µs per\n"+
+				"stale entry, from the 100,000-entry rows), which puts %s entries with %.0f%% stale near %s: an\n"+
+				"extrapolation, not a measurement.", perEntry/1e3, perStale/1e3, num(x.N), x.Stale*100, fmtDur(est.Round(10*time.Millisecond)))
+		}
+		w("\n\n")
+	}
+}
+
+func probeCell(p Probe) string {
+	if p.Sent == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%d of %d, %s, %s", p.Answered, p.Sent, fmtDur(percentile(p.RTTs, 50)), fmtDur(percentile(p.RTTs, 100)))
 }
