@@ -191,7 +191,9 @@ func (n *Netlink) Delete() error {
 // kernel a walk of the set per 32 KiB (about 0.35 s for 100,000 CIDRs), are
 // not read again. Two changes happen without a transaction, and are never
 // answered that way: a table owned by another process (its owner's exit
-// orphans or deletes it), and anything older than maxReuse.
+// orphans or deletes it), and anything older than maxReuse. The table
+// returned may be returned again by later reads: callers must not modify it
+// (Clone it first).
 func (n *Netlink) Read() (*Table, uint32, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -206,7 +208,7 @@ func (n *Netlink) Read() (*Table, uint32, error) {
 			return nil, 0, fmt.Errorf("read the nftables generation: %w", err)
 		}
 		if n.lastGen != 0 && before == n.lastGen && time.Since(n.lastAt) < maxReuse {
-			return n.last.Clone(), before, nil
+			return n.last, before, nil
 		}
 		t, err := readTable(conn)
 		if err != nil {
@@ -219,7 +221,7 @@ func (n *Netlink) Read() (*Table, uint32, error) {
 			return nil, 0, fmt.Errorf("read the nftables generation: %w", err)
 		}
 		if before == after {
-			n.last, n.lastGen, n.lastAt = t.Clone(), after, time.Now()
+			n.last, n.lastGen, n.lastAt = t, after, time.Now()
 			if t != nil && t.Owner == OwnedByOther {
 				n.lastGen = 0
 			}
@@ -356,54 +358,53 @@ func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Walked by hand: 100,000 CIDRs are 200,000 elements, and an
+	// AttributeDecoder per element costs more than the kernel's dump.
 	var bs []bound
 	var odd []string
 	for _, m := range msgs {
-		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
-			if ad.Type()&^unix.NLA_F_NESTED != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
-				return
+		ok := walkAttrs(m.Data[4:], func(typ uint16, list []byte) bool {
+			if typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				return true
 			}
-			ad.Nested(func(list *netlink.AttributeDecoder) error {
-				for list.Next() {
-					list.Nested(func(e *netlink.AttributeDecoder) error {
-						var b bound
-						var keyEnd []byte
-						for e.Next() {
-							switch e.Type() &^ unix.NLA_F_NESTED {
-							case unix.NFTA_SET_ELEM_KEY:
-								b.addr = dataValue(e.Bytes())
-							case elemAttrKeyEnd:
-								keyEnd = e.Bytes()
-							case unix.NFTA_SET_ELEM_FLAGS:
-								b.end = e.Uint32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
-							case unix.NFTA_SET_ELEM_TIMEOUT, unix.NFTA_SET_ELEM_EXPIRATION:
-								odd = append(odd, "elements with a timeout")
-							case unix.NFTA_SET_ELEM_EXPR, elemAttrExprs:
-								odd = append(odd, "elements with expressions")
-							case unix.NFTA_SET_ELEM_USERDATA:
-								odd = append(odd, "elements with comments")
-							case unix.NFTA_SET_ELEM_DATA, unix.NFTA_SET_ELEM_OBJREF:
-								odd = append(odd, "elements with data")
-							}
-						}
-						if !b.addr.IsValid() {
-							odd = append(odd, "elements that are not addresses")
-							return nil
-						}
-						bs = append(bs, b)
-						if keyEnd != nil { // a range as one element (pipapo)
-							if last := dataValue(keyEnd); last.IsValid() && last.Next().IsValid() {
-								bs = append(bs, bound{addr: last.Next(), end: true})
-							}
-						}
-						return nil
-					})
+			return walkAttrs(list, func(_ uint16, elem []byte) bool {
+				var b bound
+				var keyEnd netip.Addr
+				ok := walkAttrs(elem, func(typ uint16, v []byte) bool {
+					switch typ {
+					case unix.NFTA_SET_ELEM_KEY:
+						b.addr = dataValue(v)
+					case elemAttrKeyEnd:
+						keyEnd = dataValue(v)
+					case unix.NFTA_SET_ELEM_FLAGS:
+						b.end = len(v) == 4 && binary.BigEndian.Uint32(v)&unix.NFT_SET_ELEM_INTERVAL_END != 0
+					case unix.NFTA_SET_ELEM_TIMEOUT, unix.NFTA_SET_ELEM_EXPIRATION:
+						odd = append(odd, "elements with a timeout")
+					case unix.NFTA_SET_ELEM_EXPR, elemAttrExprs:
+						odd = append(odd, "elements with expressions")
+					case unix.NFTA_SET_ELEM_USERDATA:
+						odd = append(odd, "elements with comments")
+					case unix.NFTA_SET_ELEM_DATA, unix.NFTA_SET_ELEM_OBJREF:
+						odd = append(odd, "elements with data")
+					}
+					return true
+				})
+				switch {
+				case !ok:
+					return false
+				case !b.addr.IsValid():
+					odd = append(odd, "elements that are not addresses")
+					return true
 				}
-				return nil
+				bs = append(bs, b)
+				if keyEnd.IsValid() && keyEnd.Next().IsValid() { // a range as one element (pipapo)
+					bs = append(bs, bound{addr: keyEnd.Next(), end: true})
+				}
+				return true
 			})
 		})
-		if err != nil {
-			return nil, err
+		if !ok {
+			return nil, fmt.Errorf("malformed element message of set %s", s.Name)
 		}
 	}
 	s.Elements, err = rangesFromBounds(bs)
@@ -658,16 +659,30 @@ func decode(data []byte, f func(ad *netlink.AttributeDecoder)) error {
 
 // dataValue reads NFTA_DATA_VALUE from an nft_data attribute as an address.
 func dataValue(b []byte) (a netip.Addr) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return a
-	}
-	for ad.Next() {
-		if ad.Type() == unix.NFTA_DATA_VALUE {
-			a, _ = netip.AddrFromSlice(ad.Bytes())
+	walkAttrs(b, func(typ uint16, v []byte) bool {
+		if typ == unix.NFTA_DATA_VALUE {
+			a, _ = netip.AddrFromSlice(v)
 		}
-	}
+		return true
+	})
 	return a
+}
+
+// walkAttrs calls f with the type (flags cleared) and payload of each
+// netlink attribute in b, until f returns false; it returns false when f
+// did or when b is malformed. It allocates nothing.
+func walkAttrs(b []byte, f func(typ uint16, payload []byte) bool) bool {
+	for len(b) >= 4 {
+		n := int(binary.NativeEndian.Uint16(b))
+		if n < 4 || n > len(b) {
+			return false
+		}
+		if !f(binary.NativeEndian.Uint16(b[2:])&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), b[4:n]) {
+			return false
+		}
+		b = b[min((n+3)&^3, len(b)):]
+	}
+	return len(b) == 0
 }
 
 // generation returns the kernel's nftables generation id.
