@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
@@ -325,12 +326,32 @@ func (ev *evaluator) match(r Rule) (match, step) {
 				}
 			}
 		case *expr.Payload:
+			// The destination address, or part of it (iptables-nft loads
+			// only the bytes a prefix covers).
 			delete(regs, e.DestRegister)
-			if e.OperationType == expr.PayloadLoad && e.Base == expr.PayloadBaseNetworkHeader {
-				switch {
-				case ev.addr.Is4() && e.Offset == 16 && e.Len == 4, ev.addr.Is6() && e.Offset == 24 && e.Len == 16:
-					regs[e.DestRegister] = ev.addr.AsSlice()
+			addr, daddr := ev.addr.AsSlice(), 16
+			if ev.addr.Is6() {
+				daddr = 24
+			}
+			if off := int(e.Offset) - daddr; e.OperationType == expr.PayloadLoad && e.Base == expr.PayloadBaseNetworkHeader &&
+				off >= 0 && off+int(e.Len) <= len(addr) {
+				regs[e.DestRegister] = addr[off : off+int(e.Len)]
+			}
+		case *expr.Match: // iptables-nft's xt matches
+			switch i := e.Info.(type) {
+			case *xt.Comment:
+			case *xt.AddrTypeV1:
+				// Only the destination's LOCAL (or not): a pod's
+				// destination is local or unicast.
+				if i.Source != 0 || i.Flags&^0x2 != 0 || i.Dest&^uint16(xt.AddrTypeLocal) != 0 {
+					unknown = true
+					continue
 				}
+				if is := ev.local != (i.Flags&0x2 != 0); !is {
+					return matchNo, s
+				}
+			default:
+				unknown = true
 			}
 		case *expr.Fib:
 			delete(regs, e.Register)
@@ -389,7 +410,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 			if found {
 				s.set, s.element = set.Name, rangeString(elem)
 			}
-		case *expr.Counter, *expr.Verdict, *expr.Masq, *expr.NAT:
+		case *expr.Counter, *expr.Verdict, *expr.Masq, *expr.NAT, *expr.Target:
 			// statements: no match
 		default:
 			// numgen, ct, limit, ...: what they load or match is unknown

@@ -19,7 +19,6 @@ package nft
 // fingerprint that tells a running original agent from a gone one.
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -609,75 +608,12 @@ func (o Original) ExplainOriginal(a netip.Addr, local bool) (e Explanation, deci
 }
 
 // xtMatch evaluates an iptables-nft rule's matches on a new connection from
-// a pod to a: destination prefixes, comments and the destination's address
-// type are known; anything else (the source, interfaces, marks) is not.
+// a pod to a, with ExplainTable's evaluator: destination prefixes, comments
+// and the destination's address type are known; anything else (the source,
+// interfaces, marks) is not.
 func xtMatch(r XTRule, a netip.Addr, local bool) match {
-	addr := a.AsSlice()
-	daddr := 16
-	if a.Is6() {
-		daddr = 24
-	}
-	regs := map[uint32][]byte{}
-	unknown := false
-	for _, e := range r.exprs {
-		switch e := e.(type) {
-		case *expr.Payload:
-			delete(regs, e.DestRegister)
-			off := int(e.Offset) - daddr
-			if e.Base == expr.PayloadBaseNetworkHeader && off >= 0 && off+int(e.Len) <= len(addr) {
-				regs[e.DestRegister] = slices.Clone(addr[off : off+int(e.Len)])
-			}
-		case *expr.Meta:
-			delete(regs, e.Register)
-		case *expr.Bitwise:
-			v, ok := regs[e.SourceRegister]
-			delete(regs, e.DestRegister)
-			if ok && len(e.Mask) == len(v) && len(e.Xor) == len(v) {
-				out := make([]byte, len(v))
-				for i := range v {
-					out[i] = v[i]&e.Mask[i] ^ e.Xor[i]
-				}
-				regs[e.DestRegister] = out
-			}
-		case *expr.Cmp:
-			v, ok := regs[e.Register]
-			if !ok || len(v) != len(e.Data) {
-				unknown = true
-				continue
-			}
-			c := bytes.Compare(v, e.Data)
-			if !map[expr.CmpOp]bool{expr.CmpOpEq: c == 0, expr.CmpOpNeq: c != 0, expr.CmpOpLt: c < 0,
-				expr.CmpOpLte: c <= 0, expr.CmpOpGt: c > 0, expr.CmpOpGte: c >= 0}[e.Op] {
-				return matchNo
-			}
-		case *expr.Match:
-			switch i := e.Info.(type) {
-			case *xt.Comment:
-			case *xt.AddrTypeV1:
-				if i.Source != 0 || i.Flags&^0x2 != 0 || i.Dest&^uint16(xt.AddrTypeLocal) != 0 {
-					unknown = true
-					continue
-				}
-				// Only LOCAL: a pod's destination is local or unicast.
-				is := local
-				if i.Flags&0x2 != 0 {
-					is = !is
-				}
-				if !is {
-					return matchNo
-				}
-			default:
-				unknown = true
-			}
-		case *expr.Counter, *expr.Verdict, *expr.Target, *expr.Masq, *expr.Immediate:
-		default:
-			unknown = true
-		}
-	}
-	if unknown {
-		return matchUnknown
-	}
-	return matchYes
+	m, _ := (&evaluator{addr: a, local: local}).match(Rule{exprs: r.exprs})
+	return m
 }
 
 // prefixText shows a comparison of part of an address (iptables-nft loads
