@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -90,9 +91,9 @@ func goTool() string {
 	return "go"
 }
 
-// buildHelpers builds the static pause and client binaries into dir.
+// buildHelpers builds the static pause, client and original binaries into dir.
 func buildHelpers(ctx context.Context, e2eDir, dir string) error {
-	for _, name := range []string{"pause", "client"} {
+	for _, name := range []string{"pause", "client", "original"} {
 		cmd := exec.CommandContext(ctx, goTool(), "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(dir, name), "./"+name)
 		cmd.Dir = e2eDir
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false")
@@ -105,12 +106,16 @@ func buildHelpers(ctx context.Context, e2eDir, dir string) error {
 
 // Images, as containerd on the node knows them.
 const (
-	agentImage   = "localhost/ip-masq-agent-nft-e2e"
-	agentTag     = "e2e"
-	agentTag2    = "e2e-2" // the same image under a second tag: the rolling update
-	pauseImage   = "localhost/ip-masq-agent-nft-e2e-pause:e2e"
-	clientImage  = "localhost/ip-masq-agent-nft-e2e-client:e2e"
-	buildahFlags = "--layers=false"
+	agentImage  = "localhost/ip-masq-agent-nft-e2e"
+	agentTag    = "e2e"
+	agentTag2   = "e2e-2" // the same image under a second tag: the rolling update
+	pauseImage  = "localhost/ip-masq-agent-nft-e2e-pause:e2e"
+	clientImage = "localhost/ip-masq-agent-nft-e2e-client:e2e"
+	// The original iptables agent's behaviour (e2e/original) with the
+	// machine's iptables-nft: the upgrade starts from it.
+	originalImage = "localhost/ip-masq-agent-nft-e2e-original:e2e"
+	originalBin   = "/ip-masq-agent-iptables"
+	buildahFlags  = "--layers=false"
 )
 
 // buildImages builds the agent image with `make image BASE_IMAGE=scratch`,
@@ -158,7 +163,95 @@ func buildImages(ctx context.Context, repo, binDir, outDir, runID string) (map[s
 		}
 		archives[img.name] = filepath.Join(outDir, img.name+".tar")
 	}
+	if err := buildOriginalImage(ctx, binDir, outDir, buildTag); err != nil {
+		return nil, err
+	}
+	archives["original"] = filepath.Join(outDir, "original.tar")
 	return archives, nil
+}
+
+// buildOriginalImage builds the image of the original agent's stand-in FROM
+// scratch: e2e/original as /ip-masq-agent-iptables, plus the machine's
+// iptables-nft (xtables-nft-multi, its iptables-nft, iptables-nft-restore,
+// ip6tables-nft and ip6tables-nft-restore names), its xtables extensions
+// (dlopened) and every shared library these need (ldd), at their paths.
+func buildOriginalImage(ctx context.Context, binDir, outDir, buildTag string) error {
+	multi, err := exec.LookPath("xtables-nft-multi")
+	if err != nil {
+		return fmt.Errorf("the original agent's image needs the machine's iptables-nft (Debian: apt-get install iptables): %w", err)
+	}
+	if multi, err = filepath.EvalSymlinks(multi); err != nil {
+		return err
+	}
+	var extDir string
+	for _, pat := range []string{"/usr/lib/*/xtables", "/usr/lib64/xtables", "/usr/lib/xtables"} {
+		if m, _ := filepath.Glob(pat); len(m) > 0 && exists(filepath.Join(m[0], "libxt_comment.so")) {
+			extDir = m[0]
+			break
+		}
+	}
+	if extDir == "" {
+		return errors.New("the original agent's image: no xtables extension directory (libxt_comment.so) found")
+	}
+	ctxDir := filepath.Join(outDir, "original")
+	root := filepath.Join(ctxDir, "rootfs")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+	put := func(src, dst string, mode os.FileMode) error {
+		b, err := os.ReadFile(src) // follows symlinks: the library itself
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, dst)), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(root, dst), b, mode)
+	}
+	if err := put(filepath.Join(binDir, "original"), originalBin, 0o755); err != nil {
+		return err
+	}
+	sbin := "/usr/sbin/xtables-nft-multi"
+	if err := put(multi, sbin, 0o755); err != nil {
+		return err
+	}
+	for _, name := range []string{"iptables-nft", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-restore"} {
+		if err := os.Symlink("xtables-nft-multi", filepath.Join(root, "usr/sbin", name)); err != nil {
+			return err
+		}
+	}
+	exts, _ := filepath.Glob(filepath.Join(extDir, "*.so"))
+	libs := map[string]bool{}
+	for _, f := range append([]string{multi}, exts...) {
+		if strings.HasPrefix(f, extDir) {
+			if err := put(f, f, 0o644); err != nil {
+				return err
+			}
+		}
+		out, err := run(ctx, time.Minute, "ldd", f)
+		if err != nil {
+			return fmt.Errorf("ldd %s: %w", f, err)
+		}
+		for _, w := range strings.Fields(out) {
+			if strings.HasPrefix(w, "/") {
+				libs[w] = true
+			}
+		}
+	}
+	for l := range libs {
+		if err := put(l, l, 0o755); err != nil {
+			return err
+		}
+	}
+	cf := "FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/sbin:/usr/bin:/sbin:/bin\nENTRYPOINT [\"" + originalBin + "\"]\n"
+	if err := os.WriteFile(filepath.Join(ctxDir, "Containerfile"), []byte(cf), 0o644); err != nil {
+		return err
+	}
+	local := "localhost/ip-masq-agent-nft-e2e-original:" + buildTag
+	if out, err := run(ctx, 5*time.Minute, "buildah", "bud", buildahFlags, "--quiet", "-t", local, "-f", filepath.Join(ctxDir, "Containerfile"), ctxDir); err != nil {
+		return fmt.Errorf("buildah bud original: %w\n%s", err, out)
+	}
+	return exportImage(ctx, local, filepath.Join(outDir, "original.tar"), originalImage)
 }
 
 // exportImage writes image local to file as a docker archive naming it ref,
@@ -175,7 +268,7 @@ func exportImage(ctx context.Context, local, file, ref string) error {
 // failed step left any (buildImages removes each once it is exported).
 func removeBuildTags(runID string) []string {
 	var problems []string
-	for _, img := range []string{agentImage, "localhost/ip-masq-agent-nft-e2e-pause", "localhost/ip-masq-agent-nft-e2e-client"} {
+	for _, img := range []string{agentImage, "localhost/ip-masq-agent-nft-e2e-pause", "localhost/ip-masq-agent-nft-e2e-client", "localhost/ip-masq-agent-nft-e2e-original"} {
 		ref := img + ":run-" + runID
 		if _, err := run(context.Background(), time.Minute, "buildah", "inspect", "--type", "image", ref); err != nil {
 			continue // not there

@@ -12,9 +12,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,7 +21,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -45,6 +42,8 @@ type suite struct {
 	echo    *echoServer
 	podIP   string // the client pod's address
 	start   time.Time
+
+	operatorCM configMapState // the operator's ConfigMap as created
 
 	passed, failed int
 	failures       []string
@@ -126,7 +125,9 @@ func mainCode(repo, cache string) int {
 
 func preflight() error {
 	var missing []string
-	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "buildah", "nsenter", "unshare", "mount", "ip", "nft", "make"} {
+	// iptables-nft, ldd: the original agent's image; conntrack: the no-double-NAT check.
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "buildah", "nsenter", "unshare", "mount", "ip", "nft", "make",
+		"xtables-nft-multi", "iptables-nft-save", "ldd", "conntrack"} {
 		if _, err := exec.LookPath(b); err != nil {
 			missing = append(missing, b)
 		}
@@ -137,7 +138,7 @@ func preflight() error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("missing %s (make deps-e2e installs them; Debian: apt-get install --no-install-recommends containerd runc containernetworking-plugins buildah nftables iproute2 make)", strings.Join(missing, ", "))
+		return fmt.Errorf("missing %s (make deps-e2e installs them; Debian: apt-get install --no-install-recommends containerd runc containernetworking-plugins buildah nftables iproute2 make iptables conntrack libc-bin)", strings.Join(missing, ", "))
 	}
 	return nil
 }
@@ -235,7 +236,7 @@ func (s *suite) run() error {
 	if err != nil {
 		return err
 	}
-	s.timing("build: images (make image, pause, client)", time.Since(t), "")
+	s.timing("build: images", time.Since(t), "make image BASE_IMAGE=scratch; pause, client, original FROM scratch")
 
 	if err := s.startNode(archives); err != nil {
 		return err
@@ -243,10 +244,12 @@ func (s *suite) run() error {
 	if err := s.dryRun(); err != nil {
 		return err
 	}
-	if err := s.install(); err != nil {
+	// The cluster as an operator of the original agent has it, then the
+	// README's upgrade (which installs this agent: README "Install").
+	if err := s.originalAgent(); err != nil {
 		return err
 	}
-	if err := s.startClient(); err != nil {
+	if err := s.upgrade(); err != nil {
 		return err
 	}
 	if err := s.defaultConfig(); err != nil {
@@ -397,7 +400,7 @@ func (s *suite) startNode(archives map[string]string) error {
 	}); err != nil {
 		return err
 	}
-	for _, name := range []string{"pause", "client", "agent"} {
+	for _, name := range []string{"pause", "client", "agent", "original"} {
 		if _, err := n.exec(s.ctx, 2*time.Minute, append(ctr, "images", "import", archives[name])...); err != nil {
 			return err
 		}
@@ -409,7 +412,7 @@ func (s *suite) startNode(archives map[string]string) error {
 	if err != nil {
 		return err
 	}
-	for _, want := range []string{pauseImage, clientImage, agentImage + ":" + agentTag, agentImage + ":" + agentTag2} {
+	for _, want := range []string{pauseImage, clientImage, originalImage, agentImage + ":" + agentTag, agentImage + ":" + agentTag2} {
 		if !slices.Contains(strings.Fields(imgs), want) {
 			return fmt.Errorf("image %s not in containerd after import: %s", want, imgs)
 		}
@@ -489,6 +492,9 @@ func (s *suite) dryRun() error {
 		{"-f", filepath.Join(s.repo, "deploy", "daemonset.yaml")},
 		{"-k", filepath.Join(s.repo, "deploy")},
 		{"-k", filepath.Join(s.e2eDir, "overlay")},
+		{"-k", filepath.Join(s.repo, "deploy", "examples")},
+		{"-k", filepath.Join(s.repo, "deploy", "uninstall")},
+		{"-k", filepath.Join(s.e2eDir, "uninstall")},
 	} {
 		out, err := s.kubectlAll(time.Minute, append([]string{"apply", "--dry-run=server"}, target...)...)
 		s.assert(err == nil, "kubectl apply --dry-run=server %s %s: %s", target[0], s.rel(target[1]), oneLine(out, err))
@@ -548,7 +554,7 @@ func (s *suite) agentPods() ([]string, error) {
 }
 
 func (s *suite) install() error {
-	s.logf("install: as the README says (kubectl apply -k, rollout status; no node label), with e2e/overlay for the local image and the example ConfigMap")
+	s.logf("step 2 = install: as the README says (kubectl apply -k, rollout status; no node label), with e2e/overlay (deploy/ with the local image)")
 	t := time.Now()
 	out, err := s.kubectlAll(time.Minute, "apply", "-k", filepath.Join(s.e2eDir, "overlay"))
 	if err != nil {
@@ -742,7 +748,22 @@ func (s *suite) expect(phase string, masq map[string]bool) {
 }
 
 func (s *suite) defaultConfig() error {
-	s.logf("deploy/examples/configmap.yaml (nonMasqueradeCIDRs: [10.0.0.0/8]): real packets from the client pod")
+	s.logf("kubectl apply -k deploy/examples/ (nonMasqueradeCIDRs: [10.0.0.0/8]), replacing the operator's ConfigMap as README \"Install\" warns")
+	t := time.Now()
+	out, err := s.kubectlAll(time.Minute, "apply", "-k", filepath.Join(s.repo, "deploy", "examples"))
+	if err != nil {
+		return err
+	}
+	s.logf("  %s", oneLine(out, nil))
+	var now string
+	err = waitFor(s.ctx, "the example config in the kernel", 150*time.Second, 100*time.Millisecond, func() (bool, string, error) {
+		set, err := s.nonmasqSet()
+		now = set
+		return err == nil && strings.Contains(set, "10.0.0.0/8") && !strings.Contains(set, "198.51.100.0/24"), set, err
+	})
+	if !s.assert(err == nil, "the example ConfigMap reaches the kernel: nonmasq-v4 { %s } after %s", now, since(t)) {
+		return errors.New("the example config did not reach the kernel")
+	}
 	s.expect("installed config", map[string]bool{internetDst: true, partnerDst: true, privateDst: false})
 	return nil
 }
@@ -789,55 +810,12 @@ func (s *suite) configChange() error {
 	return nil
 }
 
-// streamSummary is what `client stream` prints.
-type streamSummary struct {
-	Local     string `json:"local"`
-	Flows     int    `json:"flows"`
-	StoppedBy string `json:"stopped_by"`
-	Seconds   float64
-	Dest      map[string]struct {
-		Flows       int            `json:"flows"`
-		Seen        map[string]int `json:"seen"`
-		Errors      int            `json:"errors"`
-		FirstErrors []string       `json:"first_errors"`
-	} `json:"dest"`
-}
-
 func (s *suite) rollingUpdate() error {
 	oldPIDs := s.agentPIDs()
 	s.logf("rolling update: new image tag %s while the client pod opens a new connection every 20 ms (alternately to %s and %s)", agentTag2, internetDst, privateDst)
 	// Expected under the changed config.
-	want := map[string]string{internetDst: s.podIP, privateDst: nodeIP}
-	snap0 := s.echo.snapshot()
-	total0 := s.echo.total.Load()
-	argv := s.n.inNode(filepath.Join(s.kubeBin, "kubectl"), "--kubeconfig="+s.admin, "--cache-dir="+s.n.path("kubectl-cache"),
-		"-n", "default", "exec", "e2e-client", "--", "/client", "stream", "-interval=20ms", "-max-duration=270s",
-		fmt.Sprintf("%s:%d", internetDst, echoPort), fmt.Sprintf("%s:%d", privateDst, echoPort))
-	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = baseEnv(s.n)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	streaming := func(n int64) func() (bool, string, error) {
-		return func() (bool, string, error) {
-			select {
-			case err := <-done:
-				done <- err
-				return false, "", fmt.Errorf("the stream ended early: %v: %s %s", err, stderr.String(), stdout.String())
-			default:
-			}
-			c := s.echo.total.Load()
-			return c >= n, fmt.Sprintf("%d connections", c), nil
-		}
-	}
-	if err := waitFor(s.ctx, "the stream to start", 60*time.Second, 50*time.Millisecond, streaming(total0+25)); err != nil {
-		cancel()
+	fs, err := s.startFlows(map[string]string{internetDst: s.podIP, privateDst: nodeIP}, 270*time.Second)
+	if err != nil {
 		return err
 	}
 	// Watch throughout, every 100 ms: the table in the kernel, and the
@@ -872,67 +850,25 @@ func (s *suite) rollingUpdate() error {
 	out, err := s.kubectlAll(time.Minute, "-n", "kube-system", "set", "image", "daemonset/ip-masq-agent-nft", "ip-masq-agent="+image)
 	if err != nil {
 		stopWatch()
-		cancel()
+		fs.cancel()
 		return err
 	}
 	s.logf("  kubectl set image: %s", oneLine(out, nil))
 	out, err = s.kubectlAll(4*time.Minute, "-n", "kube-system", "rollout", "status", "daemonset/ip-masq-agent-nft", "--timeout=180s")
 	rollout := time.Since(t)
 	s.assert(err == nil, "the rolling update completes: %s (%s)", lastLine(out, err), rollout.Round(100*time.Millisecond))
-	mid := s.echo.total.Load()
 	// A little more of the stream with the new pod in charge, then stop it.
-	werr := waitFor(s.ctx, "the stream after the rollout", 60*time.Second, 50*time.Millisecond, streaming(mid+25))
-	s.echo.stop.Store(true)
-	var cerr error
-	select {
-	case cerr = <-done:
-	case <-time.After(60 * time.Second):
-		cerr = errors.New("the stream did not stop within 60s of the server's stop")
-		cancel()
-	}
-	s.echo.stop.Store(false)
+	r, err := fs.stop()
 	stopWatch()
 	wg.Wait()
-	if werr != nil {
-		return werr
+	if err != nil {
+		return err
 	}
-	if cerr != nil {
-		return fmt.Errorf("client stream: %v: %s %s", cerr, stderr.String(), stdout.String())
-	}
-	var sum streamSummary
-	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &sum); err != nil {
-		return fmt.Errorf("client stream output %q: %w", stdout.String(), err)
-	}
-	wrong, errs := 0, 0
-	for dst, w := range want {
-		d := sum.Dest[fmt.Sprintf("%s:%d", dst, echoPort)]
-		for src, c := range d.Seen {
-			if src != w {
-				wrong += c
-			}
-		}
-		errs += d.Errors
-		s.logf("  %s: %d flows, sources seen %v, %d errors %v", dst, d.Flows, d.Seen, d.Errors, d.FirstErrors)
-	}
-	// The server's own count of the same flows.
-	snap1 := s.echo.snapshot()
-	serverWrong, serverFlows := 0, 0
-	for k, c := range snap1 {
-		c -= snap0[k]
-		if c == 0 {
-			continue
-		}
-		if w, ok := want[k[0]]; ok {
-			serverFlows += c
-			if k[1] != w {
-				serverWrong += c
-			}
-		}
-	}
+	sum := r.sum
 	s.assert(sum.StoppedBy == "server", "the stream ran through the whole rollout (%d flows in %.1fs, stopped by %s)", sum.Flows, sum.Seconds, sum.StoppedBy)
 	s.assert(sum.Flows >= 100, "a steady stream: %d new flows during the update (want >= 100)", sum.Flows)
-	s.assert(wrong == 0 && serverWrong == 0, "no flow left with the wrong source during the rolling update: client saw %d wrong of %d, server saw %d wrong of %d", wrong, sum.Flows, serverWrong, serverFlows)
-	s.assert(errs == 0, "no connection failed during the rolling update: %d errors", errs)
+	s.assert(r.wrong == 0 && r.serverWrong == 0, "no flow left with the wrong source during the rolling update: client saw %d wrong of %d, server saw %d wrong of %d", r.wrong, sum.Flows, r.serverWrong, r.serverFlows)
+	s.assert(r.errs == 0, "no connection failed during the rolling update: %d errors", r.errs)
 	s.assert(missing.Load() == 0, "table inet ip-masq-agent stayed in the kernel: present in %d of %d polls every 100 ms", polls.Load()-missing.Load(), polls.Load())
 	gap := "no window without an agent process was seen"
 	if !gapStart.IsZero() && !gapEnd.IsZero() {
@@ -943,12 +879,12 @@ func (s *suite) rollingUpdate() error {
 	newPIDs := s.agentPIDs()
 	s.assert(len(pods) == 1 && strings.Contains(pods[0], " True "+image) && len(newPIDs) == 1 && !slices.Equal(newPIDs, oldPIDs),
 		"a new agent pod with %s is Ready (pods: %v; process %v -> %v)", image, pods, oldPIDs, newPIDs)
-	s.timing("rolling update: rollout status", rollout, fmt.Sprintf("%d new flows during it, %d with the wrong source, %d failed; %s", sum.Flows, wrong, errs, gap))
+	s.timing("rolling update: rollout status", rollout, fmt.Sprintf("%d new flows during it, %d with the wrong source, %d failed; %s", sum.Flows, r.wrong, r.errs, gap))
 	return nil
 }
 
 func (s *suite) uninstall() error {
-	s.logf("uninstall, as the README says")
+	s.logf("uninstall, as the README says: delete the DaemonSet, apply -k deploy/uninstall/, rollout status, delete -k, delete the ConfigMap")
 	out, err := s.kubectlAll(2*time.Minute, "-n", "kube-system", "delete", "daemonset", "ip-masq-agent-nft")
 	if err != nil {
 		return err
@@ -963,35 +899,32 @@ func (s *suite) uninstall() error {
 	s.assert(err == nil, "deleting the DaemonSet leaves table inet ip-masq-agent in the kernel (documented): %v", err)
 	s.expect("DaemonSet deleted, rules left", map[string]bool{internetDst: false, privateDst: true})
 
-	out, err = s.kubectlAll(time.Minute, "-n", "kube-system", "delete", "configmap", "ip-masq-agent")
-	s.assert(err == nil, "kubectl -n kube-system delete configmap ip-masq-agent: %s", oneLine(out, err))
-	image := agentImage + ":" + agentTag
-	out, err = s.kubectlAll(time.Minute, "debug", "node/"+nodeName, "--profile=netadmin", "--image="+image, "--", "/ip-masq-agent", "--cleanup")
-	if err != nil {
+	// A node that still holds the original's rules too (as one does whose
+	// old agent stopped less than 2 x resyncInterval + 5 s before): written
+	// once now by the original's stand-in, with the machine's iptables-nft.
+	if _, err := run(s.ctx, time.Minute, "nsenter", "--net="+s.n.nodeNS, "--", s.n.path("bin", "original"), "-once", "-config="+s.n.path("operator", "config")); err != nil {
 		return err
 	}
-	s.logf("  kubectl debug node/%s --profile=netadmin --image=%s -- /ip-masq-agent --cleanup: %s", nodeName, image, oneLine(out, nil))
-	m := regexp.MustCompile(`pod (node-debugger-\S+)`).FindStringSubmatch(out)
-	if m == nil {
-		return fmt.Errorf("no debug pod name in %q", out)
-	}
-	pod := m[1]
-	var phase string
-	err = waitFor(s.ctx, "the debug pod to finish", 120*time.Second, 200*time.Millisecond, func() (bool, string, error) {
-		out, err := s.kubectl(15*time.Second, "-n", "default", "get", "pod", pod, "-o", "jsonpath={.status.phase}")
-		phase = out
-		return err == nil && (out == "Succeeded" || out == "Failed"), out, err
-	})
-	logs, _ := s.kubectlAll(30*time.Second, "-n", "default", "logs", pod)
-	if strings.TrimSpace(logs) == "" {
-		logs = "(no output)"
-	}
-	s.assert(err == nil && phase == "Succeeded", "the debug pod running --cleanup succeeds: phase %s, its log: %s", phase, clip(oneLine(logs, nil), 160))
+	h, jump := s.originalState(s.ctx)
+	s.assert(h != "" && jump, "before the uninstall the node also holds the original's chain %s (rules %s) and its jump: %v", originalChain, h, jump)
+
+	t := time.Now()
+	out, err = s.kubectlAll(time.Minute, "apply", "-k", filepath.Join(s.e2eDir, "uninstall"))
+	s.assert(err == nil, "kubectl apply -k deploy/uninstall/ (e2e/uninstall: the local images): %s", oneLine(out, err))
+	out, err = s.kubectlAll(3*time.Minute, "-n", "kube-system", "rollout", "status", "daemonset/ip-masq-agent-nft-uninstall", "--timeout=150s")
+	s.assert(err == nil, "kubectl -n kube-system rollout status daemonset/ip-masq-agent-nft-uninstall: %s (%s)", lastLine(out, err), since(t))
+	s.timing("uninstall: deploy/uninstall rollout done", time.Since(t), "both cleanups ran on the node")
 	_, err = s.nodeNft("list", "table", "inet", "ip-masq-agent")
 	s.assert(err != nil, "the documented uninstall removes table inet ip-masq-agent (nft list table fails: %v)", err != nil)
+	h, jump = s.originalState(s.ctx)
+	s.assert(h == "" && !jump, "the documented uninstall removes the original's chain %s and its jump (chain rules %q, jump %v)", originalChain, h, jump)
+	logs, _ := s.kubectlAll(30*time.Second, "-n", "kube-system", "logs", "ds/ip-masq-agent-nft-uninstall", "--all-containers", "--prefix")
+	s.logf("  the uninstall pod's log: %s", clip(oneLine(logs, nil), 600))
+	out, err = s.kubectlAll(2*time.Minute, "delete", "-k", filepath.Join(s.e2eDir, "uninstall"), "--wait=true")
+	s.assert(err == nil, "kubectl delete -k deploy/uninstall/: %s", oneLine(out, err))
+	out, err = s.kubectlAll(time.Minute, "-n", "kube-system", "delete", "configmap", "ip-masq-agent")
+	s.assert(err == nil, "kubectl -n kube-system delete configmap ip-masq-agent: %s", oneLine(out, err))
 	s.expect("uninstalled", map[string]bool{internetDst: false, privateDst: false})
-	out, err = s.kubectlAll(time.Minute, "-n", "default", "delete", "pod", pod)
-	s.assert(err == nil, "kubectl delete pod %s: %s", pod, oneLine(out, err))
 	return nil
 }
 
