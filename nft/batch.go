@@ -162,7 +162,8 @@ func elementsMessage(verb Verb, set string, rs []netipx.IPRange) netlink.Message
 	if verb == Delete {
 		typ, flags = unix.NFT_MSG_DELSETELEM, netlink.Request
 	}
-	b := nfgenmsg(unix.NFPROTO_INET, 0)
+	// An element takes at most 36 bytes (an IPv6 key with its flag).
+	b := append(make([]byte, 0, 64+len(set)+2*36*len(rs)), nfgenmsg(unix.NFPROTO_INET, 0)...)
 	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_TABLE, cstring(TableName))
 	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_SET, cstring(set))
 	list := len(b)
@@ -256,6 +257,37 @@ func (b *batch) size() int {
 // replyTimeout bounds the wait for the kernel's answer to one batch.
 const replyTimeout = 30 * time.Second
 
+// sendAll writes messages to the kernel in one datagram, marshalled into
+// one buffer of the size they need (mdlayher/netlink's SendMessages grows
+// its buffer message by message).
+func sendAll(conn *netlink.Conn, msgs []netlink.Message, size int) error {
+	buf := make([]byte, 0, size)
+	for _, m := range msgs {
+		n := unix.NLMSG_HDRLEN + len(m.Data)
+		buf = binary.NativeEndian.AppendUint32(buf, uint32(n))
+		buf = binary.NativeEndian.AppendUint16(buf, uint16(m.Header.Type))
+		buf = binary.NativeEndian.AppendUint16(buf, uint16(m.Header.Flags))
+		buf = binary.NativeEndian.AppendUint32(buf, m.Header.Sequence)
+		buf = binary.NativeEndian.AppendUint32(buf, m.Header.PID)
+		buf = append(buf, m.Data...)
+		for len(buf)%unix.NLMSG_ALIGNTO != 0 {
+			buf = append(buf, 0)
+		}
+	}
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		return serr != unix.EAGAIN
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
 // errNoAnswer: the kernel did not answer in time; the socket is out of step.
 var errNoAnswer = errors.New("no answer from the kernel")
 
@@ -295,7 +327,7 @@ func (b *batch) send(conn *netlink.Conn, gen uint32) (failed int, err error) {
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_END), Flags: netlink.Request, Sequence: last + 1},
 		Data:   nfgenmsg(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES),
 	})
-	if _, err := conn.SendMessages(out); err != nil {
+	if err := sendAll(conn, out, size); err != nil {
 		return -1, fmt.Errorf("send %d messages (%d bytes): %w", len(out), size, err)
 	}
 	return b.wait(conn, seq, last)

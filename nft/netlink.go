@@ -360,7 +360,11 @@ func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
 	}
 	// Walked by hand: 100,000 CIDRs are 200,000 elements, and an
 	// AttributeDecoder per element costs more than the kernel's dump.
-	var bs []bound
+	size := 0
+	for _, m := range msgs {
+		size += len(m.Data)
+	}
+	bs := make([]bound, 0, size/24) // an IPv4 element takes 24 to 32 bytes
 	var odd []string
 	for _, m := range msgs {
 		ok := walkAttrs(m.Data[4:], func(typ uint16, list []byte) bool {

@@ -159,7 +159,7 @@ func rangesFromBounds(bs []bound) ([]netipx.IPRange, error) {
 		}
 		return 1
 	})
-	var out []netipx.IPRange
+	out := make([]netipx.IPRange, 0, len(bs)/2+1)
 	var start netip.Addr
 	open := false
 	for _, b := range bs {
