@@ -225,4 +225,3 @@ func runProbe(c *net.UDPConn, d time.Duration, stop <-chan struct{}) Probe {
 		p.RTTs = append(p.RTTs, time.Since(start))
 	}
 }
-

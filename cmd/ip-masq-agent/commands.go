@@ -541,13 +541,9 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 	if done {
 		return code
 	}
-	if len(pos) > 0 {
-		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
-	}
-	table, err := readTable()
-	if err != nil {
-		fmt.Fprintf(stderr, "ip-masq-agent diff: %v\n", hint(err))
-		return 2
+	table, code, ok := liveTable(c, pos, stderr)
+	if !ok {
+		return code
 	}
 	// The original agent's jump, when there, decides before this table.
 	original := 0
@@ -665,6 +661,20 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	return 0
 }
 
+// liveTable reads the kernel's table for a command that takes no other
+// arguments; when ok is false, code is the command's exit code.
+func liveTable(c *command, pos []string, stderr io.Writer) (t *nft.Table, code int, ok bool) {
+	if len(pos) > 0 {
+		return nil, usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " ")), false
+	}
+	t, err := readTable()
+	if err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent %s: %v\n", c.name, hint(err))
+		return nil, 2, false
+	}
+	return t, 0, true
+}
+
 // readTable reads the kernel's table once (nil: there is none).
 func readTable() (*nft.Table, error) {
 	k := &nft.Netlink{}
@@ -679,13 +689,9 @@ func runList(c *command, args []string, stdout, stderr io.Writer) int {
 	if done {
 		return code
 	}
-	if len(pos) > 0 {
-		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
-	}
-	table, err := readTable()
-	if err != nil {
-		fmt.Fprintf(stderr, "ip-masq-agent list: %v\n", hint(err))
-		return 2
+	table, code, ok := liveTable(c, pos, stderr)
+	if !ok {
+		return code
 	}
 	if table == nil {
 		fmt.Fprintf(stderr, "ip-masq-agent list: table inet %s does not exist\n", nft.TableName)
