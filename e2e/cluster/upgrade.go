@@ -49,10 +49,10 @@ const (
 func quietBound(resync time.Duration) time.Duration { return 2*resync + 5*time.Second }
 
 // removalBound is how long after the original agent's last resync the
-// README says its rules are gone (Upgrade, step 5): the agent looks at the
-// chain at each of its own resyncs, so it sees the last rewrite up to one
-// resyncInterval late, then waits quietBound.
-func removalBound(resync time.Duration) time.Duration { return resync + quietBound(resync) }
+// README says its rules are gone (Upgrade, step 5): while they are there the
+// agent looks at the chain every quarter resyncInterval, so it sees the last
+// rewrite up to that late, then waits quietBound.
+func removalBound(resync time.Duration) time.Duration { return resync/4 + quietBound(resync) }
 
 // originalRules is what iptables-nft-save prints of the rules the original
 // writes for operatorConfig (in the order iptables-save prints matches).
@@ -353,7 +353,7 @@ func (s *suite) upgrade() error {
 		return errors.New("the original's rules were not removed")
 	}
 	after := goneAt.Sub(lastChange)
-	s.assert(after <= bound+time.Second, "step 5: removed %s after the old agent's last resync (its last rewrite of the chain), within the README's 3 x resyncInterval + 5 s = %s (it saw the last rewrite up to one resync late, then waited 2 x resyncInterval + 5 s)",
+	s.assert(after <= bound+time.Second, "step 5: removed %s after the old agent's last resync (its last rewrite of the chain), within the README's 2.25 x resyncInterval + 5 s = %s (it saw the last rewrite up to a quarter interval late, then waited 2 x resyncInterval + 5 s)",
 		after.Round(100*time.Millisecond), bound)
 	var legacyRules string
 	err = waitFor(s.ctx, "the removal's log line and metric", 30*time.Second, 500*time.Millisecond, func() (bool, string, error) {

@@ -48,6 +48,10 @@ type originalState struct {
 // before they are removed.
 func (a *Agent) originalQuiet() time.Duration { return 2*a.interval() + originalMargin }
 
+// originalLook is how often the agent looks at the original's rules while
+// they are there (a dump of the nat tables' few rules).
+func (a *Agent) originalLook() time.Duration { return max(a.interval()/4, time.Second) }
+
 // checkOriginal looks for the original's rules and removes them when the
 // original agent is gone.
 func (a *Agent) checkOriginal(now time.Time) {
@@ -113,7 +117,12 @@ func (a *Agent) checkOriginal(now time.Time) {
 	}
 	deadline := st.changed.Add(a.originalQuiet())
 	if now.Before(deadline) {
+		// Look again before the deadline too: the original's last
+		// rewrite is then seen at most a quarter interval late.
 		st.checkAt = deadline
+		if look := now.Add(a.originalLook()); look.Before(deadline) {
+			st.checkAt = look
+		}
 		return
 	}
 	if a.configBad {

@@ -65,8 +65,13 @@ func TestOriginalRemovedOnceQuiet(t *testing.T) {
 	if !h.originalPresent() {
 		t.Fatal("removed before the quiet period ended")
 	}
-	if want := at(60*time.Second + quiet); !h.a.next().Equal(at(80*time.Second+10*time.Second)) && !h.a.original.checkAt.Equal(want) {
+	// The next look: a quarter interval on (82.5s), before the deadline (85s).
+	if want := at(80*time.Second + h.a.originalLook()); !h.a.original.checkAt.Equal(want) || h.a.originalLook() != 2500*time.Millisecond {
 		t.Errorf("check scheduled at %s, want %s", h.a.original.checkAt, want)
+	}
+	h.a.Tick(at(80*time.Second + h.a.originalLook()))
+	if !h.originalPresent() || !h.a.original.checkAt.Equal(at(60*time.Second+quiet)) {
+		t.Fatalf("the look before the deadline: present %v, next look %s, want the deadline", h.originalPresent(), h.a.original.checkAt)
 	}
 	h.a.Tick(at(60*time.Second + quiet))
 	if h.originalPresent() {
