@@ -210,27 +210,57 @@ func (n *Netlink) Read() (*Table, uint32, error) {
 		if n.lastGen != 0 && before == n.lastGen && time.Since(n.lastAt) < maxReuse {
 			return n.last, before, nil
 		}
-		t, err := readTable(conn)
+		// A commit moves the generation before it applies some of its
+		// changes (a chain's policy, a table's flags): the generation
+		// alone does not say that no commit was under way during the
+		// dump. An empty transaction guarded by the generation, before
+		// and after the dump, does: it takes the commit lock.
+		idle, err := quiet(conn, before)
+		var t *Table
+		if err == nil && idle {
+			if t, err = readTable(conn); err != nil {
+				n.broken()
+				return nil, 0, fmt.Errorf("read table inet %s: %w", TableName, err)
+			}
+			idle, err = quiet(conn, before)
+		}
 		if err != nil {
 			n.broken()
-			return nil, 0, fmt.Errorf("read table inet %s: %w", TableName, err)
+			return nil, 0, fmt.Errorf("wait for the nftables commit lock: %w", err)
 		}
-		after, err := generation(conn)
-		if err != nil {
-			n.broken()
-			return nil, 0, fmt.Errorf("read the nftables generation: %w", err)
-		}
-		if before == after {
-			n.last, n.lastGen, n.lastAt = t, after, time.Now()
+		if idle {
+			n.last, n.lastGen, n.lastAt = t, before, time.Now()
 			if t != nil && t.Owner == OwnedByOther {
 				n.lastGen = 0
 			}
-			return t, after, nil
+			return t, before, nil
 		}
 		if attempt == maxAttempts {
 			return nil, 0, fmt.Errorf("read table inet %s: the ruleset kept changing while it was read (%d tries)", TableName, attempt)
 		}
 	}
+}
+
+// quiet reports whether the generation is still gen with no commit under
+// way: it sends a transaction guarded by gen whose only message the kernel
+// refuses (a GETGEN, which is not a batch message), so that it changes
+// nothing; the kernel checks gen under the commit lock, and answers
+// ERESTART when the generation moved.
+func quiet(conn *netlink.Conn, gen uint32) (bool, error) {
+	b := &batch{msgs: []netlink.Message{{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+		Data:   nfgenmsg(unix.AF_UNSPEC, 0),
+	}}, op: []int{0}}
+	failed, err := b.send(conn, gen)
+	switch {
+	case errors.Is(err, unix.ERESTART):
+		return false, nil
+	case failed == 0 && errors.Is(err, unix.EINVAL):
+		return true, nil
+	case err == nil:
+		return false, errors.New("the kernel took a GETGEN in a transaction")
+	}
+	return false, err
 }
 
 // readTable reads table inet ip-masq-agent: nil if there is none.
@@ -340,9 +370,15 @@ func readSets(conn *netlink.Conn, t *Table) error {
 		if flags != unix.NFT_SET_INTERVAL {
 			odd = append(odd, fmt.Sprintf("flags %#x", flags))
 		}
-		oddElems, err := readElements(conn, &s)
-		if err != nil {
-			return fmt.Errorf("list set %s: %w", s.Name, err)
+		var oddElems []string
+		if slices.Contains([]string{SetMasqV4, SetNonMasqV4, SetMasqV6, SetNonMasqV6}, s.Name) {
+			if oddElems, err = readElements(conn, &s); err != nil {
+				return fmt.Errorf("list set %s: %w", s.Name, err)
+			}
+		} else {
+			// The plan deletes a set the agent does not make, whatever
+			// it holds: its elements (possibly millions) are not read.
+			oddElems = []string{"not the agent's (its elements were not read)"}
 		}
 		s.Odd = joinUnique(append(odd, oddElems...))
 		t.Sets = append(t.Sets, s)
@@ -416,8 +452,19 @@ func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
 }
 
 func readChains(conn *netlink.Conn, t *Table) error {
-	// The chain dump cannot be filtered by table: every inet chain comes.
-	msgs, err := request(conn, unix.NFT_MSG_GETCHAIN, true)
+	// The chain dump cannot be filtered by table: every inet chain comes,
+	// and only the agent's are kept.
+	msgs, err := requestKeep(conn, unix.NFPROTO_INET, unix.NFT_MSG_GETCHAIN, true, func(b []byte) bool {
+		ours := false
+		walkAttrs(b, func(typ uint16, v []byte) bool {
+			if typ == unix.NFTA_CHAIN_TABLE {
+				ours = string(v) == TableName+"\x00"
+				return false
+			}
+			return true
+		})
+		return ours
+	})
 	if err != nil {
 		return fmt.Errorf("list chains: %w", err)
 	}
@@ -591,6 +638,13 @@ func request(conn *netlink.Conn, typ int, dump bool, attrs ...netlink.Attribute)
 // requestFamily is request for a table family other than inet (iptables-nft's
 // ip and ip6 tables, see iptables.go).
 func requestFamily(conn *netlink.Conn, family uint8, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	return requestKeep(conn, family, typ, dump, nil, attrs...)
+}
+
+// requestKeep is requestFamily that keeps only the answers keep accepts
+// (its argument: the payload after nfgenmsg), before copying them: the
+// chain dump holds every chain of the family, the agent's or not.
+func requestKeep(conn *netlink.Conn, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
 	data, err := netlink.MarshalAttributes(attrs)
 	if err != nil {
 		return nil, err
@@ -632,7 +686,7 @@ func requestFamily(conn *netlink.Conn, family uint8, typ int, dump bool, attrs .
 				}
 				return out, nil
 			}
-			if len(m.Data) >= 4 {
+			if len(m.Data) >= 4 && (keep == nil || keep(m.Data[4:])) {
 				out = append(out, netlink.Message{
 					Header: netlink.Header{Type: netlink.HeaderType(m.Header.Type), Flags: netlink.HeaderFlags(m.Header.Flags),
 						Sequence: m.Header.Seq, PID: m.Header.Pid},
@@ -676,12 +730,19 @@ func dataValue(b []byte) (a netip.Addr) {
 // netlink attribute in b, until f returns false; it returns false when f
 // did or when b is malformed. It allocates nothing.
 func walkAttrs(b []byte, f func(typ uint16, payload []byte) bool) bool {
+	return walkAttrsFlags(b, func(typ uint16, _ bool, payload []byte) bool { return f(typ, payload) })
+}
+
+// walkAttrsFlags is walkAttrs that also says whether an attribute is
+// flagged as nested.
+func walkAttrsFlags(b []byte, f func(typ uint16, nested bool, payload []byte) bool) bool {
 	for len(b) >= 4 {
 		n := int(binary.NativeEndian.Uint16(b))
 		if n < 4 || n > len(b) {
 			return false
 		}
-		if !f(binary.NativeEndian.Uint16(b[2:])&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), b[4:n]) {
+		typ := binary.NativeEndian.Uint16(b[2:])
+		if !f(typ&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), typ&unix.NLA_F_NESTED != 0, b[4:n]) {
 			return false
 		}
 		b = b[min((n+3)&^3, len(b)):]

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -28,7 +29,105 @@ func decodeRuleMessage(data []byte) (Rule, string, error) {
 	if err != nil {
 		return Rule{}, "", err
 	}
-	return foundRule(&nftables.Rule{Exprs: d.exprs, UserData: d.userData}), d.chain, nil
+	r := foundRule(&nftables.Rule{Exprs: d.exprs, UserData: d.userData})
+	if r.Foreign == "" && !sameEncoding(d.raw, r) {
+		// google/nftables' decoders drop what they do not know (a masq
+		// expression's other flags, say): what decodes as the agent's
+		// rule must also be encoded exactly as the agent encodes it.
+		r.Foreign = RenderRule(r) + " # its expressions differ from the agent's encoding"
+	}
+	return r, d.chain, nil
+}
+
+// rawExpr is an expression as the kernel sent it.
+type rawExpr struct {
+	name string
+	data []byte // NFTA_EXPR_DATA
+}
+
+// sameEncoding reports whether the kernel's expressions of a rule are the
+// agent's encoding of r, attribute by attribute (an attribute one side
+// leaves out equals a zero value on the other), counters' values aside.
+func sameEncoding(raw []rawExpr, r Rule) bool {
+	r.exprs = nil
+	want := r.expressions()
+	if len(raw) != len(want) {
+		return false
+	}
+	for i, e := range want {
+		var b []byte
+		var err error
+		if m, ok := e.(*expr.Masq); ok {
+			b, err = masqExpr(m)
+		} else {
+			b, err = expr.Marshal(unix.NFPROTO_INET, e)
+		}
+		if err != nil {
+			return false
+		}
+		var name string
+		var data []byte
+		walkAttrs(b, func(typ uint16, v []byte) bool {
+			switch typ {
+			case unix.NFTA_EXPR_NAME:
+				name = strings.TrimRight(string(v), "\x00")
+			case unix.NFTA_EXPR_DATA:
+				data = v
+			}
+			return true
+		})
+		if name != raw[i].name {
+			return false
+		}
+		if name != "counter" && !sameAttrs(raw[i].data, data) {
+			return false
+		}
+	}
+	return true
+}
+
+// sameAttrs compares two attribute lists by type, nested ones recursively;
+// an attribute missing on one side equals one of zero bytes on the other.
+func sameAttrs(a, b []byte) bool {
+	type attr struct {
+		nested bool
+		v      []byte
+	}
+	parse := func(b []byte) (map[uint16]attr, bool) {
+		m := map[uint16]attr{}
+		ok := len(b) == 0 || walkAttrsFlags(b, func(typ uint16, nested bool, v []byte) bool {
+			m[typ] = attr{nested, v}
+			return true
+		})
+		return m, ok
+	}
+	ma, ok1 := parse(a)
+	mb, ok2 := parse(b)
+	if !ok1 || !ok2 {
+		return bytes.Equal(a, b)
+	}
+	zero := func(v []byte) bool { return !slices.ContainsFunc(v, func(c byte) bool { return c != 0 }) }
+	for t, x := range ma {
+		y, ok := mb[t]
+		switch {
+		case !ok:
+			if !zero(x.v) {
+				return false
+			}
+		case x.nested || y.nested:
+			if !sameAttrs(x.v, y.v) {
+				return false
+			}
+		case !bytes.Equal(x.v, y.v):
+			return false
+		}
+	}
+	for t, y := range mb {
+		if _, ok := ma[t]; !ok && !zero(y.v) {
+			return false
+		}
+	}
+	return true
 }
 
 // ruleAttrs are the attributes of a rule message.
@@ -37,6 +136,7 @@ type ruleAttrs struct {
 	handle   uint64
 	userData []byte
 	exprs    []expr.Any
+	raw      []rawExpr
 }
 
 // decodeRuleAttrs decodes a rule message of family fam (after the nfgenmsg
@@ -69,6 +169,7 @@ func decodeRuleAttrs(data []byte, fam byte) (ruleAttrs, error) {
 								name = e.String()
 							case unix.NFTA_EXPR_DATA:
 								hasData = true
+								r.raw = append(r.raw, rawExpr{name, e.Bytes()})
 								x, err := decodeExprFamily(fam, name, e.Bytes())
 								if err != nil {
 									return fmt.Errorf("expression %s: %w", name, err)
@@ -78,6 +179,7 @@ func decodeRuleAttrs(data []byte, fam byte) (ruleAttrs, error) {
 						}
 						if !hasData { // an expression without data (notrack, ...)
 							r.exprs = append(r.exprs, &expr.Match{Name: unknownPrefix + name})
+							r.raw = append(r.raw, rawExpr{name: name})
 						}
 						return nil
 					})

@@ -2,14 +2,20 @@ package test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
@@ -144,9 +150,8 @@ func TestTamperedShapesRepaired(t *testing.T) {
 				return err == nil && withoutCounters(out) == want
 			})
 			expectSources(t, topo, map[string]bool{internet1: true, private1: false})
-			if !strings.Contains(d.output(), "put it back") {
-				t.Errorf("the repair is not logged:\n%s", d.output())
-			}
+			// The log line follows the commit.
+			eventually(t, "the repair's log line", func() bool { return strings.Contains(d.output(), "put it back") })
 		})
 	}
 }
@@ -361,5 +366,87 @@ func TestResyncNotStarvedByRepairs(t *testing.T) {
 	}
 	if n := strings.Count(d.output(), "put it back"); n < 2 {
 		t.Errorf("%d repairs, want the foreign touches repaired meanwhile", n)
+	}
+}
+
+// TestHiddenRuleChangeRepaired: a masquerade expression with flags that
+// nft does not show (NF_NAT_RANGE_PROTO_SPECIFIED without port registers:
+// every flow squeezed onto source port 0) lists exactly like the agent's
+// rule, and google/nftables' decoder drops those flags too: the agent
+// compares the kernel's encoding with its own and puts the rule back.
+func TestHiddenRuleChangeRepaired(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1)
+	cm := newConfigMapDir(t, "resyncInterval: 1h\n")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
+	before := listTable(t, topo)
+	out, err := topo.NFT("-a", "list", "chain", "inet", nft.TableName, nft.MasqChainName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`masquerade.*# handle (\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no masquerade rule in:\n%s", out)
+	}
+	handle, _ := strconv.ParseUint(m[1], 10, 64)
+	replaceMasqRule(t, topo, handle, 0x12) // RANDOM_FULLY | PROTO_SPECIFIED
+	eventually(t, "the repair of the hidden change", func() bool { return strings.Contains(d.output(), "put it back") })
+	if after := listTable(t, topo); withoutCounters(after) != withoutCounters(before) {
+		t.Errorf("after the repair:\n%s\nwant:\n%s", after, before)
+	}
+	ap, err := topo.SourcePortSeen("udp", netip.MustParseAddr(internet1))
+	if err != nil || ap.Addr() != topo.NodeUplink4 || ap.Port() == 0 {
+		t.Errorf("a UDP flow after the repair arrives from %s (%v), want the node's address and a real port", ap, err)
+	}
+}
+
+// replaceMasqRule replaces rule handle of masq-to-node with counter +
+// masq{flags}, the agent's comment kept, over raw netlink (nft cannot
+// write it).
+func replaceMasqRule(t *testing.T, topo *testnet.Topology, handle uint64, flags uint32) {
+	t.Helper()
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(topo.NodeHandle())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	marshal := func(as ...netlink.Attribute) []byte {
+		b, err := netlink.MarshalAttributes(as)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	expr := func(name string, data ...netlink.Attribute) netlink.Attribute {
+		return netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: marshal(
+			netlink.Attribute{Type: unix.NFTA_EXPR_NAME, Data: []byte(name + "\x00")},
+			netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_EXPR_DATA, Data: marshal(data...)})}
+	}
+	comment := "ip-masq-agent: masquerade to the node's address"
+	rule := marshal(
+		netlink.Attribute{Type: unix.NFTA_RULE_TABLE, Data: []byte(nft.TableName + "\x00")},
+		netlink.Attribute{Type: unix.NFTA_RULE_CHAIN, Data: []byte(nft.MasqChainName + "\x00")},
+		netlink.Attribute{Type: unix.NFTA_RULE_HANDLE, Data: binary.BigEndian.AppendUint64(nil, handle)},
+		netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_RULE_EXPRESSIONS, Data: marshal(
+			expr("counter", netlink.Attribute{Type: unix.NFTA_COUNTER_BYTES, Data: make([]byte, 8)},
+				netlink.Attribute{Type: unix.NFTA_COUNTER_PACKETS, Data: make([]byte, 8)}),
+			expr("masq", netlink.Attribute{Type: unix.NFTA_MASQ_FLAGS, Data: binary.BigEndian.AppendUint32(nil, flags)}))},
+		netlink.Attribute{Type: unix.NFTA_RULE_USERDATA, Data: append([]byte{0, byte(len(comment) + 1)}, comment+"\x00"...)},
+	)
+	hdr := func(family uint8, resID uint16) []byte {
+		return binary.BigEndian.AppendUint16([]byte{family, unix.NFNETLINK_V0}, resID)
+	}
+	msgs := []netlink.Message{
+		{Header: netlink.Header{Type: unix.NFNL_MSG_BATCH_BEGIN, Flags: netlink.Request, Sequence: 1}, Data: hdr(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)},
+		{Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWRULE), Flags: netlink.Request | netlink.Replace | netlink.Acknowledge, Sequence: 2},
+			Data: append(hdr(unix.NFPROTO_INET, 0), rule...)},
+		{Header: netlink.Header{Type: unix.NFNL_MSG_BATCH_END, Flags: netlink.Request, Sequence: 3}, Data: hdr(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)},
+	}
+	if _, err := conn.SendMessages(msgs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Receive(); err != nil {
+		t.Fatalf("replace the masquerade rule: %v", err)
 	}
 }
