@@ -204,11 +204,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	<-ctx.Done()
-	<-loopDone
+	select {
+	case <-loopDone:
+	case <-time.After(stopTimeout):
+		// A netlink request the kernel is slow to answer (a huge foreign
+		// set, say) is not interrupted: exit without it.
+		log.Warn("the loop did not stop in time (a netlink request is slow); exiting anyway", "waited", stopTimeout)
+	}
 	// The rules stay: masquerade must survive a restart or a rolling update.
 	log.Info("stopping; the rules stay in place")
 	return 0
 }
+
+// stopTimeout bounds the wait for the loop after SIGTERM, well within the
+// kubelet's default grace period of 30 s.
+const stopTimeout = 10 * time.Second
 
 // cleanConntrack deletes the conntrack entries whose decision the new
 // table made wrong; it runs after the new rules are in force.

@@ -58,15 +58,16 @@ type Agent struct {
 	metrics *metrics.Agent
 	loader  config.Loader
 
-	cfg      *config.Config // the config last put in the kernel
-	want     *nft.Table     // and its table
-	deadline time.Time      // the next resync; only a successful sync moves it
-	failures int            // consecutive failed syncs
-	retryAt  time.Time      // the next try after a failed sync
-	repairAt time.Time      // a pending verification after a kernel event; zero: none
-	repairs  []time.Time    // when recent repairs had to write, for rival detection
-	rival    time.Duration  // the current back-off against a rival writer; 0: none
-	waiting  bool           // another process owns the table (logged once)
+	cfg            *config.Config // the config last put in the kernel
+	want           *nft.Table     // and its table
+	deadline       time.Time      // the next resync; only a successful sync moves it
+	failures       int            // consecutive failed syncs
+	retryAt        time.Time      // the next try after a failed sync
+	repairAt       time.Time      // a pending verification after a kernel event; zero: none
+	repairFailures int            // consecutive failed repairs, for their backoff
+	repairs        []time.Time    // when recent repairs had to write, for rival detection
+	rival          time.Duration  // the current back-off against a rival writer; 0: none
+	waiting        bool           // another process owns the table (logged once)
 
 	lastWarnings []string
 	lastErr      string
@@ -307,9 +308,16 @@ func (a *Agent) repair(now time.Time) {
 			return
 		}
 		a.logError("repair failed; retrying", err)
-		a.repairAt = now.Add(time.Second << min(len(a.repairs), 6))
+		// Back off from the end of the failed attempt, which a slow
+		// kernel can make long, by the failures in a row.
+		if took := time.Since(start); took > time.Second {
+			now = now.Add(took)
+		}
+		a.repairFailures++
+		a.repairAt = now.Add(min(time.Second<<min(a.repairFailures-1, 6), a.interval()))
 		return
 	}
+	a.repairFailures = 0
 	if res.Unchanged {
 		a.log.Debug("verified the table after an nftables event: unchanged", "took", time.Since(start).Round(time.Microsecond))
 		return
