@@ -334,19 +334,21 @@ func protoName(p uint8) string {
 func marshalExprs(exprs []expr.Any) ([]byte, error) {
 	var list []netlink.Attribute
 	for _, e := range exprs {
-		var b []byte
-		var err error
-		if m, ok := e.(*expr.Masq); ok {
-			b, err = masqExpr(m)
-		} else {
-			b, err = expr.Marshal(unix.NFPROTO_INET, e)
-		}
+		b, err := marshalExpr(e)
 		if err != nil {
 			return nil, err
 		}
 		list = append(list, netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: b})
 	}
 	return netlink.MarshalAttributes(list)
+}
+
+// marshalExpr encodes one expression (NFTA_EXPR_NAME and NFTA_EXPR_DATA).
+func marshalExpr(e expr.Any) ([]byte, error) {
+	if m, ok := e.(*expr.Masq); ok {
+		return masqExpr(m)
+	}
+	return expr.Marshal(unix.NFPROTO_INET, e)
 }
 
 // masqExpr encodes `masquerade [to :min-max] [fully-random]`, flags included.

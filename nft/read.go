@@ -55,13 +55,7 @@ func sameEncoding(raw []rawExpr, r Rule) bool {
 		return false
 	}
 	for i, e := range want {
-		var b []byte
-		var err error
-		if m, ok := e.(*expr.Masq); ok {
-			b, err = masqExpr(m)
-		} else {
-			b, err = expr.Marshal(unix.NFPROTO_INET, e)
-		}
+		b, err := marshalExpr(e)
 		if err != nil {
 			return false
 		}
@@ -192,11 +186,6 @@ func decodeRuleAttrs(data []byte, fam byte) (ruleAttrs, error) {
 		return ruleAttrs{}, err
 	}
 	return r, nil
-}
-
-// decodeExpr decodes one expression's data, in an inet table.
-func decodeExpr(name string, data []byte) (expr.Any, error) {
-	return decodeExprFamily(unix.NFPROTO_INET, name, data)
 }
 
 // decodeExprFamily decodes one expression's data in a table of family fam.
