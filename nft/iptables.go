@@ -448,13 +448,7 @@ func (n *Netlink) RemoveOriginal(chain, fingerprint string) (Original, error) {
 			return o, err
 		}
 		b := &batch{msgs: removeOriginalMessages(o)}
-		if n.pause != nil {
-			resume := n.pause()
-			_, err = b.send(conn, o.Gen)
-			resume()
-		} else {
-			_, err = b.send(conn, o.Gen)
-		}
+		_, err = b.send(conn, o.Gen)
 		switch {
 		case err == nil:
 			return o, nil

@@ -679,8 +679,7 @@ func liveTable(c *command, pos []string, stderr io.Writer) (t *nft.Table, code i
 func readTable() (*nft.Table, error) {
 	k := &nft.Netlink{}
 	defer k.Close()
-	t, _, err := k.Read()
-	return t, err
+	return k.ReadAll()
 }
 
 func runList(c *command, args []string, stdout, stderr io.Writer) int {

@@ -114,8 +114,15 @@ func (h *harness) get(path string) (int, string) {
 	return rec.Code, rec.Body.String()
 }
 
+// healthy is liveness: the loop turns.
 func (h *harness) healthy() bool {
 	code, _ := h.get("/healthz")
+	return code == http.StatusOK
+}
+
+// ready is readiness: the kernel was last found holding the config's table.
+func (h *harness) ready() bool {
+	code, _ := h.get("/readyz")
 	return code == http.StatusOK
 }
 
@@ -250,6 +257,10 @@ func TestBadConfigKeepsKernelAndBacksOff(t *testing.T) {
 	if !h.healthy() {
 		t.Error("a bad config failed /healthz")
 	}
+	// But the kernel's table is not the config's: not ready, and why.
+	if _, body := h.get("/readyz"); h.ready() || !strings.Contains(body, "config not applied") || !strings.Contains(body, "last good config's table stays in force") {
+		t.Errorf("a bad config: /readyz %q", body)
+	}
 	if c := strings.Count(h.logs.String(), "level=ERROR msg=\"config not applied"); c != 1 {
 		t.Errorf("the same error logged %d times", c)
 	}
@@ -348,29 +359,29 @@ func TestRepairAfterFailedSyncKeepsHealthFailing(t *testing.T) {
 	h := newHarness(t, nil)
 	h.write("resyncInterval: 5s\n")
 	h.sync(t0)
-	if !h.healthy() {
-		t.Fatal("unhealthy after a good sync")
+	if !h.ready() {
+		t.Fatal("not ready after a good sync")
 	}
 	h.fake.ReadErr = errors.New("netlink broke")
 	h.a.Tick(at(5 * time.Second))
-	if h.healthy() || h.a.failures != 1 {
-		t.Fatalf("a failed sync: healthy %v, failures %d", h.healthy(), h.a.failures)
+	if h.ready() || !h.healthy() || h.a.failures != 1 {
+		t.Fatalf("a failed sync: ready %v, alive %v, failures %d", h.ready(), h.healthy(), h.a.failures)
 	}
-	_, body := h.get("/healthz")
-	if !strings.Contains(body, "netlink broke") {
-		t.Errorf("healthz: %q", body)
+	_, body := h.get("/readyz")
+	if !strings.Contains(body, "last sync failed") || !strings.Contains(body, "netlink broke") {
+		t.Errorf("readyz: %q", body)
 	}
 	h.fake.ReadErr = nil
 	h.fake.Tamper("flush set", dropNonMasq)
 	h.a.KernelEvent(nft.Event{What: "touch"}, at(5500*time.Millisecond))
 	h.holds(h.want("resyncInterval: 5s\n"), "repair")
-	if h.healthy() || h.a.failures != 1 || !h.a.retryAt.Equal(at(6*time.Second)) {
-		t.Errorf("after a repair: healthy %v, failures %d, retry at %v", h.healthy(), h.a.failures, h.a.retryAt)
+	if h.ready() || h.a.failures != 1 || !h.a.retryAt.Equal(at(6*time.Second)) {
+		t.Errorf("after a repair: ready %v, failures %d, retry at %v", h.ready(), h.a.failures, h.a.retryAt)
 	}
-	// The retry syncs: healthy again.
+	// The retry syncs: ready again.
 	h.a.Tick(h.a.next())
-	if !h.healthy() || h.a.failures != 0 {
-		t.Errorf("after the retry: healthy %v, failures %d", h.healthy(), h.a.failures)
+	if !h.ready() || h.a.failures != 0 {
+		t.Errorf("after the retry: ready %v, failures %d", h.ready(), h.a.failures)
 	}
 }
 
@@ -527,11 +538,11 @@ func TestSyncKernelErrorHint(t *testing.T) {
 	h := newHarness(t, nil)
 	h.fake.SendErr = errors.New("operation not permitted")
 	err := h.a.Sync(t0)
-	if err == nil || h.healthy() {
-		t.Fatalf("Sync: %v, healthy %v", err, h.healthy())
+	if err == nil || h.ready() || !h.healthy() {
+		t.Fatalf("Sync: %v, ready %v, alive %v", err, h.ready(), h.healthy())
 	}
-	if _, body := h.get("/healthz"); !strings.Contains(body, "CAP_NET_ADMIN") {
-		t.Errorf("healthz: %q", body)
+	if _, body := h.get("/readyz"); !strings.Contains(body, "CAP_NET_ADMIN") || !strings.Contains(body, "no config applied yet") {
+		t.Errorf("readyz: %q", body)
 	}
 	if got := Hint(os.ErrPermission); !strings.Contains(got.Error(), "CAP_NET_ADMIN") || !errors.Is(got, os.ErrPermission) {
 		t.Errorf("Hint: %v", got)
