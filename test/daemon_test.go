@@ -223,7 +223,7 @@ func TestDaemonRepairs(t *testing.T) {
 		expectSources(t, topo, map[string]bool{internet1: true, private1: false})
 	}
 	// Each repair is logged after its commit, which the listing may see first.
-	eventually(t, "4 repairs logged", func() bool { return strings.Count(d.output(), "put it back") >= 4 })
+	eventually(t, "4 repairs logged", func() bool { return strings.Count(d.output(), repairLine) >= 4 })
 
 	// Counters keep counting across resyncs that change nothing.
 	expectSources(t, topo, map[string]bool{internet1: true})

@@ -87,6 +87,7 @@ func TestForeignWriterAsPID1(t *testing.T) {
 	cfgC := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8, 203.0.113.0/24]\nmasqueradeCIDRs: [10.250.0.11/32]\n"
 	for _, owned := range []bool{true, false} {
 		t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
+			testnet.Require(t, "unshare")
 			topo := newTopology(t)
 			addDestinations(t, topo, internet1, private1)
 			flag := fmt.Sprintf("--own-table=%v", owned)
@@ -151,7 +152,7 @@ func TestTamperedShapesRepaired(t *testing.T) {
 			})
 			expectSources(t, topo, map[string]bool{internet1: true, private1: false})
 			// The log line follows the commit.
-			eventually(t, "the repair's log line", func() bool { return strings.Contains(d.output(), "put it back") })
+			eventually(t, "the repair's log line", func() bool { return strings.Contains(d.output(), repairLine) })
 		})
 	}
 }
@@ -185,9 +186,9 @@ func TestTwoDaemons(t *testing.T) {
 		eventually(t, "a rival to be reported", func() bool {
 			return strings.Contains(first.output()+second.output(), "another process keeps rewriting")
 		})
-		mark := strings.Count(first.output(), "put it back") + strings.Count(second.output(), "put it back")
+		mark := strings.Count(first.output(), repairLine) + strings.Count(second.output(), repairLine)
 		time.Sleep(5 * time.Second)
-		rewrites := strings.Count(first.output(), "put it back") + strings.Count(second.output(), "put it back") - mark
+		rewrites := strings.Count(first.output(), repairLine) + strings.Count(second.output(), repairLine) - mark
 		// Backing off from 1 s, doubling: at most a handful in 5 s (a
 		// loop without back-off: about 40 a second each).
 		if rewrites > 12 {
@@ -364,7 +365,7 @@ func TestResyncNotStarvedByRepairs(t *testing.T) {
 	if strings.Contains(d.output(), "config file changed") {
 		t.Fatalf("the change was seen as a file event; the test needs it unseen:\n%s", d.output())
 	}
-	if n := strings.Count(d.output(), "put it back"); n < 2 {
+	if n := strings.Count(d.output(), repairLine); n < 2 {
 		t.Errorf("%d repairs, want the foreign touches repaired meanwhile", n)
 	}
 }
@@ -391,7 +392,7 @@ func TestHiddenRuleChangeRepaired(t *testing.T) {
 	}
 	handle, _ := strconv.ParseUint(m[1], 10, 64)
 	replaceMasqRule(t, topo, handle, 0x12) // RANDOM_FULLY | PROTO_SPECIFIED
-	eventually(t, "the repair of the hidden change", func() bool { return strings.Contains(d.output(), "put it back") })
+	eventually(t, "the repair of the hidden change", func() bool { return strings.Contains(d.output(), repairLine) })
 	if after := listTable(t, topo); withoutCounters(after) != withoutCounters(before) {
 		t.Errorf("after the repair:\n%s\nwant:\n%s", after, before)
 	}
