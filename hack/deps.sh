@@ -27,6 +27,9 @@ iptables-nft-save iptables iptables-nft
 ip6tables-nft iptables iptables-nft
 ip6tables-nft-restore iptables iptables-nft
 iptables-legacy iptables iptables-legacy
+iptables-legacy-restore iptables iptables-legacy
+ip6tables-legacy iptables iptables-legacy
+ip6tables-legacy-restore iptables iptables-legacy
 sysctl procps procps-ng
 conntrack conntrack conntrack-tools
 setpriv util-linux util-linux
