@@ -36,6 +36,7 @@ setpriv util-linux util-linux
 unshare util-linux util-linux
 grep grep grep
 sleep coreutils coreutils
+false coreutils coreutils
 sh dash bash
 make make make
 podman podman podman

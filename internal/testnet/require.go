@@ -42,6 +42,7 @@ var packages = map[string]string{
 	"unshare":                  "util-linux",
 	"grep":                     "grep",
 	"sleep":                    "coreutils",
+	"false":                    "coreutils",
 	"sh":                       "dash",
 	"make":                     "make",
 	"podman":                   "podman",
