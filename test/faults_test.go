@@ -151,10 +151,12 @@ func (ty *tally) note(format string, a ...any) {
 
 // startTraffic opens new TCP connections from the pod to every destination
 // in turn, from workers goroutines, and keeps one lasting connection per
-// control destination echoing, until stop is closed; wait for the
-// returned channel to be closed before reading the tally.
-func startTraffic(t *testing.T, topo *testnet.Topology, workers int, stop <-chan struct{}) (*tally, <-chan struct{}) {
+// control destination echoing, until the returned stop is called (at the
+// latest when the test ends); stop returns when all have stopped, and only
+// then is the tally complete.
+func startTraffic(t *testing.T, topo *testnet.Topology, workers int) (*tally, func()) {
 	t.Helper()
+	stop := make(chan struct{})
 	dests := []netip.Addr{ctlPrivate, ctlShared, ctlMasqCIDR, ctlOutbound, flipA, flipB}
 	for _, d := range dests {
 		if err := topo.AddDestination(d); err != nil {
@@ -248,9 +250,10 @@ func startTraffic(t *testing.T, topo *testnet.Topology, workers int, stop <-chan
 			}
 		}()
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	return ty, done
+	var once sync.Once
+	stopAll := func() { once.Do(func() { close(stop); wg.Wait() }) }
+	t.Cleanup(stopAll)
+	return ty, stopAll
 }
 
 // completed returns how many new connections have completed.
@@ -346,15 +349,7 @@ func TestAtomicityUnderTraffic(t *testing.T) {
 	mustApplyRS(t, a, states[0])
 
 	const workers = 4
-	stop := make(chan struct{})
-	ty, done := startTraffic(t, topo, workers, stop)
-	stopped := false
-	defer func() {
-		if !stopped {
-			close(stop)
-			<-done
-		}
-	}()
+	ty, stop := startTraffic(t, topo, workers)
 	flips := pick(40, 400)
 	var partial, full, created int
 	var took []time.Duration
@@ -376,9 +371,7 @@ func TestAtomicityUnderTraffic(t *testing.T) {
 		}
 		ty.waitConns(t, mark, 2*workers) // connections under the new state
 	}
-	close(stop)
-	<-done
-	stopped = true
+	stop()
 	slices.Sort(took)
 	ty.report(t, fmt.Sprintf("over %d flips between two 10,000-CIDR states (%d partial, %d full in-place, %d re-created; apply median %s, max %s)",
 		flips, partial, full, created, took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond)), 2*workers*flips)
@@ -403,15 +396,7 @@ func TestAtomicityDaemonSwaps(t *testing.T) {
 	waitOutcome(t, d, 0, "state A")
 
 	const workers = 4
-	stop := make(chan struct{})
-	ty, done := startTraffic(t, topo, workers, stop)
-	stopped := false
-	defer func() {
-		if !stopped {
-			close(stop)
-			<-done
-		}
-	}()
+	ty, stop := startTraffic(t, topo, workers)
 	flips := pick(20, 200) // each about a second under traffic
 	for n := 0; n < flips; n++ {
 		mark := len(d.output())
@@ -423,9 +408,7 @@ func TestAtomicityDaemonSwaps(t *testing.T) {
 		}
 		ty.waitConns(t, conns, 2*workers) // connections under the new state
 	}
-	close(stop)
-	<-done
-	stopped = true
+	stop()
 	ty.report(t, fmt.Sprintf("over %d ConfigMap swaps between two 10,000-CIDR states applied by the daemon", flips), 2*workers*flips)
 	want := map[string]bool{ctlPrivate.String(): false, ctlOutbound.String(): true}
 	want[flipA.String()] = flips%2 == 1
