@@ -32,16 +32,23 @@ build:
 ## test: every test: vet, pure, golden files, kernel (root; else they skip)
 ## (kernel tests in namespaces of their own). Prints what `go test` prints,
 ## then one line that counts the skipped tests and why; the verbose output is
-## in bin/test.out. The exit status is go test's.
+## in bin/test.out. The exit status is go test's. First, without -race, the
+## tests that are built only without it (too slow under the race detector:
+## the 100,000-CIDR fast-path differential); see docs/testing.md.
 test: deps build
 	$(GO) vet ./...
 	@$(GO) build -o bin/gotest ./hack/gotest
+	bin/gotest -go '$(GO)' -log bin/test-norace.out -name 'make test (without -race)' -- -count=1 -run '$(NORACE_TESTS)' ./config/
 	bin/gotest -go '$(GO)' -log bin/test.out -name 'make test' -- -race -count=1 ./...
+
+# The tests built only without -race (//go:build !race).
+NORACE_TESTS = ^TestFastPathSameAsFullLarge$$
 
 ## test-unit: only the tests that need no privileges, and the daemon loop's
 ## (internal/agent, against nft.Fake) statement coverage, which must stay 80%+
 test-unit:
 	@mkdir -p bin
+	$(GO) test -count=1 -run '$(NORACE_TESTS)' ./config/
 	$(GO) test -race -count=1 ./config/ ./nft/ ./cmd/... ./internal/metrics/ ./internal/filewatch/ ./hack/...
 	$(GO) test -race -count=1 -coverprofile=bin/agent.cover ./internal/agent/
 	@$(GO) tool cover -func=bin/agent.cover | awk '/^total:/ { sub("%", "", $$3); \
@@ -52,18 +59,18 @@ test-unit:
 demo: deps build
 	$(GO) run ./test/demo -agent bin/ip-masq-agent
 
-## fuzz: each fuzz target for FUZZTIME (default 30s)
+## fuzz: every fuzz target (each func Fuzz..., found by hack/fuzz.sh) for
+## FUZZTIME (default 30s) each
 FUZZTIME ?= 30s
 fuzz:
-	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./config/
-	$(GO) test -run='^$$' -fuzz='^FuzzBuild$$' -fuzztime=$(FUZZTIME) ./nft/
+	GO='$(GO)' sh hack/fuzz.sh $(FUZZTIME)
 
-## fuzz-ci: each fuzz target for a short fixed time (CI); seeds in */testdata/fuzz/
+## fuzz-ci: every fuzz target for a short fixed time each (CI: FuzzParse,
+## FuzzCheck, FuzzFastPath, FuzzBuild, 10s each); seeds in */testdata/fuzz/
 FUZZCITIME ?= 10s
 .PHONY: fuzz-ci
 fuzz-ci:
-	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZCITIME) ./config/
-	$(GO) test -run='^$$' -fuzz='^FuzzBuild$$' -fuzztime=$(FUZZCITIME) ./nft/
+	GO='$(GO)' sh hack/fuzz.sh $(FUZZCITIME)
 
 ## soak: the fault, load and hostile-input tests at full length (root, ~40 min)
 ## (hundreds of flips and kills, the largest inputs; the full log in

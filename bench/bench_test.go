@@ -20,7 +20,10 @@ import (
 // report. It asserts nothing about the figures themselves: timings on a
 // shared machine prove nothing in a test.
 func TestQuickRun(t *testing.T) {
-	testnet.Require(t, "ip", "nft")
+	// Every tool the report compares the agent with (a missing one would
+	// leave its row out, quietly).
+	testnet.Require(t, "ip", "nft", "iptables-nft", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-restore",
+		"iptables-legacy", "iptables-legacy-restore", "ip6tables-legacy", "ip6tables-legacy-restore")
 	agent := filepath.Join(t.TempDir(), "ip-masq-agent")
 	build := exec.Command("go", "build", "-o", agent, "../cmd/ip-masq-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -45,7 +48,10 @@ func TestQuickRun(t *testing.T) {
 				t.Errorf("IPv%d %d CIDRs: no agent time for %s", row.Family, row.N, Scenario(s))
 			}
 		}
-		if have("nft") && row.Times[1][First].Reps() == 0 {
+		if len(row.Skipped) > 0 {
+			t.Errorf("IPv%d %d CIDRs: not measured: %q", row.Family, row.N, row.Skipped)
+		}
+		if row.Times[1][First].Reps() == 0 {
 			t.Errorf("IPv%d %d CIDRs: no nft -f time", row.Family, row.N)
 		}
 		if len(row.RSS) == 0 || row.RSS[0] <= 0 {

@@ -5,11 +5,14 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -857,18 +860,52 @@ func TestLoad(t *testing.T) {
 	}
 }
 
+// An unreadable file: one line naming it and the reason. As root (make
+// test, CI) the load runs on a thread without CAP_DAC_OVERRIDE and
+// CAP_DAC_READ_SEARCH, so that file modes bind root as they bind a user.
 func TestLoadUnreadable(t *testing.T) {
-	if os.Geteuid() == 0 {
-		t.Skip("root can read any file")
-	}
 	p := filepath.Join(t.TempDir(), "secret")
 	if err := os.WriteFile(p, []byte("masqLinkLocal: true\n"), 0o000); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := Load(p, v4Only)
+	var err error
+	if dropErr := withoutDACOverride(func() { _, _, err = Load(p, v4Only) }); dropErr != nil {
+		t.Fatal(dropErr)
+	}
 	if want := p + ": cannot open: permission denied"; errString(err) != want {
 		t.Errorf("error = %v, want %s", err, want)
 	}
+}
+
+// withoutDACOverride runs f as the process's user, but as root on an OS
+// thread that has dropped CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from its
+// effective capabilities (capabilities are per thread; the thread stays
+// locked, so the Go runtime discards it when f returns).
+func withoutDACOverride(f func()) error {
+	if os.Geteuid() != 0 {
+		f()
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			done <- fmt.Errorf("capget: %w", err)
+			return
+		}
+		for _, c := range []uint{unix.CAP_DAC_OVERRIDE, unix.CAP_DAC_READ_SEARCH} {
+			data[c/32].Effective &^= 1 << (c % 32)
+		}
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			done <- fmt.Errorf("capset without CAP_DAC_OVERRIDE: %w", err)
+			return
+		}
+		f()
+		done <- nil
+	}()
+	return <-done
 }
 
 // A FIFO (or a device) at the path is refused at once: opening it must not

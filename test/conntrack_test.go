@@ -370,7 +370,10 @@ func TestConntrackDaemon(t *testing.T) {
 				return
 			}
 			s.waitFor(t, topo.Pod4)
-			if !strings.Contains(d.output(), "conntrack cleanup: examined") || !strings.Contains(d.output(), "deleted 1 ") {
+			// The cleanup is logged after its deletions, which the stream
+			// may see first.
+			eventually(t, "the cleanup's log line", func() bool { return strings.Contains(d.output(), "conntrack cleanup: examined") })
+			if !strings.Contains(d.output(), "deleted 1 ") {
 				t.Errorf("the cleanup is not logged with its count:\n%s", d.output())
 			}
 		})

@@ -88,7 +88,9 @@ func TestIptablesOriginalRemovedWhenGone(t *testing.T) {
 	}
 	// The original still runs: 10 rewrites, one a second. The jump it
 	// made once stays (never removed), and its decision is in force.
+	var lastRewrite time.Time
 	for i := 0; i < 10; i++ {
+		lastRewrite = time.Now()
 		original(t, topo, "iptables-nft", nft.DefaultChain, "203.0.113.0/24")
 		if got := jumpHandle(); got != first {
 			t.Fatalf("rewrite %d: the original's jump changed (%q, was %q): the agent removed it while the original ran\n%s", i, got, first, d.output())
@@ -103,13 +105,15 @@ func TestIptablesOriginalRemovedWhenGone(t *testing.T) {
 	if !strings.Contains(d.output(), "the original ip-masq-agent still runs") {
 		t.Errorf("no report that the original still runs:\n%s", d.output())
 	}
-	stopped := time.Now()
 	eventually(t, "the removal of the original's rules", func() bool {
 		return !strings.Contains(natTable(t, topo, "ip"), nft.DefaultChain)
 	})
-	took := time.Since(stopped)
-	if limit := 2*time.Second + 5*time.Second + 2*time.Second; took > limit {
-		t.Errorf("removed %s after the original stopped, want at most %s", took, limit)
+	// Never before the rules have been left unchanged for twice the
+	// resync interval plus 5 s (how soon after is for make bench and the
+	// e2e test to measure, not for an assertion on a loaded machine).
+	took := time.Since(lastRewrite)
+	if quiet := 2*time.Second + 5*time.Second; took < quiet {
+		t.Errorf("removed %s after the original's last rewrite began, want at least %s", took, quiet)
 	}
 	t.Logf("removed %s after the original's last rewrite", took.Round(100*time.Millisecond))
 	expectSources(t, topo, map[string]bool{private1: false, internet1: true})

@@ -88,6 +88,7 @@ func TestForeignWriterAsPID1(t *testing.T) {
 	cfgC := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8, 203.0.113.0/24]\nmasqueradeCIDRs: [10.250.0.11/32]\n"
 	for _, owned := range []bool{true, false} {
 		t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
+			testnet.Require(t, "unshare")
 			topo := newTopology(t)
 			addDestinations(t, topo, internet1, private1)
 			flag := fmt.Sprintf("--own-table=%v", owned)
@@ -152,7 +153,7 @@ func TestTamperedShapesRepaired(t *testing.T) {
 			})
 			expectSources(t, topo, map[string]bool{internet1: true, private1: false})
 			// The log line follows the commit.
-			eventually(t, "the repair's log line", func() bool { return strings.Contains(d.output(), "put it back") })
+			eventually(t, "the repair's log line", func() bool { return strings.Contains(d.output(), repairLine) })
 		})
 	}
 }
@@ -172,7 +173,10 @@ func TestTwoDaemons(t *testing.T) {
 		eventually(t, "config A", sourcesAre(topo, a))
 		second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=")
 		eventually(t, "the second agent to wait", func() bool { return strings.Contains(second.output(), "waiting for it to exit") })
-		time.Sleep(2 * time.Second)
+		// Two more looks at the owned table, each refused: config A stays.
+		const look = "is owned by another process; looking again"
+		looks := strings.Count(second.output(), look)
+		eventually(t, "two more looks by the second agent", func() bool { return strings.Count(second.output(), look) >= looks+2 })
 		expectSources(t, topo, a)
 		first.stop(t)
 		eventually(t, "config B after the first agent exited", sourcesAre(topo, b))
@@ -186,15 +190,30 @@ func TestTwoDaemons(t *testing.T) {
 		eventually(t, "a rival to be reported", func() bool {
 			return strings.Contains(first.output()+second.output(), "another process keeps rewriting")
 		})
-		mark := strings.Count(first.output(), "put it back") + strings.Count(second.output(), "put it back")
-		time.Sleep(5 * time.Second)
-		rewrites := strings.Count(first.output(), "put it back") + strings.Count(second.output(), "put it back") - mark
-		// Backing off from 1 s, doubling: at most a handful in 5 s (a
-		// loop without back-off: about 40 a second each).
-		if rewrites > 12 {
-			t.Errorf("%d rewrites in 5 s after the rival was reported: still fighting", rewrites)
+		// Backing off from 1 s, doubling: each agent's next rewrites are
+		// at least a second apart in its own log (a loop without back-off:
+		// about 40 a second each).
+		count := func() int {
+			return strings.Count(first.output(), repairLine) + strings.Count(second.output(), repairLine)
 		}
-		t.Logf("%d rewrites in 5 s after the rival was reported", rewrites)
+		mark := count()
+		eventually(t, "four more rewrites", func() bool { return count() >= mark+4 })
+		for i, d := range []*daemon{first, second} {
+			out := d.output()
+			rival := strings.Index(out, "another process keeps rewriting")
+			if rival < 0 {
+				continue
+			}
+			rival = strings.LastIndex(out[:rival], "\n") + 1 // the line's start
+			// From the report (logged right after the rewrite that made it).
+			at := append(logTimes(t, out[rival:], "another process keeps rewriting")[:1], logTimes(t, out[rival:], repairLine)...)
+			for j := 1; j < len(at); j++ {
+				if gap := at[j].Sub(at[j-1]); gap < 900*time.Millisecond {
+					t.Errorf("agent %d: rewrites %s apart after it reported the rival: still fighting", i+1, gap)
+				}
+			}
+			t.Logf("agent %d: rewrites after it reported the rival: %s apart", i+1, gaps(at))
+		}
 	})
 }
 
@@ -356,7 +375,7 @@ func TestResyncNotStarvedByRepairs(t *testing.T) {
 		}
 	}()
 	defer func() { close(stop); <-done }()
-	time.Sleep(1500 * time.Millisecond)
+	eventually(t, "a foreign touch repaired", func() bool { return strings.Contains(d.output(), repairLine) })
 	f, err := os.OpenFile(link, os.O_WRONLY|os.O_TRUNC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +388,7 @@ func TestResyncNotStarvedByRepairs(t *testing.T) {
 	if strings.Contains(d.output(), "config file changed") {
 		t.Fatalf("the change was seen as a file event; the test needs it unseen:\n%s", d.output())
 	}
-	if n := strings.Count(d.output(), "put it back"); n < 2 {
+	if n := strings.Count(d.output(), repairLine); n < 2 {
 		t.Errorf("%d repairs, want the foreign touches repaired meanwhile", n)
 	}
 }
@@ -396,7 +415,7 @@ func TestHiddenRuleChangeRepaired(t *testing.T) {
 	}
 	handle, _ := strconv.ParseUint(m[1], 10, 64)
 	replaceMasqRule(t, topo, handle, 0x12) // RANDOM_FULLY | PROTO_SPECIFIED
-	eventually(t, "the repair of the hidden change", func() bool { return strings.Contains(d.output(), "put it back") })
+	eventually(t, "the repair of the hidden change", func() bool { return strings.Contains(d.output(), repairLine) })
 	if after := listTable(t, topo); withoutCounters(after) != withoutCounters(before) {
 		t.Errorf("after the repair:\n%s\nwant:\n%s", after, before)
 	}

@@ -607,17 +607,69 @@ func TestRun(t *testing.T) {
 	}
 }
 
-// An agent that starts while another process owns the table adopts it
-// within ownedRetry of the owner's exit.
+// calls counts the reads and sends of a kernel, by the synthetic time of
+// the Tick that made them.
+type calls struct {
+	*nft.Fake
+	reads, sends int
+}
+
+func (c *calls) Read() (*nft.Table, uint32, error) { c.reads++; return c.Fake.Read() }
+
+func (c *calls) Send(p nft.Plan, gen uint32) (nft.Sent, error) { c.sends++; return c.Fake.Send(p, gen) }
+
+// An agent that starts while another process owns the table leaves it
+// alone (nothing sent, the owner's table unchanged), looks again once a
+// second, and adopts it within a second of the owner's exit: checked at
+// every tick, 100 ms apart.
 func TestOwnedByOtherAtStartRetriesEverySecond(t *testing.T) {
 	h := newHarness(t, nil)
-	h.fake.Tamper("other agent", func(t **nft.Table) { w := h.want(""); w.Owner = nft.OwnedByOther; *t = &w })
+	k := &calls{Fake: h.fake}
+	h.a = New(h.a.opts, k, h.a.log, h.m)
+	theirs := h.want("nonMasqueradeCIDRs: [192.0.2.0/24]\n") // the other agent's config
+	theirs.Owner, theirs.Persist = nft.OwnedByOther, true
+	h.fake.Tamper("other agent", func(t **nft.Table) { c := theirs.Clone(); *t = c })
+	want := h.want("")
 	h.a.Sync(t0)
-	for now := t0; now.Before(at(12 * time.Second)); now = now.Add(100 * time.Millisecond) {
-		if now.Equal(at(10 * time.Second)) {
-			h.fake.Tamper("owner exits", func(t **nft.Table) { (*t).Owner, (*t).Persist = nft.NotOwned, true })
+	exit := at(10 * time.Second)
+	looks := []time.Time{t0}
+	var adopted time.Time
+	for now := t0.Add(100 * time.Millisecond); now.Before(at(15 * time.Second)); now = now.Add(100 * time.Millisecond) {
+		if now.Equal(exit) {
+			h.fake.Tamper("owner exits", func(t **nft.Table) { (*t).Owner = nft.NotOwned })
 		}
+		reads := k.reads
 		h.a.Tick(now)
+		if k.reads > reads && now.Before(exit) {
+			looks = append(looks, now)
+		}
+		got := h.fake.Table()
+		switch {
+		case now.Before(exit):
+			if k.sends != 0 || got == nil || !got.Equal(theirs) {
+				t.Fatalf("at %s, while another process owns the table: %d transactions sent, the table:\n%s",
+					now.Sub(t0), k.sends, nft.Render(*got))
+			}
+		case adopted.IsZero() && got != nil && got.Equal(want):
+			adopted = now
+		case adopted.IsZero() && now.Sub(exit) >= time.Second:
+			t.Fatalf("not adopted %s after the owner's exit (want within %s); the table:\n%s", now.Sub(exit), time.Second, nft.Render(*got))
+		case !adopted.IsZero() && (got == nil || !got.Equal(want)):
+			t.Fatalf("at %s, after the adoption, the table is:\n%s", now.Sub(t0), nft.Render(*got))
+		}
 	}
-	h.holds(h.want(""), "adopted within a second of the owner's exit")
+	for i := 1; i < len(looks); i++ {
+		if gap := looks[i].Sub(looks[i-1]); gap != time.Second {
+			t.Errorf("looks at the owned table %s and %s after the start: %s apart, want %s", looks[i-1].Sub(t0), looks[i].Sub(t0), gap, time.Second)
+		}
+	}
+	if len(looks) < 10 {
+		t.Errorf("%d looks at the owned table in 10 s, want one a second", len(looks))
+	}
+	if n := strings.Count(h.logs.String(), "waiting for it to exit"); n != 1 {
+		t.Errorf("the wait logged %d times, want once:\n%s", n, h.logs)
+	}
+	if n := strings.Count(h.logs.String(), "its previous owner is gone"); n != 1 {
+		t.Errorf("the adoption logged %d times, want once:\n%s", n, h.logs)
+	}
 }
