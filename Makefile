@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
 .PHONY: all help deps deps-e2e build test test-unit demo bench fuzz clean
-.PHONY: image image-multiarch test-deploy
+.PHONY: image image-multiarch push push-multiarch manifests test-deploy
 
 all: build
 
@@ -117,6 +117,24 @@ image-multiarch: $(foreach a,$(ARCHES),bin/linux-$(a)/ip-masq-agent)
 	  $(CONTAINER_TOOL) buildx build --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) $(IMAGE_BUILD_FLAGS) \
 	    --platform $(PLATFORMS) -t $(IMAGE):$(TAG) .,\
 	  $(IMAGE_BUILD) --platform $(PLATFORMS) --manifest $(IMAGE):$(TAG) .)
+
+## push: build the image IMAGE:TAG and push it to its registry
+## (any registry: IMAGE=registry.example.com/ip-masq-agent-nft TAG=v0.1.0;
+## log in first with podman login, buildah login or docker login)
+push: image
+	$(CONTAINER_TOOL) push $(IMAGE):$(TAG)
+	@echo "pushed $(IMAGE):$(TAG); install it with: make manifests IMAGE=$(IMAGE) TAG=$(TAG)"
+
+## push-multiarch: image-multiarch, then push the manifest list (podman, buildah)
+push-multiarch: image-multiarch
+	$(if $(filter docker,$(notdir $(CONTAINER_TOOL))),@echo "docker: add IMAGE_BUILD_FLAGS=--push to make image-multiarch" >&2; exit 1,\
+	  $(CONTAINER_TOOL) manifest push --all $(IMAGE):$(TAG) docker://$(IMAGE):$(TAG))
+
+## manifests: bin/manifests/install.yaml and uninstall.yaml for IMAGE:TAG
+## (deploy/ and deploy/uninstall/ rendered, for kubectl apply -f; without
+## IMAGE and TAG given, the image that deploy/image/ pins)
+manifests:
+	$(GO) run ./hack/manifests -repo . -out bin/manifests $(if $(filter command line,$(origin IMAGE) $(origin TAG)),-image $(IMAGE):$(TAG))
 
 ## test-deploy: the deploy/ manifests, and the image in a container (root)
 ## (run with the DaemonSet's rights against a test node, with podman)
