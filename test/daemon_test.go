@@ -320,7 +320,7 @@ func TestDaemonEndpoints(t *testing.T) {
 		`ip_masq_agent_cidrs{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"} 2`,
 		`ip_masq_agent_intervals{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"} 3`,
 		`ip_masq_agent_rule_packets_total{decision="masquerade",family="ipv4",reason="outbound"} 1`,
-		`ip_masq_agent_rule_packets_total{decision="return",family="ipv4",reason="nonMasqueradeCIDRs"} 1`,
+		`ip_masq_agent_rule_packets_total{decision="nonmasquerade",family="ipv4",reason="cidrs"} 1`,
 		`ip_masq_agent_last_successful_sync_timestamp_seconds 1.`,
 	} {
 		if !strings.Contains(body, want) {

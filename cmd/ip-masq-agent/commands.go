@@ -355,41 +355,12 @@ func readInput(path string, stdin io.Reader) ([]byte, error) {
 	return data, nil
 }
 
-// loadConfig reads --config for a tool as the daemon reads it, and also
-// takes a ConfigMap manifest. Unlike the daemon, a tool fails on any bad
-// file of a directory (it has no last good content to fall back on).
+// loadConfig reads --config for a tool exactly as the daemon reads it
+// (config.Loader decides what the path is; a ConfigMap manifest is read
+// as the file it holds). Unlike the daemon, a tool fails on any bad file
+// of a directory (it has no last good content to fall back on).
 func loadConfig(path string, f config.Flags, stderr io.Writer) (config.Config, error) {
-	var cfg config.Config
-	var warns []string
-	var err error
-	fi, serr := os.Stat(path)
-	switch {
-	case serr == nil && fi.IsDir():
-		cfg, warns, err = (&config.Loader{}).Load(path, f)
-	case errors.Is(serr, fs.ErrNotExist):
-		fmt.Fprintf(stderr, "note: %s does not exist: the defaults apply, as they would for the agent\n", path)
-		return config.Default(f), nil
-	default:
-		var data []byte
-		if data, err = readInput(path, nil); err != nil {
-			return cfg, fmt.Errorf("%s: %w", path, err)
-		}
-		content, isManifest, merr := config.FromManifest(data)
-		switch {
-		case merr != nil:
-			return cfg, fmt.Errorf("%s: %w", path, merr)
-		case isManifest:
-			cfg, warns, err = config.Parse(content, f)
-			for i := range warns {
-				warns[i] = path + ": " + warns[i]
-			}
-			if err != nil {
-				err = fmt.Errorf("%s: %w", path, err)
-			}
-		default:
-			cfg, warns, err = config.Load(path, f)
-		}
-	}
+	cfg, warns, err := (&config.Loader{}).Load(path, f)
 	for _, w := range warns {
 		fmt.Fprintln(stderr, "warning: "+w)
 	}

@@ -123,7 +123,7 @@ func TestRenderCommand(t *testing.T) {
 	}
 	// A missing file means the defaults, as for the agent.
 	code, out, errOut = runCmd(t, "render", "--config", filepath.Join(t.TempDir(), "none"))
-	if code != 0 || !strings.Contains(out, "172.16.0.0/12") || !strings.Contains(errOut, "the defaults apply") {
+	if code != 0 || !strings.Contains(out, "172.16.0.0/12") || !strings.Contains(errOut, "the defaults are in force") {
 		t.Errorf("missing file: %d %q\n%s", code, errOut, out)
 	}
 	// Errors.

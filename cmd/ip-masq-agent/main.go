@@ -164,6 +164,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ag := agent.New(ao, k, log, m)
 	switch {
 	case o.cleanup:
+		// Say which happened: read first (Delete does nothing without a table).
+		if t, _, err := k.Read(); err == nil && t == nil {
+			log.Info("there is no table inet " + nft.TableName + ": nothing to delete")
+			return 0
+		}
 		if err := k.Delete(); err != nil {
 			if errors.Is(err, nft.ErrOwnedByOther) {
 				log.Error("cleanup refused: a running agent owns the table and would put it back; delete its DaemonSet (or stop it) first", "err", err)
@@ -172,7 +177,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			return 1
 		}
-		log.Info("deleted table inet " + nft.TableName + " (or there was none)")
+		log.Info("deleted table inet " + nft.TableName)
 		return 0
 	case o.once:
 		if err := ag.Sync(time.Now()); err != nil {
@@ -246,10 +251,13 @@ func watchConfig(ctx context.Context, path string, log *slog.Logger) <-chan stru
 	onError := func(err error) { log.Warn("watching the config file", "err", err) }
 	var ch <-chan struct{}
 	var err error
-	if fi, serr := os.Stat(path); serr == nil && fi.IsDir() {
+	switch config.KindOf(path) {
+	case config.SourceNone:
+		return nil
+	case config.SourceDir:
 		// A directory of files (a projected volume of ConfigMaps): config.Loader merges them.
 		ch, err = filewatch.WatchDir(ctx, path, config.IsConfigName, debounce, onError)
-	} else {
+	default:
 		ch, err = filewatch.Watch(ctx, path, debounce, onError)
 	}
 	if err != nil {

@@ -257,6 +257,7 @@ func (a *Agent) sync(now time.Time) error {
 	a.metrics.SyncDone("success", took)
 	a.metrics.SetStaleAfter(3 * cfg.ResyncInterval)
 	a.setElements(cfg, want)
+	a.metrics.ConfigApplied(cfg.Hash())
 	if !partial {
 		a.lastErr = ""
 	}
