@@ -359,7 +359,7 @@ func TestConntrackDaemon(t *testing.T) {
 				t.Fatal(err)
 			}
 			cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--conntrack-cleanup="+mode)
+			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--conntrack-cleanup="+mode)
 			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
 			s := startUDPStream(t, topo, internet1)
 			before := s.waitFor(t, topo.NodeUplink4)

@@ -166,7 +166,7 @@ func TestDaemonReloads(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	eventually(t, "the first config", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
 
 	cm.update("resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n")
@@ -203,7 +203,7 @@ func TestDaemonRepairs(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "resyncInterval: 1s\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 	want := withoutCounters(listTable(t, topo))
 
@@ -241,7 +241,7 @@ func TestDaemonRestartKeepsTable(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "")
-	first := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	first := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 
 	// An independent observer of every transaction in the namespace.
@@ -264,7 +264,7 @@ func TestDaemonRestartKeepsTable(t *testing.T) {
 		t.Fatal("the table is gone after SIGTERM")
 	}
 	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
-	second := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	second := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	eventually(t, "the new agent's first sync", func() bool { return strings.Contains(second.output(), "took it over") })
 	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
 	cancel()

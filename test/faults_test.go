@@ -352,7 +352,7 @@ func TestAtomicityDaemonSwaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm := newConfigMapDir(t, atomicityState(0))
-	d := startDaemon(t, topo, "--config", cm.path(), "--enable-ipv6", "--http-address=")
+	d := startDaemon(t, topo, "--config", cm.path(), "--enable-ipv6", "--http-address=127.0.0.1:0")
 	waitOutcome(t, d, 0, "state A")
 
 	stop := make(chan struct{})
@@ -548,7 +548,7 @@ func TestNetlinkFaults(t *testing.T) {
 		addDestinations(t, topo, internet1, private1)
 		release := ownedTable(t, topo)
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 		time.Sleep(window)
 		// The agent waits for the owner to go, looking once a second.
 		attempts := strings.Count(d.output(), "is owned by another process; looking again")
@@ -569,7 +569,7 @@ func TestNetlinkFaults(t *testing.T) {
 		topo := newTopology(t)
 		addDestinations(t, topo, internet1, private1)
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 		mark := len(d.output())
 		resize := "flush chain inet ip-masq-agent IP-MASQ-AGENT\ndelete set inet ip-masq-agent nonmasq-v4\n" +
@@ -603,7 +603,7 @@ func TestNetlinkFaults(t *testing.T) {
 		topo := newTopology(t)
 		addDestinations(t, topo, internet1, private1)
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 		want := withoutCounters(listTable(t, topo))
 		// 200,000 elements make ~27 MB of notifications; the agent's

@@ -50,7 +50,7 @@ type daemonFlags struct {
 	logFormat, logLevel string
 	logFlags            logFlags               // the original agent's klog flags (flags.go)
 	logIgnored          string                 // the warning about those that have no effect, if any
-	visit               func(func(*flag.Flag)) // every flag, for the start line
+	visit               func(func(*flag.Flag)) // the flags given, for the start line
 }
 
 // parseDaemonFlags parses the daemon's flags. --help and --version write
@@ -69,7 +69,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 	o.conntrack = conntrack.DefaultMode
 	fs.Var(&o.conntrack, "conntrack-cleanup", "after a change of decisions, delete the conntrack entries that keep the old one: udp (default), all (also breaks established TCP to the changed ranges) or none")
 	fs.BoolVar(&o.ownTable, "own-table", true, "own the table (Linux 6.9+): while the agent runs no other process can change it; false: verify and repair only")
-	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz; empty disables")
+	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz (HOST:PORT; the DaemonSet's probes need it, so it cannot be empty; :9753 or NODE_IP:9753 to let Prometheus scrape it)")
 	fs.StringVar(&d.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&d.logLevel, "log-level", "", "log level: debug, info, warn or error (overrides --v)")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
@@ -111,7 +111,14 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
 		return d, 2, true
 	}
-	d.visit = fs.VisitAll
+	// The probes of the shipped DaemonSet need /healthz and /readyz: an
+	// agent without the endpoint would be restarted forever. (--once and
+	// --cleanup serve nothing.)
+	if o.httpAddr == "" && !o.once && !o.cleanup {
+		fmt.Fprintf(stderr, "ip-masq-agent: --http-address is empty, but the DaemonSet's liveness and readiness probes need /healthz and /readyz there; keep the default %s (the node's loopback only), or give 127.0.0.1:0 for a port of no use to anyone\n", metrics.DefaultAddress)
+		return d, 2, true
+	}
+	d.visit = fs.Visit
 	return d, 0, false
 }
 
@@ -132,9 +139,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	attrs := []any{"version", version}
+	// The version, the config source and the flags that differ from
+	// their defaults: one short line.
+	attrs := []any{"version", version, "config", config.KindOf(o.configPath).String() + " " + o.configPath}
 	d.visit(func(f *flag.Flag) {
-		if f.Name != "version" {
+		if f.Name != "version" && f.Name != "config" && f.Value.String() != f.DefValue {
 			attrs = append(attrs, f.Name, f.Value.String())
 		}
 	})
