@@ -27,6 +27,7 @@ deps-e2e:
 
 ## build: the static agent binary in bin/
 build:
+	@test -x bin/ip-masq-agent || echo "make build: the first build downloads and compiles the Go modules it needs (a minute or more) ..."
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ip-masq-agent ./cmd/ip-masq-agent
 
 ## test: every test: vet, pure, golden files, kernel (root; else they skip)
@@ -34,7 +35,9 @@ build:
 ## then one line that counts the skipped tests and why; the verbose output is
 ## in bin/test.out. The exit status is go test's.
 test: deps build
+	@echo "make test: go vet ./..."
 	$(GO) vet ./...
+	@echo "make test: compiling and running every package's tests (a few minutes; kernel tests in namespaces of their own; the verbose log goes to bin/test.out) ..."
 	@$(GO) build -o bin/gotest ./hack/gotest
 	bin/gotest -go '$(GO)' -log bin/test.out -name 'make test' -- -race -count=1 ./...
 
@@ -50,7 +53,10 @@ test-unit:
 
 ## demo: a pod, a node and an external host in throwaway namespaces (root)
 demo: deps build
-	$(GO) run ./test/demo -agent bin/ip-masq-agent
+	@echo "make demo: compiling the demo (test/demo) ..."
+	$(GO) build -o bin/demo ./test/demo
+	@echo "make demo: running it: a pod, a node and an external host in throwaway network namespaces"
+	bin/demo -agent bin/ip-masq-agent
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s)
 FUZZTIME ?= 30s

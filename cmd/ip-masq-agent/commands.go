@@ -672,9 +672,13 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("cleanup-iptables", flag.ContinueOnError)
 	chain := fs.String("masq-chain", nft.DefaultChain, "the original agent's --masq-chain")
 	watch := fs.Duration("watch", 3*time.Second, "watch the chain this long before removing it, to tell whether the original agent still rewrites it (0: do not watch)")
+	agentPID := fs.String("agent-pid", "auto", "take --masq-chain, when not given, from the running agent's command line: auto (process 1 when it is the agent, as in its pod), a PID, or none")
 	pos, code, done := c.parse(fs, args, stdout, stderr)
 	if done {
 		return code
+	}
+	if err := adoptAgentFlags(fs, *agentPID, stderr); err != nil {
+		return usageError(c, stderr, "%v", err)
 	}
 	if len(pos) > 0 {
 		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
