@@ -180,7 +180,7 @@ func TestContainer(t *testing.T) {
 	vol.write(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 1s\n")
 
 	httpAddr := "127.0.0.1:9753" // as in deploy/daemonset.yaml
-	args := []string{"--v=2", "--http-address=127.0.0.1:0" + httpAddr}
+	args := []string{"--v=2", "--http-address=" + httpAddr}
 	name := "ip-masq-agent-test-" + suffix
 	// What the DaemonSet asks of the kubelet, in podman's words.
 	restricted := func(name string) []string {
