@@ -178,6 +178,24 @@ func agentMetricNames(t *testing.T) map[string]string {
 	return names
 }
 
+// unknownMetrics returns the names in used that the agent does not export
+// (a histogram's _bucket, _sum and _count series are its own).
+func unknownMetrics(names map[string]string, used []string) []string {
+	var out []string
+	for _, name := range used {
+		base := name
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if b, ok := strings.CutSuffix(name, suffix); ok && names[b] == "histogram" {
+				base = b
+			}
+		}
+		if names[base] == "" {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 var (
 	metricRE  = regexp.MustCompile(`\bip_masq_agent_[a-z0-9_]+`)
 	durationR = regexp.MustCompile(`^([0-9]+(ms|s|m|h|d|w|y))+$`)
@@ -220,16 +238,8 @@ func TestPrometheusAlerts(t *testing.T) {
 			if len(used) == 0 && !strings.Contains(r.Expr, "up{") {
 				t.Errorf("%s: the expression names no metric of the agent: %s", r.Alert, r.Expr)
 			}
-			for _, name := range used {
-				base := name
-				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-					if b, ok := strings.CutSuffix(name, suffix); ok && names[b] == "histogram" {
-						base = b
-					}
-				}
-				if names[base] == "" {
-					t.Errorf("%s: %s is not a metric the agent exports", r.Alert, name)
-				}
+			for _, name := range unknownMetrics(names, used) {
+				t.Errorf("%s: %s is not a metric the agent exports", r.Alert, name)
 			}
 			if strings.Count(r.Expr, "(") != strings.Count(r.Expr, ")") || strings.Count(r.Expr, "{") != strings.Count(r.Expr, "}") {
 				t.Errorf("%s: unbalanced brackets: %s", r.Alert, r.Expr)
@@ -251,5 +261,46 @@ func TestPrometheusAlerts(t *testing.T) {
 	}
 	if out, err := exec.Command(promtool, "check", "rules", deployDir+"/prometheus/alerts.yaml").CombinedOutput(); err != nil {
 		t.Errorf("promtool check rules: %v\n%s", err, out)
+	}
+}
+
+// TestGrafanaDashboard: deploy/grafana/ip-masq-agent.json is a dashboard
+// whose every query names only metrics the agent exports.
+func TestGrafanaDashboard(t *testing.T) {
+	data, err := os.ReadFile(deployDir + "/grafana/ip-masq-agent.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Title  string `json:"title"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := yaml.Unmarshal(data, &d); err != nil {
+		t.Fatalf("deploy/grafana/ip-masq-agent.json: %v", err)
+	}
+	names := agentMetricNames(t)
+	n := 0
+	for _, p := range d.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, q := range p.Targets {
+			n++
+			used := metricRE.FindAllString(q.Expr, -1)
+			if len(used) == 0 {
+				t.Errorf("panel %q: the query names no metric of the agent: %s", p.Title, q.Expr)
+			}
+			for _, name := range unknownMetrics(names, used) {
+				t.Errorf("panel %q: %s is not a metric the agent exports", p.Title, name)
+			}
+		}
+	}
+	if d.Title == "" || n < 5 {
+		t.Errorf("dashboard %q with %d queries", d.Title, n)
 	}
 }
