@@ -581,6 +581,19 @@ func TestManifestsImageFollowsOverlay(t *testing.T) {
 			}
 		}
 	}
+	// make e2e-cluster's overlays (its local image, matched by the name
+	// deploy/image/ sets) reach every container too.
+	for _, dir := range []string{"e2e/overlay", "e2e/uninstall"} {
+		data, err := kustomize.Render(filepath.Join("..", dir))
+		if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", dir, err)
+		}
+		for c, img := range renderedImages(t, dir, data) {
+			if !strings.HasSuffix(c, "/done") && img != "localhost/ip-masq-agent-nft-e2e:e2e" { // done: the pause container
+				t.Errorf("%s: %s runs %q, want the e2e image", dir, c, img)
+			}
+		}
+	}
 	// The documented private-registry overlay: install and uninstall alike.
 	var ex imageComponent
 	if err := decodeStrictFile(t, "../examples/private-registry/image/kustomization.yaml", &ex); err != nil {
