@@ -4,10 +4,11 @@
 // other than GET or HEAD is 405.
 //
 // The agent's loop records what happens through an *Agent (SyncDone,
-// SyncFailed, ConfigLoaded, SetElements, Repaired), and main serves
-// Agent.Handler with Serve on --http-address (default 127.0.0.1:9753, the
-// node's loopback, where the DaemonSet's probes reach it with hostNetwork;
-// empty disables the endpoint).
+// SyncFailed, ConfigLoaded, ConfigApplied, SetElements, Repaired), and main
+// serves Agent.Handler with Serve on --http-address (default 127.0.0.1:9753,
+// the node's loopback, where the DaemonSet's probes reach it with
+// hostNetwork; main refuses an empty address, which Serve would take as
+// "no endpoint", since the probes need it).
 //
 // # Metrics
 //
