@@ -126,7 +126,7 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 	}
 	defer mon.close()
 
-	args := []string{"--config", cm.path(), "--http-address=", "--own-table=false"} // repairs are measured: nobody could delete an owned table
+	args := []string{"--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false"} // repairs are measured: nobody could delete an owned table
 	d, err := startDaemon(ctx, topo, cfg.Agent, args...)
 	if err != nil {
 		return err

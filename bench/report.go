@@ -494,7 +494,7 @@ func liveMarkdown(b *strings.Builder, r *Results) {
 	if r.LiveErr != nil {
 		w("**Incomplete:** %s\n\n", oneLine(r.LiveErr.Error()))
 	}
-	w("The agent binary runs as a daemon in a node namespace (`--http-address=`, `resyncInterval: 1h`, so\n" +
+	w("The agent binary runs as a daemon in a node namespace (`--http-address=127.0.0.1:0`, `resyncInterval: 1h`, so\n" +
 		"that the periodic resync plays no part). Times come from one netlink subscription to the namespace's\n" +
 		"nftables notifications: each committed transaction ends with a NEWGEN message naming the committing\n" +
 		"process.\n\n" +

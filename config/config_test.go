@@ -824,11 +824,15 @@ func TestLoad(t *testing.T) {
 		wantErr   string
 		wantWarns []string
 	}{
-		{"missing file", filepath.Join(dir, "none"), v4Only, Default(v4Only), "", nil},
+		{"missing file", filepath.Join(dir, "none"), v4Only, Default(v4Only), "", missing(filepath.Join(dir, "none"))},
 		{"missing directory", filepath.Join(dir, "none/ip-masq-agent"), Flags{NoMasqAllReservedRanges: true},
-			Default(Flags{NoMasqAllReservedRanges: true}), "", nil},
-		{"file in the way", filepath.Join(file, "ip-masq-agent"), v4Only, Default(v4Only), "", nil},
-		{"dangling symlink", symlink("nowhere", "dangling"), v4Only, Default(v4Only), "", nil},
+			Default(Flags{NoMasqAllReservedRanges: true}), "", missing(filepath.Join(dir, "none/ip-masq-agent"))},
+		{"file in the way", filepath.Join(file, "ip-masq-agent"), v4Only, Default(v4Only), "", missing(filepath.Join(file, "ip-masq-agent"))},
+		{"dangling symlink", symlink("nowhere", "dangling"), v4Only, Default(v4Only), "", missing(filepath.Join(dir, "dangling"))},
+		{"a ConfigMap manifest", write("cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ip-masq-agent\ndata:\n  config: |\n    masqLinkLocal: true\n"),
+			v4Only, with(v4Only, func(c *Config) { c.MasqLinkLocal = true }), "", nil},
+		{"a tab in the indentation", write("tab", "nonMasqueradeCIDRs:\n\t- 10.0.0.0/8\n"), v4Only, Config{},
+			filepath.Join(dir, "tab") + ": cannot parse YAML/JSON: yaml: line 2: found character that cannot start any token (line 2 is indented with a tab: YAML indents with spaces only)", nil},
 		{"empty file", file, v4Only, Default(v4Only), "", nil},
 		{"whitespace", write("space", "\n  \n  \n"), v4Only, Default(v4Only), "", nil},
 		{"plain file", write("plain", "masqLinkLocal: true\n"), v4Only, linkLocal, "", nil},
@@ -859,6 +863,9 @@ func TestLoad(t *testing.T) {
 		})
 	}
 }
+
+// missing is Load's warning about a path that does not exist.
+func missing(path string) []string { return []string{path + ": " + MsgMissing} }
 
 // An unreadable file: one line naming it and the reason. As root (make
 // test, CI) the load runs on a thread without CAP_DAC_OVERRIDE and

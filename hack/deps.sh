@@ -111,8 +111,11 @@ fi
 if command -v apt-get >/dev/null 2>&1; then
 	echo "make deps: installing $deb (for $missing_cmds)"
 	export DEBIAN_FRONTEND=noninteractive
+	echo "make deps: apt-get update (the package lists; a minute or so on a slow mirror) ..."
 	apt-get update -qq
+	echo "make deps: apt-get install $deb (downloading and unpacking) ..."
 	apt-get install -y -qq --no-install-recommends $deb
+	echo "make deps: installed $deb"
 elif command -v dnf >/dev/null 2>&1; then
 	echo "make deps: installing $rpm (for $missing_cmds)"
 	dnf install -y -q $rpm

@@ -5,8 +5,8 @@ import "fmt"
 // RuleCounter is the kernel's counter of one decision rule.
 type RuleCounter struct {
 	Family   string // "ipv4" or "ipv6"
-	Decision string // "masquerade" or "return"
-	Reason   string // "masqueradeCIDRs", "nonMasqueradeCIDRs" or "outbound"
+	Decision string // "masquerade" or "nonmasquerade" (the rule returns: left alone)
+	Reason   string // "cidrs" (a CIDR of the decision's set) or "outbound" (no set matched)
 	Packets  uint64
 	Bytes    uint64
 }
@@ -42,9 +42,9 @@ func (n *Netlink) DecisionCounters(chain string) ([]RuleCounter, error) {
 		}
 		switch r.DaddrSet {
 		case SetMasqV4, SetMasqV6:
-			rc.Reason = "masqueradeCIDRs"
+			rc.Reason = "cidrs"
 		case SetNonMasqV4, SetNonMasqV6:
-			rc.Decision, rc.Reason = "return", "nonMasqueradeCIDRs"
+			rc.Decision, rc.Reason = "nonmasquerade", "cidrs"
 		}
 		out = append(out, rc)
 	}

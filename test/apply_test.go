@@ -264,9 +264,13 @@ func TestFailedBatchChangesNothing(t *testing.T) {
 func TestCleanup(t *testing.T) {
 	topo := newTopology(t)
 	mustApply(t, topo, "")
-	for i := 0; i < 2; i++ {
-		if out, err := runAgent(t, topo, "--cleanup"); err != nil {
+	for i, want := range []string{`msg="deleted table inet ip-masq-agent"`, `msg="there is no table inet ip-masq-agent: nothing to delete"`} {
+		out, err := runAgent(t, topo, "--cleanup")
+		if err != nil {
 			t.Fatalf("--cleanup (run %d): %v\n%s", i+1, err, out)
+		}
+		if !strings.Contains(out, want) {
+			t.Errorf("--cleanup (run %d) does not say %s:\n%s", i+1, want, out)
 		}
 		if out, err := topo.NFT("list", "tables"); err != nil || strings.Contains(out, "ip-masq-agent") {
 			t.Fatalf("after --cleanup: %v\n%s", err, out)

@@ -149,7 +149,7 @@ func TestWaitingAgentHealth(t *testing.T) {
 	addDestinations(t, topo, internet1, private1)
 	cfgA := "resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n"
 	cfgB := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"
-	first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=")
+	first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=127.0.0.1:0")
 	eventually(t, "config A", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
 	second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=127.0.0.1:9753")
 	eventually(t, "the second agent to wait", func() bool { return strings.Contains(second.output(), "waiting for it to exit") })

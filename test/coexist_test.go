@@ -79,7 +79,7 @@ func TestCoexistence(t *testing.T) {
 	before := foreignState(t, topo, foreign)
 
 	cm := newConfigMapDir(t, "resyncInterval: 1s\nnonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.251.0.0/24]\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	waitOutcome(t, d, 0, "the first sync")
 	// Resyncs, a config change, a repair: no traffic meanwhile, so that
 	// even the counters must be unchanged.

@@ -175,7 +175,7 @@ func TestDaemonReloads(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	eventually(t, "the first config", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
 
 	cm.update("resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n")
@@ -212,7 +212,7 @@ func TestDaemonRepairs(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "resyncInterval: 1s\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 	// The first sync reads its commit back: a tamper before it ends is
 	// repaired by it, as part of the first apply, not logged as a repair.
@@ -255,7 +255,7 @@ func TestDaemonRestartKeepsTable(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "")
-	first := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	first := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 
 	// An independent observer of every transaction in the namespace.
@@ -297,7 +297,7 @@ func TestDaemonRestartKeepsTable(t *testing.T) {
 	if !regexp.MustCompile(`counter packets [1-9]`).MatchString(before) {
 		t.Fatalf("no counted packet before the restart:\n%s", before)
 	}
-	second := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	second := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	eventually(t, "the new agent's first sync", func() bool {
 		o := second.output()
 		return strings.Contains(o, "took it over") || outcomeRE.MatchString(o)
@@ -356,7 +356,7 @@ func TestDaemonEndpoints(t *testing.T) {
 		`ip_masq_agent_cidrs{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"} 2`,
 		`ip_masq_agent_intervals{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"} 3`,
 		`ip_masq_agent_rule_packets_total{decision="masquerade",family="ipv4",reason="outbound"} 1`,
-		`ip_masq_agent_rule_packets_total{decision="return",family="ipv4",reason="nonMasqueradeCIDRs"} 1`,
+		`ip_masq_agent_rule_packets_total{decision="nonmasquerade",family="ipv4",reason="cidrs"} 1`,
 		`ip_masq_agent_last_successful_sync_timestamp_seconds 1.`,
 	} {
 		if !strings.Contains(body, want) {

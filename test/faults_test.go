@@ -392,7 +392,7 @@ func TestAtomicityDaemonSwaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm := newConfigMapDir(t, atomicityState(0))
-	d := startDaemon(t, topo, "--config", cm.path(), "--enable-ipv6", "--http-address=")
+	d := startDaemon(t, topo, "--config", cm.path(), "--enable-ipv6", "--http-address=127.0.0.1:0")
 	waitOutcome(t, d, 0, "state A")
 
 	const workers = 4
@@ -588,7 +588,7 @@ func TestNetlinkFaults(t *testing.T) {
 		addDestinations(t, topo, internet1, private1)
 		release := ownedTable(t, topo)
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 		// The agent waits for the owner to go, looking once a second:
 		// its log's times of the looks are at least a second apart (a
 		// busy loop would log thousands a second).
@@ -614,7 +614,7 @@ func TestNetlinkFaults(t *testing.T) {
 		topo := newTopology(t)
 		addDestinations(t, topo, internet1, private1)
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 		want := withoutCounters(listTable(t, topo))
 		mark := len(d.output())
@@ -641,7 +641,7 @@ func TestNetlinkFaults(t *testing.T) {
 		topo := newTopology(t)
 		addDestinations(t, topo, internet1, private1)
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 		want := withoutCounters(listTable(t, topo))
 		// 200,000 elements make ~27 MB of notifications; the agent's

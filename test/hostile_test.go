@@ -387,7 +387,7 @@ func TestHostileConfigFIFO(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, hostileGood)
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	waitOutcome(t, d, 0, "the good config")
 	mark := len(d.output())
 	swapConfigMap(t, cm, nil, func(p string) error { return syscall.Mkfifo(p, 0o644) })

@@ -48,7 +48,7 @@ func TestLoneIntervalStart(t *testing.T) {
 	t.Run("not owned: repaired", func(t *testing.T) {
 		topo := newTopology(t)
 		addDestinations(t, topo, internet2)
-		d := startDaemon(t, topo, "--config", writeConfig(t, cfg), "--http-address=", "--own-table=false")
+		d := startDaemon(t, topo, "--config", writeConfig(t, cfg), "--http-address=127.0.0.1:0", "--own-table=false")
 		eventually(t, "the table", sourcesAre(topo, map[string]bool{internet2: true}))
 		// The first sync reads its commit back: wait for its end, or it
 		// repairs the change itself, as part of the first apply.
@@ -67,7 +67,7 @@ func TestLoneIntervalStart(t *testing.T) {
 	t.Run("owned: refused", func(t *testing.T) {
 		topo := newTopology(t)
 		addDestinations(t, topo, internet2)
-		startDaemon(t, topo, "--config", writeConfig(t, cfg), "--http-address=")
+		startDaemon(t, topo, "--config", writeConfig(t, cfg), "--http-address=127.0.0.1:0")
 		eventually(t, "the table", sourcesAre(topo, map[string]bool{internet2: true}))
 		if err := deleteIntervalEnd(topo, nft.SetNonMasqV4, netip.MustParseAddr("20.0.0.2"), true); err == nil {
 			t.Fatal("the kernel took a foreign change to an owned table")

@@ -70,7 +70,7 @@ func TestIptablesOriginalRemovedWhenGone(t *testing.T) {
 	// The original's list exempts 203.0.113.0/24 and masquerades 10.250/16;
 	// the agent's config masquerades 203.0.113.0/24 and exempts 10/8.
 	original(t, topo, "iptables-nft", nft.DefaultChain, "203.0.113.0/24")
-	d := startDaemon(t, topo, "--config", writeConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 1s\n"), "--http-address=")
+	d := startDaemon(t, topo, "--config", writeConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 1s\n"), "--http-address=127.0.0.1:0")
 	eventually(t, "the report of the original's rules", func() bool {
 		return strings.Contains(d.output(), "found the original ip-masq-agent's iptables rules")
 	})
@@ -137,7 +137,7 @@ func TestIptablesCustomChainAndExemption(t *testing.T) {
 	if out, err := topo.RunInNode(context.Background(), "iptables-nft", "-t", "nat", "-I", "POSTROUTING", "-d", "203.0.113.0/24", "-j", "ACCEPT"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	d := startDaemon(t, topo, "--masq-chain", "IP-MASQ", "--config", writeConfig(t, "resyncInterval: 1s\n"), "--http-address=")
+	d := startDaemon(t, topo, "--masq-chain", "IP-MASQ", "--config", writeConfig(t, "resyncInterval: 1s\n"), "--http-address=127.0.0.1:0")
 	eventually(t, "the report", func() bool {
 		o := d.output()
 		return strings.Contains(o, "chain IP-MASQ (2 rules)") && strings.Contains(o, "ip daddr 203.0.113.0/24 counter accept")

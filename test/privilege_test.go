@@ -161,7 +161,7 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 
 	t.Run("daemon without capabilities fails at start", func(t *testing.T) {
-		cmd := privileged(topo, rootNoCaps, bin, "--config", cfg, "--http-address=")
+		cmd := privileged(topo, rootNoCaps, bin, "--config", cfg, "--http-address=127.0.0.1:0")
 		var out strings.Builder
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {

@@ -276,7 +276,7 @@ func TestToolsConfigDirectory(t *testing.T) {
 		"ip-masq-agent":            "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n",
 		"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [203.0.113.0/24]\n",
 	})
-	d := startDaemon(t, topo, "--config", cm.dir, "--http-address=")
+	d := startDaemon(t, topo, "--config", cm.dir, "--http-address=127.0.0.1:0")
 	eventually(t, "the merged config", sourcesAre(topo, map[string]bool{private1: false, internet1: false, internet2: true, internet3: true}))
 	if code, out, stderr := runTool(t, topo, "diff", "--config", cm.dir); code != 0 || out != "in sync\n" {
 		t.Errorf("diff --config DIR: exit %d %q %s", code, out, stderr)

@@ -93,7 +93,7 @@ func TestForeignWriterAsPID1(t *testing.T) {
 			addDestinations(t, topo, internet1, private1)
 			flag := fmt.Sprintf("--own-table=%v", owned)
 			cm := newConfigMapDir(t, cfgA)
-			d := startDaemonIn(t, topo, pid1, "--config", cm.path(), "--http-address=", flag)
+			d := startDaemonIn(t, topo, pid1, "--config", cm.path(), "--http-address=127.0.0.1:0", flag)
 			a := map[string]bool{internet1: false, private1: true}
 			eventually(t, "config A", sourcesAre(topo, a))
 
@@ -141,7 +141,7 @@ func TestTamperedShapesRepaired(t *testing.T) {
 			topo := newTopology(t)
 			addDestinations(t, topo, internet1, private1)
 			cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 			want := withoutCounters(listTable(t, topo))
 			if out, err := topo.NFT("-f", writeConfig(t, tc.tamper)); err != nil {
@@ -169,9 +169,9 @@ func TestTwoDaemons(t *testing.T) {
 	t.Run("owned", func(t *testing.T) {
 		topo := newTopology(t)
 		addDestinations(t, topo, internet1, private1)
-		first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=")
+		first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=127.0.0.1:0")
 		eventually(t, "config A", sourcesAre(topo, a))
-		second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=")
+		second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=127.0.0.1:0")
 		eventually(t, "the second agent to wait", func() bool { return strings.Contains(second.output(), "waiting for it to exit") })
 		// Two more looks at the owned table, each refused: config A stays.
 		const look = "is owned by another process; looking again"
@@ -184,9 +184,9 @@ func TestTwoDaemons(t *testing.T) {
 	t.Run("not owned", func(t *testing.T) {
 		topo := newTopology(t)
 		addDestinations(t, topo, internet1, private1)
-		first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=", "--own-table=false")
+		first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=127.0.0.1:0", "--own-table=false")
 		eventually(t, "config A", sourcesAre(topo, a))
-		second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=", "--own-table=false")
+		second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=127.0.0.1:0", "--own-table=false")
 		eventually(t, "a rival to be reported", func() bool {
 			return strings.Contains(first.output()+second.output(), "another process keeps rewriting")
 		})
@@ -358,7 +358,7 @@ func TestResyncNotStarvedByRepairs(t *testing.T) {
 	if err := os.Link(path, link); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, topo, "--config", path, "--http-address=", "--own-table=false")
+	d := startDaemon(t, topo, "--config", path, "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 
 	stop := make(chan struct{})
@@ -402,7 +402,7 @@ func TestHiddenRuleChangeRepaired(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1)
 	cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
 	before := listTable(t, topo)
 	out, err := topo.NFT("-a", "list", "chain", "inet", nft.TableName, nft.MasqChainName)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -83,6 +84,9 @@ are masqueraded, and why: the CIDR and the key it comes from (such as
 "nonMasqueradeCIDRs[2] 10.0.0.0/8"), the link-local default, or the
 outbound default, from the config and flags alone.
 
+In the agent's pod (kubectl exec), the flags not given here are the running
+agent's (--agent-pid), so the answer is for the config and flags in force.
+
 --live also reads the kernel's current table inet ip-masq-agent (needs
 CAP_NET_ADMIN, run it on the node, e.g. in the agent's pod) and evaluates
 its rules as the kernel does, with the node's own addresses (never
@@ -147,7 +151,7 @@ agent's pod, where there is no nft) and prints it as nft list table would,
 with each rule's counter. Whatever the table holds is shown, the agent's
 or not; what the agent did not make is marked "not the agent's".
 Exit status: 0; 1 when there is no table; 2 on errors.`,
-			example: "ip-masq-agent list\n  kubectl -n kube-system exec ds/ip-masq-agent-nft -- ip-masq-agent list",
+			example: "ip-masq-agent list\n  kubectl -n kube-system exec $POD -- /ip-masq-agent list   # $POD: the agent's pod on the node (docs/runbook.md)",
 			run:     runList,
 		},
 	}
@@ -183,15 +187,38 @@ func commandList(w io.Writer) {
 	fmt.Fprintln(w, "and \"ip-masq-agent --help\" for the agent's flags.")
 }
 
-// daemonUsage is the agent's --help.
+// daemonUsage is the agent's --help: the flags that mean something, then
+// the original agent's klog flags, accepted and ignored, by name only.
 func daemonUsage(fs *flag.FlagSet) {
 	w := fs.Output()
 	fmt.Fprintln(w, "Usage: ip-masq-agent [flags]")
 	fmt.Fprintln(w, "\nKeeps the node's table inet ip-masq-agent in line with the config file.")
 	fmt.Fprintln(w, "\nExample:\n  ip-masq-agent --config /etc/config/ip-masq-agent --enable-ipv6")
-	fmt.Fprintln(w, "\nTools: ip-masq-agent validate|render|explain|diff ... (ip-masq-agent help)")
+	fmt.Fprintln(w, "\nTools: ip-masq-agent validate|render|explain|diff|list|cleanup-iptables ... (ip-masq-agent help)")
 	fmt.Fprintln(w, "\nFlags:")
-	fs.PrintDefaults()
+	real := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	real.SetOutput(w)
+	var ignored []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "v" && slices.Contains(klogFlagNames, f.Name) {
+			ignored = append(ignored, "--"+f.Name)
+			return
+		}
+		real.Var(f.Value, f.Name, f.Usage)
+		real.Lookup(f.Name).DefValue = f.DefValue
+	})
+	real.PrintDefaults()
+	fmt.Fprintln(w, "\nAccepted for the original agent's DaemonSet args, and ignored (klog's flags;")
+	fmt.Fprintln(w, "logs always go to stderr; a warning at start names those given):")
+	line := " "
+	for _, name := range ignored {
+		if len(line)+1+len(name) > 78 {
+			fmt.Fprintln(w, line)
+			line = " "
+		}
+		line += " " + name
+	}
+	fmt.Fprintln(w, line)
 }
 
 // parse parses a command's flags, which may come before, between or after
@@ -355,41 +382,12 @@ func readInput(path string, stdin io.Reader) ([]byte, error) {
 	return data, nil
 }
 
-// loadConfig reads --config for a tool as the daemon reads it, and also
-// takes a ConfigMap manifest. Unlike the daemon, a tool fails on any bad
-// file of a directory (it has no last good content to fall back on).
+// loadConfig reads --config for a tool exactly as the daemon reads it
+// (config.Loader decides what the path is; a ConfigMap manifest is read
+// as the file it holds). Unlike the daemon, a tool fails on any bad file
+// of a directory (it has no last good content to fall back on).
 func loadConfig(path string, f config.Flags, stderr io.Writer) (config.Config, error) {
-	var cfg config.Config
-	var warns []string
-	var err error
-	fi, serr := os.Stat(path)
-	switch {
-	case serr == nil && fi.IsDir():
-		cfg, warns, err = (&config.Loader{}).Load(path, f)
-	case errors.Is(serr, fs.ErrNotExist):
-		fmt.Fprintf(stderr, "note: %s does not exist: the defaults apply, as they would for the agent\n", path)
-		return config.Default(f), nil
-	default:
-		var data []byte
-		if data, err = readInput(path, nil); err != nil {
-			return cfg, fmt.Errorf("%s: %w", path, err)
-		}
-		content, isManifest, merr := config.FromManifest(data)
-		switch {
-		case merr != nil:
-			return cfg, fmt.Errorf("%s: %w", path, merr)
-		case isManifest:
-			cfg, warns, err = config.Parse(content, f)
-			for i := range warns {
-				warns[i] = path + ": " + warns[i]
-			}
-			if err != nil {
-				err = fmt.Errorf("%s: %w", path, err)
-			}
-		default:
-			cfg, warns, err = config.Load(path, f)
-		}
-	}
+	cfg, warns, err := (&config.Loader{}).Load(path, f)
 	for _, w := range warns {
 		fmt.Fprintln(stderr, "warning: "+w)
 	}
@@ -397,12 +395,18 @@ func loadConfig(path string, f config.Flags, stderr io.Writer) (config.Config, e
 }
 
 // rulesetCommand parses a command's flags (the daemon's ruleset flags and
-// extra) and loads the config.
+// extra) and loads the config. The ruleset flags that the command line does
+// not give are the running agent's (--agent-pid): in the agent's pod, a
+// tool answers for the agent's own config and flags, with nothing retyped.
 func rulesetCommand(c *command, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (r rulesetFlags, cfg config.Config, pos []string, code int, done bool) {
 	r.register(fs)
+	agentPID := fs.String("agent-pid", "auto", "take the flags --config, --enable-ipv6, --masq-chain, ... that are not given here from the running agent's command line (/proc/PID/cmdline): auto (process 1 when it is the agent, as in the agent's pod), a PID, or none")
 	pos, code, done = c.parse(fs, args, stdout, stderr)
 	if done {
 		return
+	}
+	if err := adoptAgentFlags(fs, *agentPID, stderr); err != nil {
+		return r, cfg, pos, usageError(c, stderr, "%v", err), true
 	}
 	if err := r.finish(); err != nil {
 		return r, cfg, pos, usageError(c, stderr, "%v", err), true
@@ -413,6 +417,72 @@ func rulesetCommand(c *command, fs *flag.FlagSet, args []string, stdout, stderr 
 		return r, cfg, pos, 2, true
 	}
 	return r, cfg, pos, 0, false
+}
+
+// procCmdline reads a process's argv (tests replace it).
+var procCmdline = func(pid int) ([]string, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil, err
+	}
+	return strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00"), nil
+}
+
+// adoptAgentFlags sets the ruleset flags of fs that the command line did
+// not give to the running agent's (the daemon's) values, and says so on
+// stderr. spec is --agent-pid: "auto" (process 1 if it is the agent daemon,
+// else nothing), "none", or a PID (which must be the agent daemon).
+func adoptAgentFlags(fs *flag.FlagSet, spec string, stderr io.Writer) error {
+	pid := 1
+	switch spec {
+	case "none":
+		return nil
+	case "auto":
+		if os.Getpid() == 1 {
+			return nil
+		}
+	default:
+		n, err := strconv.Atoi(spec)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("--agent-pid %q: want auto, none or a process ID", spec)
+		}
+		pid = n
+	}
+	argv, err := procCmdline(pid)
+	isAgent := err == nil && len(argv) > 0 && filepath.Base(argv[0]) == "ip-masq-agent" &&
+		(len(argv) == 1 || strings.HasPrefix(argv[1], "-"))
+	if !isAgent {
+		if spec == "auto" {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("--agent-pid %d: %v", pid, err)
+		}
+		return fmt.Errorf("--agent-pid %d: not the ip-masq-agent daemon: %q", pid, argv)
+	}
+	d, _, done := parseDaemonFlags(argv[1:], io.Discard, io.Discard)
+	if done {
+		return fmt.Errorf("cannot read the running agent's flags (pid %d): %q", pid, argv[1:])
+	}
+	var names rulesetFlags
+	ruleset := flag.NewFlagSet("", flag.ContinueOnError)
+	names.register(ruleset)
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var adopted []string
+	d.visit(func(f *flag.Flag) {
+		if ruleset.Lookup(f.Name) == nil || given[f.Name] || fs.Lookup(f.Name) == nil {
+			return
+		}
+		if fs.Set(f.Name, f.Value.String()) == nil {
+			adopted = append(adopted, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	if len(adopted) == 0 {
+		adopted = []string{"(only defaults)"}
+	}
+	fmt.Fprintf(stderr, "note: with the running agent's flags (pid %d): %s\n", pid, strings.Join(adopted, " "))
+	return nil
 }
 
 func runRender(c *command, args []string, stdout, stderr io.Writer) int {
@@ -602,9 +672,13 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("cleanup-iptables", flag.ContinueOnError)
 	chain := fs.String("masq-chain", nft.DefaultChain, "the original agent's --masq-chain")
 	watch := fs.Duration("watch", 3*time.Second, "watch the chain this long before removing it, to tell whether the original agent still rewrites it (0: do not watch)")
+	agentPID := fs.String("agent-pid", "auto", "take --masq-chain, when not given, from the running agent's command line: auto (process 1 when it is the agent, as in its pod), a PID, or none")
 	pos, code, done := c.parse(fs, args, stdout, stderr)
 	if done {
 		return code
+	}
+	if err := adoptAgentFlags(fs, *agentPID, stderr); err != nil {
+		return usageError(c, stderr, "%v", err)
 	}
 	if len(pos) > 0 {
 		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))

@@ -145,3 +145,45 @@ func TestToPorts(t *testing.T) {
 		}
 	}
 }
+
+// TestHelpKlogFlagsApart: --help lists the flags that mean something, and
+// the ignored klog flags apart from them, by name only.
+func TestHelpKlogFlagsApart(t *testing.T) {
+	_, code, done, out, _ := parseArgs(t, "--help")
+	if !done || code != 0 {
+		t.Fatalf("--help: done=%v code=%d", done, code)
+	}
+	real, ignored, ok := strings.Cut(out, "\nAccepted for the original agent's DaemonSet args, and ignored")
+	if !ok {
+		t.Fatalf("--help has no block of ignored flags:\n%s", out)
+	}
+	for _, name := range klogFlagNames {
+		inReal := strings.Contains(real, "\n  -"+name+" ") || strings.Contains(real, "\n  -"+name+"\n")
+		switch {
+		case name == "v" && !inReal:
+			t.Errorf("-v (it sets the log level) is not among the flags")
+		case name != "v" && inReal:
+			t.Errorf("the ignored klog flag -%s is listed among the real flags", name)
+		case name != "v" && !slices.Contains(strings.Fields(ignored), "--"+name):
+			t.Errorf("the ignored klog flag --%s is not in the ignored block:\n%s", name, ignored)
+		}
+	}
+	for _, name := range []string{"config", "http-address", "enable-ipv6", "masq-chain", "to-ports"} {
+		if !strings.Contains(real, "\n  -"+name) {
+			t.Errorf("--%s is not listed", name)
+		}
+	}
+}
+
+// TestEmptyHTTPAddressRefused: the probes need the endpoint, so the daemon
+// refuses an empty --http-address; --once and --cleanup serve nothing.
+func TestEmptyHTTPAddressRefused(t *testing.T) {
+	if _, code, done, _, errOut := parseArgs(t, "--http-address="); !done || code != 2 || !strings.Contains(errOut, "probes") {
+		t.Errorf("--http-address=: done=%v code=%d %q", done, code, errOut)
+	}
+	for _, extra := range []string{"--once", "--cleanup"} {
+		if _, code, done, _, errOut := parseArgs(t, "--http-address=", extra); done || code != 0 {
+			t.Errorf("--http-address= %s: done=%v code=%d %q", extra, done, code, errOut)
+		}
+	}
+}

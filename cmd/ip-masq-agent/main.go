@@ -50,7 +50,7 @@ type daemonFlags struct {
 	logFormat, logLevel string
 	logFlags            logFlags               // the original agent's klog flags (flags.go)
 	logIgnored          string                 // the warning about those that have no effect, if any
-	visit               func(func(*flag.Flag)) // every flag, for the start line
+	visit               func(func(*flag.Flag)) // the flags given, for the start line
 }
 
 // parseDaemonFlags parses the daemon's flags. --help and --version write
@@ -69,7 +69,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 	o.conntrack = conntrack.DefaultMode
 	fs.Var(&o.conntrack, "conntrack-cleanup", "after a change of decisions, delete the conntrack entries that keep the old one: udp (default), all (also breaks established TCP to the changed ranges) or none")
 	fs.BoolVar(&o.ownTable, "own-table", true, "own the table (Linux 6.9+): while the agent runs no other process can change it; false: verify and repair only")
-	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz; empty disables")
+	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz (HOST:PORT; the DaemonSet's probes need it, so it cannot be empty; :9753 or NODE_IP:9753 to let Prometheus scrape it)")
 	fs.StringVar(&d.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&d.logLevel, "log-level", "", "log level: debug, info, warn or error (overrides --v)")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
@@ -111,7 +111,14 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
 		return d, 2, true
 	}
-	d.visit = fs.VisitAll
+	// The probes of the shipped DaemonSet need /healthz and /readyz: an
+	// agent without the endpoint would be restarted forever. (--once and
+	// --cleanup serve nothing.)
+	if o.httpAddr == "" && !o.once && !o.cleanup {
+		fmt.Fprintf(stderr, "ip-masq-agent: --http-address is empty, but the DaemonSet's liveness and readiness probes need /healthz and /readyz there; keep the default %s (the node's loopback only), or give 127.0.0.1:0 for a port of no use to anyone\n", metrics.DefaultAddress)
+		return d, 2, true
+	}
+	d.visit = fs.Visit
 	return d, 0, false
 }
 
@@ -132,9 +139,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	attrs := []any{"version", version}
+	// The version, the config source and the flags that differ from
+	// their defaults: one short line.
+	attrs := []any{"version", version, "config", config.KindOf(o.configPath).String() + " " + o.configPath}
 	d.visit(func(f *flag.Flag) {
-		if f.Name != "version" {
+		if f.Name != "version" && f.Name != "config" && f.Value.String() != f.DefValue {
 			attrs = append(attrs, f.Name, f.Value.String())
 		}
 	})
@@ -164,6 +173,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ag := agent.New(ao, k, log, m)
 	switch {
 	case o.cleanup:
+		// Say which happened: read first (Delete does nothing without a table).
+		if t, _, err := k.Read(); err == nil && t == nil {
+			log.Info("there is no table inet " + nft.TableName + ": nothing to delete")
+			return 0
+		}
 		if err := k.Delete(); err != nil {
 			if errors.Is(err, nft.ErrOwnedByOther) {
 				log.Error("cleanup refused: a running agent owns the table and would put it back; delete its DaemonSet (or stop it) first", "err", err)
@@ -172,7 +186,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			return 1
 		}
-		log.Info("deleted table inet " + nft.TableName + " (or there was none)")
+		log.Info("deleted table inet " + nft.TableName)
 		return 0
 	case o.once:
 		if err := ag.Sync(time.Now()); err != nil {
@@ -246,10 +260,13 @@ func watchConfig(ctx context.Context, path string, log *slog.Logger) <-chan stru
 	onError := func(err error) { log.Warn("watching the config file", "err", err) }
 	var ch <-chan struct{}
 	var err error
-	if fi, serr := os.Stat(path); serr == nil && fi.IsDir() {
+	switch config.KindOf(path) {
+	case config.SourceNone:
+		return nil
+	case config.SourceDir:
 		// A directory of files (a projected volume of ConfigMaps): config.Loader merges them.
 		ch, err = filewatch.WatchDir(ctx, path, config.IsConfigName, debounce, onError)
-	} else {
+	default:
 		ch, err = filewatch.Watch(ctx, path, debounce, onError)
 	}
 	if err != nil {

@@ -272,6 +272,7 @@ func (a *Agent) sync(now time.Time) error {
 	a.verified()
 	a.metrics.SyncDone("success", took)
 	a.setElements(cfg, want)
+	a.metrics.ConfigApplied(cfg.Hash())
 	if !partial {
 		a.lastErr = ""
 	}

@@ -171,6 +171,16 @@ func TestFirstSyncCreatesThenResyncSendsNothing(t *testing.T) {
 	if l := h.metric(`ip_masq_agent_config_loads_total{result="missing"}`); !strings.HasSuffix(l, " 1") {
 		t.Errorf("config loads: %q", l)
 	}
+	// A missing file is no silent default: one WARN naming the path.
+	if n := strings.Count(h.logs.String(), "level=WARN msg=\""+h.path+": does not exist: the defaults are in force"); n != 1 {
+		t.Errorf("%d warnings about the missing file, want 1:\n%s", n, h.logs.String())
+	}
+	if l := h.metric(`ip_masq_agent_config_last_reload_successful`); !strings.HasSuffix(l, " 1") {
+		t.Errorf("config_last_reload_successful: %q", l)
+	}
+	if l := h.metric(`ip_masq_agent_config_info{hash="` + config.Default(h.a.opts.Flags).Hash() + `"}`); !strings.HasSuffix(l, " 1") {
+		t.Errorf("config_info: %q", l)
+	}
 	if l := h.metric(`ip_masq_agent_intervals{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"}`); !strings.HasSuffix(l, " 4") {
 		t.Errorf("intervals: %q", l)
 	}

@@ -4,10 +4,11 @@
 // other than GET or HEAD is 405.
 //
 // The agent's loop records what happens through an *Agent (SyncDone,
-// Ready, NotReady, Alive, ConfigLoaded, SetElements, Repaired), and main serves
-// Agent.Handler with Serve on --http-address (default 127.0.0.1:9753, the
-// node's loopback, where the DaemonSet's probes reach it with hostNetwork;
-// empty disables the endpoint).
+// Ready, NotReady, Alive, ConfigLoaded, ConfigApplied, SetElements,
+// Repaired), and main serves Agent.Handler with Serve on --http-address
+// (default 127.0.0.1:9753, the node's loopback, where the DaemonSet's
+// probes reach it with hostNetwork; main refuses an empty address, which
+// Serve would take as "no endpoint", since the probes need it).
 //
 // # Metrics
 //
@@ -20,6 +21,9 @@
 //	ip_masq_agent_sync_duration_seconds                                 histogram  every sync, 100µs .. 5s buckets
 //	ip_masq_agent_last_successful_sync_timestamp_seconds                gauge      Unix time; 0 before the first success
 //	ip_masq_agent_config_loads_total{result}                            counter    result: success, error, missing
+//	ip_masq_agent_config_last_reload_successful                         gauge      1 after success or missing, 0 after error
+//	ip_masq_agent_config_last_reload_success_timestamp_seconds          gauge      Unix time of the last good load
+//	ip_masq_agent_config_info{hash}                                     gauge      always 1; the hash of the config in force
 //	ip_masq_agent_cidrs{set,family,kind}                                gauge      CIDRs in a set; kind: masquerade, nonmasquerade
 //	ip_masq_agent_intervals{set,family,kind}                            gauge      intervals in the kernel set after merging
 //	ip_masq_agent_repairs_total{what}                                   counter    what: table-deleted, chain-changed, set-changed, other
@@ -28,8 +32,9 @@
 //	ip_masq_agent_rule_counters_read_errors_total                       counter    scrapes whose kernel read failed
 //
 // The rule counters' labels: family is ipv4 or ipv6; decision is masquerade
-// or return (left alone, not masqueraded); reason is masqueradeCIDRs,
-// nonMasqueradeCIDRs or outbound. They are read through the readCounters
+// or nonmasquerade (left alone), the same words as the kind of the cidrs and
+// intervals gauges; reason is cidrs (a CIDR of the decision's list) or
+// outbound (no list matched). They are read through the readCounters
 // func given to New, once per scrape and never concurrently with itself. If
 // it fails, that scrape has no rule_packets/rule_bytes series (Prometheus
 // marks them stale rather than reporting a wrong value), the read-error

@@ -36,8 +36,8 @@ var syncBuckets = []float64{
 // labels).
 type RuleCounter struct {
 	Family         string // "ipv4" or "ipv6"
-	Decision       string // "masquerade" or "return" (not masqueraded)
-	Reason         string // "masqueradeCIDRs", "nonMasqueradeCIDRs", "outbound"
+	Decision       string // "masquerade" or "nonmasquerade" (left alone)
+	Reason         string // "cidrs" (a CIDR of the decision's list) or "outbound" (no list matched)
 	Packets, Bytes uint64
 }
 
@@ -55,6 +55,9 @@ type Agent struct {
 	syncSeconds prometheus.Histogram
 	lastSuccess prometheus.Gauge
 	configLoads *prometheus.CounterVec
+	configOK    prometheus.Gauge
+	configOKAt  prometheus.Gauge
+	configInfo  *prometheus.GaugeVec
 	cidrs       *prometheus.GaugeVec
 	intervals   *prometheus.GaugeVec
 	repairs     *prometheus.CounterVec
@@ -107,6 +110,21 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 			Name:      "config_loads_total",
 			Help:      "Loads of the config file, by result (success, error: kept the previous config, missing: defaults).",
 		}, []string{"result"}),
+		configOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "config_last_reload_successful",
+			Help:      "1 when the last load of the config succeeded (a missing file counts: the defaults are in force), 0 when it failed and the previous rules stay in force.",
+		}),
+		configOKAt: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "config_last_reload_success_timestamp_seconds",
+			Help:      "Unix time of the last successful load of the config; 0 before the first one.",
+		}),
+		configInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "config_info",
+			Help:      "Always 1; hash is that of the config in force in the kernel (the same config and flags give the same hash on every node): count by (hash) shows how far a ConfigMap change has spread.",
+		}, []string{"hash"}),
 		cidrs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "cidrs",
@@ -162,7 +180,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	buildInfo.Set(1)
 	a.reg.MustRegister(
 		buildInfo,
-		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads,
+		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads, a.configOK, a.configOKAt, a.configInfo,
 		a.cidrs, a.intervals, a.repairs, a.rival, a.ctDeleted, a.legacyRules,
 		a.rules,
 		collectors.NewGoCollector(),
@@ -232,8 +250,24 @@ func (a *Agent) SetStuckAfter(d time.Duration) {
 // ConfigLoaded counts a load of the config file: result is "success",
 // "error" (the previous config stays in force) or "missing" (no file:
 // defaults). It does not touch health; see the package comment.
+//
+// It also sets config_last_reload_successful: 1 after "success" or
+// "missing", 0 after anything else.
 func (a *Agent) ConfigLoaded(result string) {
 	a.configLoads.WithLabelValues(result).Inc()
+	if result == "success" || result == "missing" {
+		a.configOK.Set(1)
+		a.configOKAt.Set(float64(a.now().UnixNano()) / 1e9)
+		return
+	}
+	a.configOK.Set(0)
+}
+
+// ConfigApplied says which config is in force in the kernel: config_info
+// then has one series, with hash.
+func (a *Agent) ConfigApplied(hash string) {
+	a.configInfo.Reset()
+	a.configInfo.WithLabelValues(hash).Set(1)
 }
 
 // SetElements sets the number of CIDRs in the config for a set and the
@@ -336,11 +370,11 @@ type ruleCollector struct {
 var (
 	rulePacketsDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_packets_total"),
-		"Packets counted by the agent's rules in the kernel, by family, decision (masquerade or return) and reason.",
+		"Packets counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs or outbound).",
 		[]string{"family", "decision", "reason"}, nil)
 	ruleBytesDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_bytes_total"),
-		"Bytes counted by the agent's rules in the kernel, by family, decision (masquerade or return) and reason.",
+		"Bytes counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs or outbound).",
 		[]string{"family", "decision", "reason"}, nil)
 	readErrorsDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_counters_read_errors_total"),

@@ -205,11 +205,11 @@ func TestRuleCounters(t *testing.T) {
 	a, _ := newTestAgent(func() ([]RuleCounter, error) {
 		calls.Add(1)
 		return []RuleCounter{
-			{Family: "ipv4", Decision: "return", Reason: "nonMasqueradeCIDRs", Packets: 10, Bytes: 1000},
+			{Family: "ipv4", Decision: "nonmasquerade", Reason: "cidrs", Packets: 10, Bytes: 1000},
 			{Family: "ipv4", Decision: "masquerade", Reason: "outbound", Packets: 5, Bytes: 500},
 			// Two rules with the same labels add up.
-			{Family: "ipv4", Decision: "return", Reason: "nonMasqueradeCIDRs", Packets: 1, Bytes: 100},
-			{Family: "ipv6", Decision: "masquerade", Reason: "masqueradeCIDRs", Packets: 1 << 40, Bytes: 1 << 50},
+			{Family: "ipv4", Decision: "nonmasquerade", Reason: "cidrs", Packets: 1, Bytes: 100},
+			{Family: "ipv6", Decision: "masquerade", Reason: "cidrs", Packets: 1 << 40, Bytes: 1 << 50},
 		}, nil
 	})
 	code, _, body := get(t, a.Handler(), http.MethodGet, "/metrics")
@@ -220,12 +220,12 @@ func TestRuleCounters(t *testing.T) {
 		t.Errorf("readCounters called %d times for one scrape, want 1", n)
 	}
 	for _, line := range []string{
-		`ip_masq_agent_rule_packets_total{decision="return",family="ipv4",reason="nonMasqueradeCIDRs"} 11`,
-		`ip_masq_agent_rule_bytes_total{decision="return",family="ipv4",reason="nonMasqueradeCIDRs"} 1100`,
+		`ip_masq_agent_rule_packets_total{decision="nonmasquerade",family="ipv4",reason="cidrs"} 11`,
+		`ip_masq_agent_rule_bytes_total{decision="nonmasquerade",family="ipv4",reason="cidrs"} 1100`,
 		`ip_masq_agent_rule_packets_total{decision="masquerade",family="ipv4",reason="outbound"} 5`,
 		`ip_masq_agent_rule_bytes_total{decision="masquerade",family="ipv4",reason="outbound"} 500`,
-		`ip_masq_agent_rule_packets_total{decision="masquerade",family="ipv6",reason="masqueradeCIDRs"} 1.099511627776e+12`,
-		`ip_masq_agent_rule_bytes_total{decision="masquerade",family="ipv6",reason="masqueradeCIDRs"} 1.125899906842624e+15`,
+		`ip_masq_agent_rule_packets_total{decision="masquerade",family="ipv6",reason="cidrs"} 1.099511627776e+12`,
+		`ip_masq_agent_rule_bytes_total{decision="masquerade",family="ipv6",reason="cidrs"} 1.125899906842624e+15`,
 		`ip_masq_agent_rule_counters_read_errors_total 0`,
 		"# TYPE ip_masq_agent_rule_packets_total counter",
 		"# TYPE ip_masq_agent_rule_bytes_total counter",
@@ -455,7 +455,7 @@ func TestOneLine(t *testing.T) {
 // TestConcurrent records, scrapes and probes at once (for -race).
 func TestConcurrent(t *testing.T) {
 	a, _ := newTestAgent(func() ([]RuleCounter, error) {
-		return []RuleCounter{{Family: "ipv4", Decision: "return", Reason: "outbound", Packets: 1, Bytes: 1}}, nil
+		return []RuleCounter{{Family: "ipv4", Decision: "nonmasquerade", Reason: "outbound", Packets: 1, Bytes: 1}}, nil
 	})
 	a.SetStuckAfter(time.Minute)
 	srv := httptest.NewServer(a.Handler())
@@ -617,5 +617,36 @@ func TestServeShutdownIsBounded(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Serve's shutdown was not bounded")
+	}
+}
+
+// TestConfigGauges: config_last_reload_successful follows the last load,
+// and config_info has one series, the hash of the config in force.
+func TestConfigGauges(t *testing.T) {
+	a, _ := newTestAgent(nil)
+	line := func(prefix string) string {
+		_, _, body := get(t, a.Handler(), "GET", "/metrics")
+		for _, l := range strings.Split(body, "\n") {
+			if strings.HasPrefix(l, prefix) {
+				return l
+			}
+		}
+		return ""
+	}
+	for _, step := range []struct{ result, want string }{
+		{"success", "1"}, {"error", "0"}, {"missing", "1"}, {"error", "0"}, {"success", "1"},
+	} {
+		a.ConfigLoaded(step.result)
+		if got := line("ip_masq_agent_config_last_reload_successful "); got != "ip_masq_agent_config_last_reload_successful "+step.want {
+			t.Errorf("after %s: %q, want %s", step.result, got, step.want)
+		}
+	}
+	a.ConfigApplied("aaaa")
+	a.ConfigApplied("bbbb")
+	if got := line(`ip_masq_agent_config_info{`); got != `ip_masq_agent_config_info{hash="bbbb"} 1` {
+		t.Errorf("config_info: %q", got)
+	}
+	if got := line(`ip_masq_agent_config_info{hash="aaaa"}`); got != "" {
+		t.Errorf("the old hash stays: %q", got)
 	}
 }
