@@ -149,6 +149,11 @@ func writeList(b *strings.Builder, key string, ps []netip.Prefix) {
 // "..data".
 func Load(path string, f Flags) (Config, []string, error) {
 	data, err := readFile(path)
+	return loadData(path, data, err, f)
+}
+
+// loadData is Load of what reading path gave.
+func loadData(path string, data []byte, err error, f Flags) (Config, []string, error) {
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		return Default(f), []string{path + ": " + MsgMissing}, nil
 	}
