@@ -50,6 +50,7 @@ type daemonFlags struct {
 	logFormat, logLevel string
 	logFlags            logFlags               // the original agent's klog flags (flags.go)
 	logIgnored          string                 // the warning about those that have no effect, if any
+	resyncWarning       string                 // the warning about a --resync-interval below 1 s, if any
 	visit               func(func(*flag.Flag)) // every flag, for the start line
 }
 
@@ -75,6 +76,8 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
 	// The original agent's logging flags (klog's), -v among them.
 	d.logFlags.register(fs)
+	// Azure/ip-masq-agent-v2's own flag (its others are the original's).
+	resync := fs.Int("resync-interval", 60, "Azure ip-masq-agent-v2's flag: the resync interval in seconds of a config that sets no resyncInterval")
 	// A parse error goes to stderr with the usage; --help to stdout alone.
 	help := false
 	fs.Usage = func() {
@@ -107,6 +110,11 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 		return d, 0, true
 	}
 	d.logIgnored = d.logFlags.ignored(fs)
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "resync-interval" {
+			o.flags.ResyncInterval, d.resyncWarning = resyncSeconds(*resync)
+		}
+	})
 	if err := o.finish(); err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
 		return d, 2, true
@@ -141,6 +149,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	log.Info("starting ip-masq-agent", attrs...)
 	if d.logIgnored != "" {
 		log.Warn(d.logIgnored)
+	}
+	if d.resyncWarning != "" {
+		log.Warn(d.resyncWarning)
 	}
 
 	slog.SetDefault(log)
