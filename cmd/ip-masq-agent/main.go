@@ -39,6 +39,7 @@ type options struct {
 	rulesetFlags // --config and the flags that shape the ruleset (flags.go)
 	once         bool
 	ownTable     bool
+	release      bool
 	conntrack    conntrack.Mode
 	cleanup      bool
 	httpAddr     string
@@ -70,6 +71,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 	o.conntrack = conntrack.DefaultMode
 	fs.Var(&o.conntrack, "conntrack-cleanup", "after a change of decisions, delete the conntrack entries that keep the old one: udp (default), all (also breaks established TCP to the changed ranges) or none")
 	fs.BoolVar(&o.ownTable, "own-table", true, "own the table (Linux 6.9+): while the agent runs no other process can change it; false: verify and repair only")
+	fs.BoolVar(&o.release, "release-on-exit", false, "at exit, leave the table unowned and not persistent (one transaction) rather than orphaned, so that saved rulesets (nft list ruleset) load with nft -f; --once then never owns it")
 	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz; empty disables")
 	fs.StringVar(&d.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&d.logLevel, "log-level", "", "log level: debug, info, warn or error (overrides --v)")
@@ -155,7 +157,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 
 	slog.SetDefault(log)
-	k := &nft.Netlink{NoOwner: !o.ownTable}
+	// --once --release-on-exit: no owner to release; the table is written unowned.
+	k := &nft.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
 	defer k.Close()
 	m := metrics.New(version, func() ([]metrics.RuleCounter, error) {
 		cs, err := k.DecisionCounters(o.nft.Chain)
@@ -223,6 +226,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Warn("the loop did not stop in time (a netlink request is slow); exiting anyway", "waited", stopTimeout)
 	}
 	// The rules stay: masquerade must survive a restart or a rolling update.
+	if o.release {
+		select {
+		case <-loopDone:
+			// The table, re-created unowned in one transaction: no
+			// moment without it.
+			switch released, err := k.Release(); {
+			case err != nil:
+				log.Error("cannot release the table at exit; it stays owned until this process exits, then orphaned", "err", agent.Hint(err))
+			case released:
+				log.Info("released table inet " + nft.TableName + ": it stays in place, unowned and not persistent")
+			}
+		default: // the loop still holds the socket's lock: exit without it
+		}
+	}
 	log.Info("stopping; the rules stay in place")
 	return 0
 }
