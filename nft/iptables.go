@@ -21,12 +21,12 @@ package nft
 // The chain's name is whatever --masq-chain said (IP-MASQ-AGENT by default,
 // IP-MASQ in the Kubernetes addon manifest and on GKE, anything else
 // elsewhere), so the rules are found by what they are, not by a name: the
-// rules of nat POSTROUTING that carry the jump's comment (Azure's
-// ip-masq-agent-v2 writes it with its double quotes in it, and releases
-// before v2.5 wrote IP-MASQ-AGENT in it whatever the chain was) and the
-// chains they jump to; and chains called IP-MASQ-AGENT or IP-MASQ, or by the
-// name asked for, reported whatever they hold but removed by the daemon only
-// when every rule carries the original's comments.
+// rules of nat POSTROUTING that carry the jump's comment (the original's
+// releases v2.10.0 to v2.12.1 and Azure's ip-masq-agent-v2 write it with
+// the double quotes of their format in it) and the chains they jump to;
+// and chains called IP-MASQ-AGENT or IP-MASQ, or by the name asked for,
+// reported whatever they hold but removed by the daemon only when they are
+// the original's (a commented jump, or every rule with its comments).
 
 import (
 	"errors"
@@ -53,8 +53,8 @@ const (
 	// originalJumpCommentFormat is the comment of the original's jump,
 	// with its chain's name (ip-masq-agent.go, postRoutingMasqChainCommentFormat).
 	originalJumpCommentFormat = "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom %s chain"
-	// originalJumpCommentPrefix: older releases wrote IP-MASQ-AGENT in the
-	// comment whatever --masq-chain said.
+	// originalJumpCommentPrefix: the comment's fixed part, whatever chain
+	// it names.
 	originalJumpCommentPrefix = "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom"
 	// originalCommentPrefix begins the comment of each of the original's rules.
 	originalCommentPrefix = "ip-masq-agent: "
@@ -68,8 +68,8 @@ const (
 var wellKnownChains = []string{DefaultChain, AddonChain}
 
 // isOriginalJumpComment reports whether c is the comment of the original's
-// POSTROUTING jump (Azure's agent keeps the double quotes of its format in
-// the comment), and the chain name it names.
+// POSTROUTING jump (Azure's agent and the original's v2.10.0-v2.12.1 keep
+// the double quotes of their format in the comment), and the chain it names.
 func isOriginalJumpComment(c string) (chain string, ok bool) {
 	c = strings.TrimSuffix(strings.TrimPrefix(c, `"`), `"`)
 	rest, ok := strings.CutPrefix(c, originalJumpCommentPrefix+" ")
@@ -115,8 +115,8 @@ type OriginalFamily struct {
 	// srcnat + 10) does not see. Only the family's first entry has them.
 	Exemptions []XTRule
 	// CommentChain is the chain named in the jump's comment, when a jump
-	// carries it ("" otherwise): the original's --masq-chain, except for
-	// releases that wrote IP-MASQ-AGENT there whatever the chain was.
+	// carries it ("" otherwise): the original's --masq-chain when its jump
+	// was written (it differs from Chain only after a hand edit).
 	CommentChain string
 
 	first int // the index in nat POSTROUTING of the first jump; -1: none

@@ -66,7 +66,7 @@ func TestOriginalByIdentity(t *testing.T) {
 		&expr.Cmp{Register: 1, Data: []byte{10}}, comment("ip-masq-agent: local traffic is not subject to MASQUERADE"), &expr.Verdict{Kind: expr.VerdictReturn}}, nil)
 	post := []XTRule{
 		jump(1, "custom-masq", `"`+OriginalJumpComment("custom-masq")+`"`),
-		jump(2, AddonChain, OriginalJumpComment(DefaultChain)), // an old release's comment
+		jump(2, AddonChain, OriginalJumpComment(DefaultChain)), // a comment naming another chain
 	}
 	fams := withJumps(4, "", post, []OriginalFamily{
 		{Family: 4, Chain: AddonChain, ChainPresent: true, ChainHandle: 8, Rules: []XTRule{masq}},

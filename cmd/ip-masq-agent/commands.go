@@ -121,10 +121,10 @@ transaction: its chains and the POSTROUTING rules that jump to them. They
 are found by what they are, whatever --masq-chain the original ran with:
 the POSTROUTING rules that carry the original's comment ("ip-masq-agent:
 ensure nat POSTROUTING directs all non-LOCAL destination traffic to our
-custom ... chain", with or without the double quotes Azure's
-ip-masq-agent-v2 leaves in it) and the chains they jump to, and chains
-called IP-MASQ-AGENT or IP-MASQ whose every rule carries the original's
-comments. A chain of those names that holds anything else is reported and
+custom ... chain", with or without the double quotes that Azure's
+ip-masq-agent-v2 and the original's v2.10-v2.12.1 leave in it) and the
+chains they jump to, and chains called IP-MASQ-AGENT or IP-MASQ whose
+every rule carries the original's comments. A chain of those names that holds anything else is reported and
 left alone; --masq-chain NAME removes the chain NAME (and the jumps to it)
 whatever it holds. Nothing else is touched. The daemon does the same by
 itself once the original agent is gone (its chains unchanged for twice

@@ -164,8 +164,15 @@ func TestAzureFlagsAccepted(t *testing.T) {
 	if done || code != 0 || out != "" || errOut != "" {
 		t.Fatalf("parse: done=%v code=%d stdout %q stderr %q", done, code, out, errOut)
 	}
-	if d.flags.ResyncInterval != 30*time.Second || d.resyncWarning != "" || !d.flags.EnableIPv6 {
+	if d.flags.ResyncInterval != 30*time.Second || !d.flags.EnableIPv6 {
 		t.Errorf("parsed %+v", d.flags)
+	}
+	// Azure's agent masqueraded without --random-fully: the difference is warned about, once.
+	if !strings.Contains(d.resyncWarning, "unless --random-fully=false") {
+		t.Errorf("no warning about fully-random ports: %q", d.resyncWarning)
+	}
+	if d, _, _, _, _ := parseArgs(t, "--resync-interval=30", "--random-fully=false"); d.resyncWarning != "" || d.nft.RandomFully {
+		t.Errorf("--random-fully=false given: warning %q", d.resyncWarning)
 	}
 	if got := config.Default(d.flags).ResyncInterval; got != 30*time.Second {
 		t.Errorf("the default config's interval with --resync-interval=30: %s", got)
@@ -183,7 +190,7 @@ func TestAzureFlagsAccepted(t *testing.T) {
 	}
 	// Go's flag.Int syntax, as Azure's; 0 or less: 1s with one warning; not a number: refused.
 	for arg, want := range map[string]time.Duration{"-resync-interval=0x10": 16 * time.Second, "--resync-interval=0": time.Second, "--resync-interval=-5": time.Second} {
-		d, code, done, _, errOut := parseArgs(t, arg)
+		d, code, done, _, errOut := parseArgs(t, arg, "--random-fully")
 		if done || code != 0 || d.flags.ResyncInterval != want || (want == time.Second) != strings.Contains(d.resyncWarning, "--resync-interval=") {
 			t.Errorf("%s: %s warning %q (%d %q)", arg, d.flags.ResyncInterval, d.resyncWarning, code, errOut)
 		}

@@ -112,11 +112,17 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 		return d, 0, true
 	}
 	d.logIgnored = d.logFlags.ignored(fs)
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "resync-interval" {
-			o.flags.ResyncInterval, d.resyncWarning = resyncSeconds(*resync)
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if given["resync-interval"] {
+		o.flags.ResyncInterval, d.resyncWarning = resyncSeconds(*resync)
+		if !given["random-fully"] {
+			// An Azure ip-masq-agent-v2 command line: its MASQUERADE rule
+			// had no --random-fully.
+			d.resyncWarning = strings.TrimPrefix(d.resyncWarning+"; ", "; ") + "--resync-interval is Azure ip-masq-agent-v2's flag, whose agent masqueraded without fully-random source ports; " +
+				"this agent masquerades with them (the kubernetes-sigs agent's default) unless --random-fully=false"
 		}
-	})
+	}
 	if err := o.finish(); err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
 		return d, 2, true

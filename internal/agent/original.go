@@ -202,7 +202,7 @@ func (a *Agent) checkOriginal(now time.Time) {
 
 // originalMasqChain says which --masq-chain the original agent ran with:
 // its chains' names, and the name its jump's comment gives when that
-// differs (releases that wrote IP-MASQ-AGENT there whatever the chain).
+// differs.
 func originalMasqChain(o nft.Original) string {
 	var w []string
 	for _, f := range o.Families {
