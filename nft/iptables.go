@@ -278,6 +278,18 @@ func (o Original) Chains() []string {
 	return out
 }
 
+// RemovableChains lists the names of the removable chains found (the
+// original agent's), once each, in order.
+func (o Original) RemovableChains() []string {
+	var out []string
+	for _, f := range o.Families {
+		if o.Removable(f) && !slices.Contains(out, f.Chain) {
+			out = append(out, f.Chain)
+		}
+	}
+	return out
+}
+
 // Fingerprint changes whenever the original agent rewrites one of its
 // removable chains (the rewritten rules get new handles) or a jump.
 func (o Original) Fingerprint() string {

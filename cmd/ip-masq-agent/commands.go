@@ -609,17 +609,6 @@ func printOriginal(w io.Writer, o nft.Original) int {
 	return n
 }
 
-// removableChains names the chains cleanup-iptables removes.
-func removableChains(o nft.Original) []string {
-	var out []string
-	for _, f := range o.Families {
-		if o.Removable(f) && !slices.Contains(out, f.Chain) {
-			out = append(out, f.Chain)
-		}
-	}
-	return out
-}
-
 // readOriginal reads the original agent's rules once: found by what they
 // are, whatever --masq-chain the original ran with (chain: also by name).
 func readOriginal(chain string) (nft.Original, error) {
@@ -668,7 +657,7 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stdout, "%s in table ip nat or ip6 nat: nothing to remove\n", what)
 		return 0
 	}
-	fmt.Fprintf(stdout, "found the original ip-masq-agent's chain %s (the --masq-chain it ran with)\n", strings.Join(removableChains(o), ", "))
+	fmt.Fprintf(stdout, "found the original ip-masq-agent's chain %s (the --masq-chain it ran with)\n", strings.Join(o.RemovableChains(), ", "))
 	alive := false
 	if *watch > 0 {
 		time.Sleep(*watch)

@@ -134,7 +134,7 @@ func (a *Agent) checkOriginal(now time.Time) {
 		*st = originalState{exemptions: st.exemptions, legacy: st.legacy, foreign: st.foreign}
 		return
 	}
-	chains := strings.Join(o.Chains(), ",")
+	chains := strings.Join(o.RemovableChains(), ",")
 	switch {
 	case st.fingerprint == "":
 		var attrs []any
