@@ -31,6 +31,10 @@ import (
 type Flags struct {
 	NoMasqAllReservedRanges bool // --nomasq-all-reserved-ranges
 	EnableIPv6              bool // --enable-ipv6
+	// ResyncInterval, when not zero, is the resync interval of a config
+	// that sets none (Azure's ip-masq-agent-v2: --resync-interval=SECONDS;
+	// its config files have no resyncInterval key).
+	ResyncInterval time.Duration
 }
 
 // Config is a validated configuration.
@@ -86,6 +90,9 @@ func Default(f Flags) Config {
 		MasqOutBoundIPv6: true,
 		ResyncInterval:   defaultResync,
 		CIDRLimit:        defaultCIDRLimit,
+	}
+	if f.ResyncInterval > 0 {
+		c.ResyncInterval = f.ResyncInterval
 	}
 	for _, s := range cidrs {
 		c.NonMasqueradeCIDRs = append(c.NonMasqueradeCIDRs, netip.MustParsePrefix(s))

@@ -679,3 +679,52 @@ func TestManifestsLabelGatedComponent(t *testing.T) {
 		t.Error("the DaemonSet has no nodeSelector for the component's patch to add to")
 	}
 }
+
+// TestManifestsRollback: deploy/rollback/ removes this agent's table, and
+// nothing else, on every Linux node: one init container running
+// --cleanup (never cleanup-iptables, which would remove the original
+// agent's rules just re-installed), no node selector beyond the OS (the
+// agent may have run on any node), every taint tolerated, the release
+// image of deploy/; neither it nor deploy/uninstall/ touches the nodes'
+// labels (the label-gated original needs node.kubernetes.io/masq-agent-ds-ready).
+func TestManifestsRollback(t *testing.T) {
+	var k kustomization
+	readManifest(t, "rollback/kustomization.yaml", &k, "kustomize.config.k8s.io/v1beta1", "Kustomization")
+	if !slices.Equal(k.Resources, []string{"daemonset.yaml"}) {
+		t.Errorf("resources %v", k.Resources)
+	}
+	var ds, agent, uninstall appsv1.DaemonSet
+	readManifest(t, "rollback/daemonset.yaml", &ds, "apps/v1", "DaemonSet")
+	readManifest(t, "daemonset.yaml", &agent, "apps/v1", "DaemonSet")
+	readManifest(t, "uninstall/daemonset.yaml", &uninstall, "apps/v1", "DaemonSet")
+	spec := ds.Spec.Template.Spec
+	if ds.Namespace != "kube-system" || ds.Name == agent.Name || ds.Name == uninstall.Name {
+		t.Errorf("%s/%s", ds.Namespace, ds.Name)
+	}
+	if len(spec.InitContainers) != 1 || !slices.Equal(spec.InitContainers[0].Command, []string{"/ip-masq-agent", "--cleanup"}) {
+		t.Fatalf("init containers %+v, want one running /ip-masq-agent --cleanup", spec.InitContainers)
+	}
+	if img := spec.InitContainers[0].Image; img != agent.Spec.Template.Spec.Containers[0].Image {
+		t.Errorf("image %s, want deploy/'s %s", img, agent.Spec.Template.Spec.Containers[0].Image)
+	}
+	if !maps.Equal(spec.NodeSelector, map[string]string{"kubernetes.io/os": "linux"}) {
+		t.Errorf("nodeSelector %v, want only kubernetes.io/os: linux", spec.NodeSelector)
+	}
+	if len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists || spec.Tolerations[0].Key != "" {
+		t.Errorf("tolerations %+v, want every taint tolerated", spec.Tolerations)
+	}
+	if c := spec.InitContainers[0].SecurityContext; c == nil || c.Capabilities == nil || !slices.Equal(c.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) || !spec.HostNetwork {
+		t.Errorf("the cleanup needs NET_ADMIN in the node's network namespace: %+v hostNetwork %v", c, spec.HostNetwork)
+	}
+	for _, name := range []string{"rollback/daemonset.yaml", "uninstall/daemonset.yaml"} {
+		data, err := os.ReadFile(filepath.Join(deployDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "#") && strings.Contains(l, "masq-agent-ds-ready") {
+				t.Errorf("deploy/%s touches the node label: %s", name, l)
+			}
+		}
+	}
+}

@@ -118,14 +118,22 @@ missing"); 2 on errors.`,
 		},
 		{
 			name: "cleanup-iptables", args: "[--masq-chain NAME] [--watch DURATION]",
-			summary: "remove the original (iptables) ip-masq-agent's chain and POSTROUTING jump, IPv4 and IPv6",
+			summary: "remove the original (iptables) ip-masq-agent's chains and POSTROUTING jumps, IPv4 and IPv6",
 			about: `Removes what the original iptables ip-masq-agent left in the node's
 iptables-nft nat tables (table ip nat and table ip6 nat), in one
-transaction: the POSTROUTING rules that jump to the chain named by
---masq-chain, and that chain, flushed and deleted. Nothing else is touched.
-The daemon does the same by itself once the original agent is gone (its
-chain unchanged for twice the resync interval plus 5s); this command does
-it now. Needs CAP_NET_ADMIN: run it on the node.
+transaction: its chains and the POSTROUTING rules that jump to them. They
+are found by what they are, whatever --masq-chain the original ran with:
+the POSTROUTING rules that carry the original's comment ("ip-masq-agent:
+ensure nat POSTROUTING directs all non-LOCAL destination traffic to our
+custom ... chain", with or without the double quotes that Azure's
+ip-masq-agent-v2 and the original's v2.10-v2.12.1 leave in it) and the
+chains they jump to, and chains called IP-MASQ-AGENT or IP-MASQ whose
+every rule carries the original's comments. A chain of those names that holds anything else is reported and
+left alone; --masq-chain NAME removes the chain NAME (and the jumps to it)
+whatever it holds. Nothing else is touched. The daemon does the same by
+itself once the original agent is gone (its chains unchanged for twice
+the longest resync interval in force plus 5s); this command does it now.
+Needs CAP_NET_ADMIN: run it on the node.
 
 Before removing, it watches the chain for --watch: the original agent
 rewrites its chain at every resync, so a chain rewritten meanwhile means
@@ -144,12 +152,14 @@ but the chain was rewritten during --watch (the original agent still runs).`,
 		},
 		{
 			name: "list", args: "",
-			summary: "print the kernel's table inet ip-masq-agent in nft syntax, with counters (no nft needed)",
+			summary: "print the kernel's table inet ip-masq-agent in nft syntax, with counters and whether it is owned, orphaned or free",
 			about: `Reads the kernel's table inet ip-masq-agent through the agent's own netlink
 reader (needs CAP_NET_ADMIN: run it on the node, e.g. kubectl exec into the
 agent's pod, where there is no nft) and prints it as nft list table would,
 with each rule's counter. Whatever the table holds is shown, the agent's
-or not; what the agent did not make is marked "not the agent's".
+or not; what the agent did not make is marked "not the agent's". The first
+line says whether the table is owned (a running agent owns it), orphaned
+(its owner exited; it persists) or free (not owned).
 Exit status: 0; 1 when there is no table; 2 on errors.`,
 			example: "ip-masq-agent list\n  kubectl -n kube-system exec $POD -- /ip-masq-agent list   # $POD: the agent's pod on the node (docs/runbook.md)",
 			run:     runList,
@@ -548,7 +558,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %v\n", hint(err))
 		return 2
 	}
-	original, oerr := readOriginal(r.nft.Chain)
+	original, oerr := readOriginal("")
 	if oerr != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: cannot look for the original agent's iptables rules: %v\n", hint(oerr))
 	}
@@ -617,7 +627,7 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 	}
 	// The original agent's jump, when there, decides before this table.
 	original := 0
-	if o, err := readOriginal(r.nft.Chain); err != nil {
+	if o, err := readOriginal(""); err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent diff: cannot look for the original agent's iptables rules: %v\n", hint(err))
 	} else {
 		original = printOriginal(stdout, o)
@@ -647,21 +657,30 @@ func printOriginal(w io.Writer, o nft.Original) int {
 	for _, f := range o.Families {
 		for _, j := range f.Jumps {
 			n++
-			fmt.Fprintf(w, "table %s chain POSTROUTING: the original ip-masq-agent's jump decides first (iptables nat POSTROUTING, priority srcnat, runs before table inet %s at srcnat + 10):\n  %s\n",
-				f.Table(), nft.TableName, j)
+			who := "the original ip-masq-agent's jump to chain " + f.Chain + " (its --masq-chain)"
+			if !o.Removable(f) {
+				who = "a jump to chain " + f.Chain + " (a name of the original agent's, but not its rules)"
+			}
+			fmt.Fprintf(w, "table %s chain POSTROUTING: %s decides first (iptables nat POSTROUTING, priority srcnat, runs before table inet %s at srcnat + 10):\n  %s\n",
+				f.Table(), who, nft.TableName, j)
 		}
 	}
 	if n > 0 {
 		fmt.Fprintln(w, "  (the agent removes it once the original agent is gone; ip-masq-agent cleanup-iptables removes it now)")
 	}
+	chain := o.Chain
+	if chain == "" {
+		chain = nft.DefaultChain
+	}
 	for _, tool := range o.Legacy {
-		fmt.Fprintf(w, "note: a legacy %s nat table exists; rules there cannot be seen; if the original agent used iptables-legacy, remove them with:\n  %s\n",
-			tool, strings.Join(nft.LegacyCommands(o.Chain, tool), "\n  "))
+		fmt.Fprintf(w, "note: a legacy %s nat table exists; rules there cannot be seen; if the original agent used iptables-legacy, remove them with (its --masq-chain for %s):\n  %s\n",
+			tool, chain, strings.Join(nft.LegacyCommands(chain, tool), "\n  "))
 	}
 	return n
 }
 
-// readOriginal reads the original agent's rules once.
+// readOriginal reads the original agent's rules once: found by what they
+// are, whatever --masq-chain the original ran with (chain: also by name).
 func readOriginal(chain string) (nft.Original, error) {
 	k := &nft.Netlink{}
 	defer k.Close()
@@ -670,7 +689,7 @@ func readOriginal(chain string) (nft.Original, error) {
 
 func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cleanup-iptables", flag.ContinueOnError)
-	chain := fs.String("masq-chain", nft.DefaultChain, "the original agent's --masq-chain")
+	chain := fs.String("masq-chain", "", "also remove this chain (and the jumps to it) whatever it holds; the original's chains are found without it")
 	watch := fs.Duration("watch", 3*time.Second, "watch the chain this long before removing it, to tell whether the original agent still rewrites it (0: do not watch)")
 	agentPID := fs.String("agent-pid", "auto", "take --masq-chain, when not given, from the running agent's command line: auto (process 1 when it is the agent, as in its pod), a PID, or none")
 	pos, code, done := c.parse(fs, args, stdout, stderr)
@@ -693,14 +712,26 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "ip-masq-agent cleanup-iptables: %v\n", hint(err))
 		return 1
 	}
-	for _, tool := range o.Legacy {
-		fmt.Fprintf(stderr, "warning: a legacy %s nat table exists: rules written by %s-legacy cannot be seen over nftables; if the original agent used it, remove its rules with:\n  %s\n",
-			tool, tool, strings.Join(nft.LegacyCommands(*chain, tool), "\n  "))
+	legacyChain := *chain
+	if legacyChain == "" {
+		legacyChain = nft.DefaultChain
 	}
-	if !o.Present() {
-		fmt.Fprintf(stdout, "no chain %s and no jump to it in table ip nat or ip6 nat: nothing to remove\n", *chain)
+	for _, tool := range o.Legacy {
+		fmt.Fprintf(stderr, "warning: a legacy %s nat table exists: rules written by %s-legacy cannot be seen over nftables; if the original agent used it, remove its rules with (its --masq-chain for %s):\n  %s\n",
+			tool, tool, legacyChain, strings.Join(nft.LegacyCommands(legacyChain, tool), "\n  "))
+	}
+	for _, f := range o.Foreign() {
+		fmt.Fprintf(stderr, "warning: not removed: %s: no rule carries the original ip-masq-agent's comments; if it is the original's, run: ip-masq-agent cleanup-iptables --masq-chain %s\n", f.Summary(), f.Chain)
+	}
+	if o.Fingerprint() == "" {
+		what := "no chain of the original ip-masq-agent's (found by its comments, or called " + nft.DefaultChain + " or " + nft.AddonChain + ")"
+		if *chain != "" {
+			what += " and no chain " + *chain
+		}
+		fmt.Fprintf(stdout, "%s in table ip nat or ip6 nat: nothing to remove\n", what)
 		return 0
 	}
+	fmt.Fprintf(stdout, "found the original ip-masq-agent's chain %s (the --masq-chain it ran with)\n", strings.Join(o.RemovableChains(), ", "))
 	alive := false
 	if *watch > 0 {
 		time.Sleep(*watch)
@@ -711,7 +742,7 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 		}
 		if again.Fingerprint() != o.Fingerprint() {
 			alive = true
-			fmt.Fprintf(stderr, "warning: chain %s was rewritten within the last %s: the original ip-masq-agent still runs and will put its rules back at its next resync; stop it (delete its DaemonSet) and run this again\n", *chain, *watch)
+			fmt.Fprintf(stderr, "warning: chain %s was rewritten within the last %s: the original ip-masq-agent still runs and will put its rules back at its next resync; stop it (delete its DaemonSet) and run this again\n", strings.Join(again.Chains(), ", "), *watch)
 		}
 		o = again
 	}
@@ -770,6 +801,21 @@ func runList(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ip-masq-agent list: table inet %s does not exist\n", nft.TableName)
 		return 1
 	}
+	fmt.Fprintln(stdout, ownership(*table))
 	fmt.Fprint(stdout, nft.RenderCounters(*table))
 	return 0
+}
+
+// ownership is list's first line: whether the table is owned, orphaned or
+// free, and what that means for the node's nftables tools.
+func ownership(t nft.Table) string {
+	switch {
+	case t.Owner != nft.NotOwned:
+		return "# owned: a running process (the agent) owns it: every change by another process is refused, " +
+			"and nft -f of a saved ruleset that holds it fails (EPERM); save rulesets without it (docs/upgrade.md)"
+	case t.Persist:
+		return "# orphaned: its owner exited; it stays in force (flags persist) until an agent adopts it; " +
+			"nft 1.0.6 lists it with a bare \"flags \" line that nft -f refuses; save rulesets without it, or run the agent with --release-on-exit (docs/upgrade.md)"
+	}
+	return "# free: not owned (--own-table=false, --release-on-exit after exit, or a kernel before 6.9): any process may change it"
 }
