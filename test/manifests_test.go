@@ -468,7 +468,7 @@ type imageComponent struct {
 // TestManifestsImagePinned: deploy/image/ pins the agent's image to a
 // release tag, and every container of deploy/ that runs the agent names
 // the placeholder it replaces (so no tag in a manifest can be edited in
-// vain); deploy/ and deploy/uninstall/ both use the component.
+// vain); deploy/, deploy/uninstall/ and deploy/rollback/ use the component.
 func TestManifestsImagePinned(t *testing.T) {
 	var ic imageComponent
 	readManifest(t, "image/kustomization.yaml", &ic, "kustomize.config.k8s.io/v1alpha1", "Component")
@@ -476,14 +476,14 @@ func TestManifestsImagePinned(t *testing.T) {
 	if len(ic.Images) != 1 || ic.Images[0].Name != "ip-masq-agent-nft" || ic.Images[0].NewName != kustomize.ImageName || !release.MatchString(ic.Images[0].NewTag) {
 		t.Fatalf("deploy/image/kustomization.yaml images %+v: want one, name ip-masq-agent-nft, newName %s, newTag vX.Y.Z", ic.Images, kustomize.ImageName)
 	}
-	for _, k := range []struct{ file, component string }{{"kustomization.yaml", "image"}, {"uninstall/kustomization.yaml", "../image"}} {
+	for _, k := range []struct{ file, component string }{{"kustomization.yaml", "image"}, {"uninstall/kustomization.yaml", "../image"}, {"rollback/kustomization.yaml", "../image"}} {
 		var kz kustomization
 		readManifest(t, k.file, &kz, "kustomize.config.k8s.io/v1beta1", "Kustomization")
 		if !slices.Contains(kz.Components, k.component) || len(kz.Images) > 0 {
 			t.Errorf("deploy/%s: components %v, images %+v: want the component %s and no images of its own", k.file, kz.Components, kz.Images, k.component)
 		}
 	}
-	for _, file := range []string{"daemonset.yaml", "uninstall/daemonset.yaml"} {
+	for _, file := range []string{"daemonset.yaml", "uninstall/daemonset.yaml", "rollback/daemonset.yaml"} {
 		var ds appsv1.DaemonSet
 		readManifest(t, file, &ds, "apps/v1", "DaemonSet")
 		for _, c := range append(ds.Spec.Template.Spec.InitContainers, ds.Spec.Template.Spec.Containers...) {
@@ -548,8 +548,8 @@ func TestManifestsImageFollowsOverlay(t *testing.T) {
 		}
 		return out
 	}
-	wantContainers := map[string]int{"deploy": 1, "deploy/uninstall": 2}
-	for _, base := range []string{"deploy", "deploy/uninstall"} {
+	wantContainers := map[string]int{"deploy": 1, "deploy/uninstall": 2, "deploy/rollback": 1}
+	for _, base := range []string{"deploy", "deploy/uninstall", "deploy/rollback"} {
 		data, err := kustomize.Render(filepath.Join("..", base))
 		if err != nil {
 			t.Fatalf("kubectl kustomize %s: %v", base, err)
