@@ -97,8 +97,10 @@ func (m *monitor) pause() (resume func()) {
 // drain reads every queued notification, without waiting; m.mu is held.
 func (m *monitor) drain(fd int) error {
 	for {
-		n, _, err := unix.Recvfrom(fd, m.buf, unix.MSG_DONTWAIT)
+		n, from, err := unix.Recvfrom(fd, m.buf, unix.MSG_DONTWAIT)
 		switch {
+		case err == nil && !fromKernel(from):
+			continue // another process's datagram: no notification
 		case errors.Is(err, unix.EAGAIN):
 			return nil
 		case errors.Is(err, unix.ENOBUFS):

@@ -354,7 +354,7 @@ func readTable(conn *netlink.Conn) (*Table, error) {
 
 // readContents reads the sets, chains and objects of the table head.
 func readContents(conn *netlink.Conn, head *Table) (*Table, error) {
-	t := &Table{Owner: head.Owner, Dormant: head.Dormant, Persist: head.Persist}
+	t := &Table{Owner: head.Owner, Dormant: head.Dormant, Persist: head.Persist, use: head.use}
 	if err := readSets(conn, t); err != nil {
 		return nil, err
 	}
@@ -363,6 +363,14 @@ func readContents(conn *netlink.Conn, head *Table) (*Table, error) {
 	}
 	if err := readObjects(conn, t); err != nil {
 		return nil, err
+	}
+	// The chain and object dumps walk every inet table and resume by an
+	// index over all of them: a neighbour's commit between two parts can
+	// skip one of ours or list it twice, and the kernel does not always
+	// flag it (NLM_F_DUMP_INTR; not within the last part). The table's own
+	// count of what it holds says whether the read is whole.
+	if n := len(t.Sets) + len(t.Chains) + len(t.Objects); uint32(n) != t.use {
+		return nil, fmt.Errorf("%w: read %d sets, chains and objects of table inet %s, which holds %d", ErrStale, n, TableName, t.use)
 	}
 	return t, nil
 }
@@ -386,6 +394,8 @@ func readHead(conn *netlink.Conn) (*Table, error) {
 				flags = ad.Uint32()
 			case tableAttrOwner:
 				owner = ad.Uint32()
+			case unix.NFTA_TABLE_USE:
+				t.use = ad.Uint32()
 			}
 		})
 		if err != nil {
@@ -550,7 +560,7 @@ func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
 func readChains(conn *netlink.Conn, t *Table) error {
 	// The chain dump cannot be filtered by table: every inet chain comes,
 	// and only the agent's are kept.
-	msgs, err := requestKeep(conn, unix.NFPROTO_INET, unix.NFT_MSG_GETCHAIN, true, func(b []byte) bool {
+	msgs, err := requestWhole(conn, unix.NFT_MSG_GETCHAIN, func(b []byte) bool {
 		ours := false
 		walkAttrs(b, func(typ uint16, v []byte) bool {
 			if typ == unix.NFTA_CHAIN_TABLE {
@@ -666,7 +676,7 @@ func readRules(conn *netlink.Conn) (map[string][]Rule, error) {
 }
 
 func readObjects(conn *netlink.Conn, t *Table) error {
-	msgs, err := request(conn, unix.NFT_MSG_GETOBJ, true, attr(unix.NFTA_OBJ_TABLE, cstring(TableName)))
+	msgs, err := requestWhole(conn, unix.NFT_MSG_GETOBJ, nil, attr(unix.NFTA_OBJ_TABLE, cstring(TableName)))
 	if err != nil {
 		return fmt.Errorf("list objects: %w", err)
 	}
@@ -696,7 +706,7 @@ func readObjects(conn *netlink.Conn, t *Table) error {
 			t.Objects = append(t.Objects, o)
 		}
 	}
-	msgs, err = request(conn, unix.NFT_MSG_GETFLOWTABLE, true, attr(flowtableAttrTable, cstring(TableName)))
+	msgs, err = requestWhole(conn, unix.NFT_MSG_GETFLOWTABLE, nil, attr(flowtableAttrTable, cstring(TableName)))
 	if err != nil {
 		return fmt.Errorf("list flowtables: %w", err)
 	}
@@ -741,9 +751,37 @@ func requestFamily(conn *netlink.Conn, family uint8, typ int, dump bool, attrs .
 // (its argument: the payload after nfgenmsg), before copying them: the
 // chain dump holds every chain of the family, the agent's or not.
 func requestKeep(conn *netlink.Conn, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	msgs, _, err := requestIntr(conn, family, typ, dump, keep, attrs...)
+	return msgs, err
+}
+
+// errDumpInterrupted: a dump that walks other tables' objects too was
+// interrupted by a commit (NLM_F_DUMP_INTR).
+var errDumpInterrupted = fmt.Errorf("%w: a dump was interrupted by a commit", ErrStale)
+
+// requestWhole is requestKeep for a dump the kernel resumes by an index
+// over every table of the family (chains, objects, flowtables): a
+// neighbour's commit between two parts shifts that index, and one of our
+// objects would be skipped or listed twice. The kernel flags such a dump
+// (NLM_F_DUMP_INTR); it is taken again, a few times, then stale.
+func requestWhole(conn *netlink.Conn, typ int, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	for try := 1; ; try++ {
+		msgs, intr, err := requestIntr(conn, unix.NFPROTO_INET, typ, true, keep, attrs...)
+		if err != nil || !intr {
+			return msgs, err
+		}
+		if try == 10 {
+			return nil, errDumpInterrupted
+		}
+	}
+}
+
+// requestIntr is requestKeep that also says whether the kernel flagged
+// the dump as interrupted by a commit.
+func requestIntr(conn *netlink.Conn, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, bool, error) {
 	data, err := netlink.MarshalAttributes(attrs)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	flags := netlink.Request
 	if dump {
@@ -754,33 +792,35 @@ func requestKeep(conn *netlink.Conn, family uint8, typ int, dump bool, keep func
 		Data:   append(nfgenmsg(family, 0), data...),
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := conn.SetReadDeadline(time.Now().Add(replyTimeout)); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer conn.SetReadDeadline(time.Time{})
 	buf := make([]byte, 64<<10)
 	var out []netlink.Message
+	intr := false
 	for {
 		msgs, err := receive(conn, buf)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		for _, m := range msgs {
 			if m.Header.Seq != req.Header.Sequence {
 				continue // an answer to an earlier request that timed out
 			}
+			intr = intr || m.Header.Flags&unix.NLM_F_DUMP_INTR != 0
 			switch m.Header.Type {
 			case unix.NLMSG_DONE:
-				return out, nil
+				return out, intr, nil
 			case unix.NLMSG_ERROR:
 				if len(m.Data) >= 4 {
 					if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
-						return nil, syscall.Errno(-code)
+						return nil, false, syscall.Errno(-code)
 					}
 				}
-				return out, nil
+				return out, intr, nil
 			}
 			if len(m.Data) >= 4 && (keep == nil || keep(m.Data[4:])) {
 				out = append(out, netlink.Message{
@@ -790,7 +830,7 @@ func requestKeep(conn *netlink.Conn, family uint8, typ int, dump bool, keep func
 				})
 			}
 			if !dump {
-				return out, nil
+				return out, intr, nil
 			}
 		}
 	}

@@ -84,6 +84,8 @@ type Table struct {
 	Sets    []Set
 	Chains  []Chain  // Build's order: base, decision, masquerade
 	Objects []Object // found only: stateful objects and flowtables, which the agent never makes
+
+	use uint32 // found only: how many chains, sets, objects and flowtables the kernel counts in it
 }
 
 // Set is an interval set of destination addresses of one family.
