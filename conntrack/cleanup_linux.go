@@ -39,6 +39,15 @@ import (
 // changes is reported as an error after the entries it returned are
 // handled).
 func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
+	return CleanupMarked(ns, mode, old, new, -1)
+}
+
+// CleanupMarked is Cleanup when the old table's masquerade rules marked
+// the connections they masqueraded with conntrack label bit mark (-1: they
+// did not, which is Cleanup): an entry the new rules do not masquerade is
+// deleted when it carries the mark, and only then; entries masqueraded by
+// another chain (kube-proxy's, a CNI's) never carry it.
+func CleanupMarked(ns netns.NsHandle, mode Mode, old, new Decider, mark int) (Result, error) {
 	start := time.Now()
 	var res Result
 	if mode == "" {
@@ -52,6 +61,9 @@ func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
 	}
 	if old == nil || new == nil {
 		return res, errNilDecider
+	}
+	if mark > 127 {
+		return res, fmt.Errorf("conntrack: label bit %d: want 0-127", mark)
 	}
 	if ns == 0 {
 		ns = netns.None()
@@ -83,7 +95,7 @@ func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
 			if !ok {
 				return
 			}
-			if judge(e, mode, oldM.decide, newM.decide, locals.contains) == deleteStale {
+			if judge(e, mode, oldM.decide, newM.decide, locals.contains, mark) == deleteStale {
 				stale = append(stale, ref.request())
 			}
 		})

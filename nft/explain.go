@@ -208,6 +208,7 @@ type evaluator struct {
 	t     *Table
 	addr  netip.Addr
 	local bool
+	quiet bool // no rule texts (Decide)
 }
 
 const maxDepth = 16 // nft refuses deeper jumps too
@@ -221,7 +222,10 @@ func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
 	var maybeMasq []step // rules that masquerade for some packets only
 	for i, r := range c.Rules {
 		m, s := ev.match(r)
-		s.chain, s.index, s.text, s.verdict = c.Name, i+1, RenderRule(r), ruleVerdict(r)
+		s.chain, s.index, s.verdict = c.Name, i+1, ruleVerdict(r)
+		if !ev.quiet {
+			s.text = RenderRule(r)
+		}
 		switch {
 		case m == matchNo || s.verdict == "":
 			continue
@@ -475,11 +479,17 @@ func (r Rule) target() string {
 	return ""
 }
 
-// Decide says what the table's decision chain does with a new connection
-// to addr: masquerade or not, and whether the table handles addr's family
-// at all (IPv6 without --enable-ipv6 is not). It is Explain without the
-// reasons, for many addresses (the conntrack cleanup): sets are looked up
-// by binary search.
+// Decide says what the table does with a new connection from a pod to
+// addr, as the kernel evaluates it: masquerade or not, and whether the
+// table handles addr's family at all (IPv6 without --enable-ipv6 is not;
+// neither is anything when there is no table). It is for the conntrack
+// cleanup, which asks it of the wanted table and of the table the kernel
+// held before: the base chains hooked at nat postrouting in priority
+// order (with their policy), the jumps, the rules, foreign ones included,
+// a dormant table (which decides nothing), as ExplainTable evaluates them
+// without the reasons; sets are looked up by binary search. A destination
+// whose outcome is undetermined (a foreign rule matches on more than the
+// destination) is not handled: the cleanup then keeps its entries.
 func (t Table) Decide(addr netip.Addr) (masquerade, handled bool) {
 	addr = addr.Unmap()
 	fam := Family(4)
@@ -491,25 +501,31 @@ func (t Table) Decide(addr netip.Addr) (masquerade, handled bool) {
 		return false, false
 	}
 	for _, r := range c.Rules {
-		if r.Foreign != "" || (r.Family != 0 && r.Family != fam) {
-			continue
+		if r.Foreign != "" || r.Family == 0 || r.Family == fam {
+			handled = true
+			break
 		}
-		handled = true
-		if r.DaddrSet != "" {
-			s := t.Set(r.DaddrSet)
-			if s == nil {
-				continue
-			}
-			if _, ok := lookup(s.Elements, addr); !ok {
-				continue
-			}
+	}
+	if !handled || t.Dormant {
+		return false, handled
+	}
+	ev := &evaluator{t: &t, addr: addr, quiet: true}
+	var bases []*Chain
+	for i := range t.Chains {
+		if h := t.Chains[i].Hook; h != nil && h.Type == "nat" && h.Hook == "postrouting" {
+			bases = append(bases, &t.Chains[i])
 		}
-		switch {
-		case r.Verdict == Goto && r.Target == MasqChainName, r.Verdict == Masquerade:
+	}
+	sort.SliceStable(bases, func(i, j int) bool { return bases[i].Hook.Priority < bases[j].Hook.Priority })
+	for _, b := range bases {
+		switch res := ev.chain(b, 0, nil); {
+		case res.outcome == outMasquerade:
 			return true, true
-		case r.Verdict == Return:
+		case res.outcome == outUndetermined:
+			return false, false
+		case res.outcome == outDrop, res.outcome == outReturn && b.Hook.Policy == "drop":
 			return false, true
 		}
 	}
-	return false, handled
+	return false, true
 }
