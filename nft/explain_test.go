@@ -438,3 +438,80 @@ func TestDecideAgreesWithExplain(t *testing.T) {
 		}
 	}
 }
+
+// Decide evaluates a table found in the kernel as the kernel does: the
+// base chain's hook and policy, the jump, a dormant table, foreign rules
+// in the agent's chains (the conntrack cleanup compares against it).
+func TestDecideFoundTable(t *testing.T) {
+	want := Build(config.Default(config.Flags{}), Options{Chain: DefaultChain, RandomFully: true})
+	ext, other := netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("198.51.100.10")
+	foreign := func(text string, exprs ...expr.Any) Rule { return Rule{Foreign: text, exprs: exprs} }
+	// ip daddr 203.0.113.0/24 return, as nft encodes it: 3 bytes loaded
+	ipDaddr24Return := foreign("ip daddr 203.0.113.0/24 return",
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 3},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{203, 0, 113}}, &expr.Verdict{Kind: expr.VerdictReturn})
+	hook := func(t *Table) *Hook { // a copy of the base chain's hook, to change
+		c := t.Chain(BaseChainName)
+		h := *c.Hook
+		c.Hook = &h
+		return &h
+	}
+	markReturn := foreign("meta mark 0x1 return", &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1, 0, 0, 0}}, &expr.Verdict{Kind: expr.VerdictReturn})
+	for _, tc := range []struct {
+		name          string
+		change        func(*Table)
+		addr          netip.Addr
+		masq, handled bool
+	}{
+		{"as built", func(*Table) {}, ext, true, true},
+		{"no table", func(t *Table) { *t = Table{} }, ext, false, false},
+		{"dormant", func(t *Table) { t.Dormant = true }, ext, false, true},
+		{"jump deleted", func(t *Table) { t.Chain(BaseChainName).Rules = nil }, ext, false, true},
+		{"hooked at filter", func(t *Table) { hook(t).Type = "filter" }, ext, false, true},
+		{"hooked at prerouting", func(t *Table) { hook(t).Hook = "prerouting" }, ext, false, true},
+		{"jump deleted, policy drop", func(t *Table) { hook(t).Policy, t.Chain(BaseChainName).Rules = "drop", nil }, ext, false, true},
+		{"masquerade chain emptied", func(t *Table) { t.Chain(MasqChainName).Rules = nil }, ext, false, true},
+		{"foreign return at the top", func(t *Table) {
+			c := t.Chain(DefaultChain)
+			c.Rules = append([]Rule{ipDaddr24Return}, c.Rules...)
+		}, ext, false, true},
+		{"foreign return at the top, other destination", func(t *Table) {
+			c := t.Chain(DefaultChain)
+			c.Rules = append([]Rule{ipDaddr24Return}, c.Rules...)
+		}, other, true, true},
+		{"foreign rule on the packet mark: undetermined", func(t *Table) {
+			c := t.Chain(DefaultChain)
+			c.Rules = append([]Rule{markReturn}, c.Rules...)
+		}, ext, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			found := want.Clone()
+			tc.change(found)
+			if masq, handled := found.Decide(tc.addr); masq != tc.masq || handled != tc.handled {
+				t.Errorf("Decide(%s) = %v (handled %v), want %v (handled %v)", tc.addr, masq, handled, tc.masq, tc.handled)
+			}
+		})
+	}
+}
+
+// MarkLabel names the bit only when every masquerade rule sets it.
+func TestMarkLabel(t *testing.T) {
+	bit := uint8(20)
+	cfg := config.Default(config.Flags{})
+	if got := Build(cfg, Options{Chain: DefaultChain, CtLabel: &bit, ToPorts: []PortRange{{1024, 65535}}}); got.MarkLabel() != 20 {
+		t.Errorf("marked table: MarkLabel %d", got.MarkLabel())
+	}
+	if got := Build(cfg, Options{Chain: DefaultChain}); got.MarkLabel() != -1 {
+		t.Errorf("unmarked table: MarkLabel %d", got.MarkLabel())
+	}
+	partly := Build(cfg, Options{Chain: DefaultChain, CtLabel: &bit, ToPorts: []PortRange{{1024, 65535}}})
+	partly.Chain(MasqChainName).Rules[0].CtLabel = nil
+	if partly.MarkLabel() != -1 {
+		t.Errorf("a masquerade rule without the mark: MarkLabel %d", partly.MarkLabel())
+	}
+	if (&Table{}).MarkLabel() != -1 {
+		t.Error("no table: marked")
+	}
+}
