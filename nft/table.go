@@ -44,6 +44,12 @@ const (
 	// they did with the original agent. The first NAT chain to masquerade a
 	// connection wins; a return here leaves the decision to later chains.
 	Priority = 110
+
+	// DefaultConntrackLabel is the default of --conntrack-label: the
+	// conntrack label bit the masquerade rules set. kube-proxy, Flannel,
+	// kindnet, Calico and Cilium set no conntrack labels (they use packet
+	// marks, Calico and Istio also conntrack marks); docs/conntrack-exact.md.
+	DefaultConntrackLabel = 20
 )
 
 // Family is an IP version: 4 or 6; 0 means both.

@@ -101,7 +101,7 @@ func TestRenderCommand(t *testing.T) {
 	cfgText := "nonMasqueradeCIDRs: [10.0.0.0/8, \"fd00::/8\"]\nmasqueradeCIDRs: [10.10.10.10/32]\n"
 	path := writeFile(t, "ip-masq-agent", cfgText)
 	code, out, errOut := runCmd(t, "render", "--config", path, "--enable-ipv6", "--to-ports", "1024-65535", "--masq-chain", "X")
-	label := uint8(DefaultConntrackLabel)
+	label := uint8(nft.DefaultConntrackLabel)
 	cfg, _, err := config.Parse([]byte(cfgText), config.Flags{EnableIPv6: true})
 	if err != nil {
 		t.Fatal(err)

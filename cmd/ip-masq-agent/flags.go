@@ -35,14 +35,10 @@ func (r *rulesetFlags) register(fs *flag.FlagSet) {
 		"conntrack label bit (0-127) set on the connections the agent masquerades, so that the conntrack cleanup undoes only its own masquerade; none: no mark (the cleanup then takes every masquerade to a node address for the agent's)")
 }
 
-// DefaultConntrackLabel is the default of --conntrack-label (docs/conntrack-exact.md
-// says why this bit).
-const DefaultConntrackLabel = 20
-
 // labelFlag is --conntrack-label: a label bit 0-127, or "none" (or -1).
 type labelFlag struct{ p **uint8 }
 
-func (labelFlag) defaultBit() *uint8 { b := uint8(DefaultConntrackLabel); return &b }
+func (labelFlag) defaultBit() *uint8 { b := uint8(nft.DefaultConntrackLabel); return &b }
 
 func (l labelFlag) String() string {
 	if l.p == nil || *l.p == nil {
