@@ -243,9 +243,12 @@ func (a *Agent) sync(now time.Time) error {
 		// but the kernel's table is not the config's: not ready.
 		a.notReady = "config not applied: " + err.Error() + "; the last good config's table stays in force"
 		start := time.Now()
-		if _, kerr := nft.EnsureBy(a.kernel, *a.want, a.retryBy(now)); kerr == nil {
+		if res, kerr := nft.EnsureBy(a.kernel, *a.want, a.retryBy(now)); kerr == nil {
 			a.metrics.SyncDone("success", time.Since(start))
 			a.metrics.NotReady(a.notReady)
+			if a.opts.Applied != nil && !res.Unchanged {
+				a.opts.Applied(found(res), *a.want)
+			}
 		} else {
 			a.kernelFailed(now, kerr, time.Since(start))
 		}

@@ -623,3 +623,16 @@ func TestOwnedByOtherAtStartRetriesEverySecond(t *testing.T) {
 	}
 	h.holds(h.want(""), "adopted within a second of the owner's exit")
 }
+
+// The first sync cleans against the table it found: a previous agent's
+// with another config (the ConfigMap changed while no agent ran).
+func TestFirstSyncAppliedAgainstFoundTable(t *testing.T) {
+	h := newHarness(t, nil)
+	const before = "nonMasqueradeCIDRs: [203.0.113.0/24]\n"
+	previous := h.want(before)
+	h.fake.Tamper("previous agent", func(t **nft.Table) { *t = previous.Clone() })
+	h.sync(t0)
+	if len(h.applied) != 1 || !unowned(previous).Equal(unowned(h.applied[0][0])) || !unowned(h.want("")).Equal(unowned(h.applied[0][1])) {
+		t.Fatalf("Applied: %d calls, want one from the found table to the config's", len(h.applied))
+	}
+}
