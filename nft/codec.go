@@ -205,7 +205,7 @@ func LabelBits(bit int) []byte {
 func labelBit(b []byte) int {
 	bit := -1
 	for i := 0; i < 128; i++ {
-		if HasLabel(b, i) {
+		if hasLabel(b, i) {
 			if bit >= 0 {
 				return -1
 			}
@@ -215,8 +215,8 @@ func labelBit(b []byte) int {
 	return bit
 }
 
-// HasLabel reports whether the label bitmap b (CTA_LABELS) has bit set.
-func HasLabel(b []byte, bit int) bool {
+// hasLabel reports whether the label bitmap b has bit set.
+func hasLabel(b []byte, bit int) bool {
 	if bit < 0 || len(b) < (bit/64+1)*8 {
 		return false
 	}

@@ -141,17 +141,11 @@ func ExplainTable(t *Table, addr netip.Addr, isLocal func(netip.Addr) bool) Expl
 	ev := &evaluator{t: t, addr: addr, local: isLocal != nil && isLocal(addr)}
 	base := BaseChainName
 	e := Explanation{Addr: addr}
-	var bases []*Chain
-	for i := range t.Chains {
-		if h := t.Chains[i].Hook; h != nil && h.Type == "nat" && h.Hook == "postrouting" {
-			bases = append(bases, &t.Chains[i])
-		}
-	}
+	bases := t.natPostrouting()
 	if len(bases) == 0 {
 		e.Reason = "the table has no chain hooked at nat postrouting: it masquerades nothing"
 		return e
 	}
-	sort.SliceStable(bases, func(i, j int) bool { return bases[i].Hook.Priority < bases[j].Hook.Priority })
 	last := result{}
 	for _, c := range bases {
 		res := ev.chain(c, 0, nil)
@@ -176,6 +170,19 @@ func ExplainTable(t *Table, addr netip.Addr, isLocal func(netip.Addr) bool) Expl
 	}
 	e.Reason, e.Rule = ev.reason(last, base)
 	return e
+}
+
+// natPostrouting returns the base chains hooked at nat postrouting, in
+// the order the kernel runs them (by priority).
+func (t *Table) natPostrouting() []*Chain {
+	var bases []*Chain
+	for i := range t.Chains {
+		if h := t.Chains[i].Hook; h != nil && h.Type == "nat" && h.Hook == "postrouting" {
+			bases = append(bases, &t.Chains[i])
+		}
+	}
+	sort.SliceStable(bases, func(i, j int) bool { return bases[i].Hook.Priority < bases[j].Hook.Priority })
+	return bases
 }
 
 type outcome uint8
@@ -208,7 +215,10 @@ type evaluator struct {
 	t     *Table
 	addr  netip.Addr
 	local bool
-	quiet bool // no rule texts (Decide)
+	quiet bool // no rule texts, no steps (Decide)
+
+	regs      map[uint32][]byte // reused by match
+	addrBytes []byte
 }
 
 const maxDepth = 16 // nft refuses deeper jumps too
@@ -236,7 +246,10 @@ func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
 			return result{outcome: outUndetermined, steps: append(path, s),
 				why: fmt.Sprintf("rule %d of chain %s matches on more than the destination", s.index, c.Name)}
 		}
-		steps := append(slices.Clone(path), s)
+		var steps []step
+		if !ev.quiet {
+			steps = append(slices.Clone(path), s)
+		}
 		var res result
 		switch s.verdict {
 		case "masquerade":
@@ -316,7 +329,11 @@ const (
 // ev.addr. The step it returns records the set element a lookup matched.
 func (ev *evaluator) match(r Rule) (match, step) {
 	var s step
-	regs := map[uint32][]byte{} // a missing register is unknown
+	if ev.regs == nil {
+		ev.regs, ev.addrBytes = map[uint32][]byte{}, ev.addr.AsSlice()
+	}
+	regs := ev.regs // a missing register is unknown
+	clear(regs)
 	unknown := false
 	for _, e := range r.expressions() {
 		switch e := e.(type) {
@@ -333,7 +350,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 			// The destination address, or part of it (iptables-nft loads
 			// only the bytes a prefix covers).
 			delete(regs, e.DestRegister)
-			addr, daddr := ev.addr.AsSlice(), 16
+			addr, daddr := ev.addrBytes, 16
 			if ev.addr.Is6() {
 				daddr = 24
 			}
@@ -364,7 +381,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 				if ev.local {
 					typ = unix.RTN_LOCAL
 				}
-				regs[e.Register] = binaryutil.NativeEndian.PutUint32(typ)
+				regs[e.Register] = rtnType[typ]
 			}
 		case *expr.Bitwise:
 			v, ok := regs[e.SourceRegister]
@@ -385,8 +402,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 				continue
 			}
 			c := bytes.Compare(v, e.Data)
-			if !map[expr.CmpOp]bool{expr.CmpOpEq: c == 0, expr.CmpOpNeq: c != 0, expr.CmpOpLt: c < 0,
-				expr.CmpOpLte: c <= 0, expr.CmpOpGt: c > 0, expr.CmpOpGte: c >= 0}[e.Op] {
+			if !cmpHolds(e.Op, c) {
 				return matchNo, s
 			}
 		case *expr.Range:
@@ -429,6 +445,31 @@ func (ev *evaluator) match(r Rule) (match, step) {
 		return matchUnknown, s
 	}
 	return matchYes, s
+}
+
+// rtnType is fib's address type results as registers hold them.
+var rtnType = map[uint32][]byte{
+	unix.RTN_UNICAST: binaryutil.NativeEndian.PutUint32(unix.RTN_UNICAST),
+	unix.RTN_LOCAL:   binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL),
+}
+
+// cmpHolds says whether a cmp with op holds for a comparison result c.
+func cmpHolds(op expr.CmpOp, c int) bool {
+	switch op {
+	case expr.CmpOpEq:
+		return c == 0
+	case expr.CmpOpNeq:
+		return c != 0
+	case expr.CmpOpLt:
+		return c < 0
+	case expr.CmpOpLte:
+		return c <= 0
+	case expr.CmpOpGt:
+		return c > 0
+	case expr.CmpOpGte:
+		return c >= 0
+	}
+	return false
 }
 
 // destRegister returns the register an expression loads, for the
@@ -491,6 +532,23 @@ func (r Rule) target() string {
 // whose outcome is undetermined (a foreign rule matches on more than the
 // destination) is not handled: the cleanup then keeps its entries.
 func (t Table) Decide(addr netip.Addr) (masquerade, handled bool) {
+	return t.decide(addr)
+}
+
+// Decider returns Decide for many addresses: the rules' expressions are
+// encoded once (a table read back has them already).
+func (t Table) Decider() func(netip.Addr) (masquerade, handled bool) {
+	c := t.Clone()
+	for i := range c.Chains {
+		for j := range c.Chains[i].Rules {
+			r := &c.Chains[i].Rules[j]
+			r.exprs = r.expressions()
+		}
+	}
+	return c.decide
+}
+
+func (t *Table) decide(addr netip.Addr) (masquerade, handled bool) {
 	addr = addr.Unmap()
 	fam := Family(4)
 	if addr.Is6() {
@@ -509,15 +567,8 @@ func (t Table) Decide(addr netip.Addr) (masquerade, handled bool) {
 	if !handled || t.Dormant {
 		return false, handled
 	}
-	ev := &evaluator{t: &t, addr: addr, quiet: true}
-	var bases []*Chain
-	for i := range t.Chains {
-		if h := t.Chains[i].Hook; h != nil && h.Type == "nat" && h.Hook == "postrouting" {
-			bases = append(bases, &t.Chains[i])
-		}
-	}
-	sort.SliceStable(bases, func(i, j int) bool { return bases[i].Hook.Priority < bases[j].Hook.Priority })
-	for _, b := range bases {
+	ev := &evaluator{t: t, addr: addr, quiet: true}
+	for _, b := range t.natPostrouting() {
 		switch res := ev.chain(b, 0, nil); {
 		case res.outcome == outMasquerade:
 			return true, true

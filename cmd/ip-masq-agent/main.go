@@ -235,7 +235,7 @@ const stopTimeout = 10 * time.Second
 // log line says so (marked=false).
 func cleanConntrack(mode conntrack.Mode, old, new nft.Table, log *slog.Logger, m *metrics.Agent) {
 	mark := old.MarkLabel()
-	res, err := conntrack.CleanupMarked(netns.None(), mode, old.Decide, new.Decide, mark)
+	res, err := conntrack.CleanupMarked(netns.None(), mode, old.Decider(), new.Decider(), mark)
 	m.ConntrackDeleted(res.Deleted)
 	attrs := []any{"mode", mode, "marked", mark >= 0}
 	if mark >= 0 {
