@@ -27,7 +27,10 @@ import (
 // same for it, when its NAT state already is new's decision, and when it
 // is source-NATed to an address that is not the node's (another table's
 // SNAT). An entry is source-NATed when its status has IPS_SRC_NAT or its
-// reply goes to another address than the original source.
+// reply goes to another address than the original source. Without a mark
+// (see CleanupMarked), an entry masqueraded to a node address by another
+// table (kube-proxy's) for a destination whose decision changed from
+// masquerade to not is taken for the agent's and deleted.
 //
 // It dumps each family's table once over ctnetlink, judging the entries
 // as they stream in (only the stale ones are kept), then deletes those in
