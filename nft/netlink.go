@@ -51,7 +51,8 @@ type Netlink struct {
 	NoOwner bool
 
 	mu          sync.Mutex
-	conn        *netlink.Conn
+	conn        *netlink.Conn // commits; it owns the table
+	rconn       *netlink.Conn // reads: a read that fails never closes the owner
 	unsupported bool     // the kernel refused owner+persist flags
 	mon         *monitor // notifications: who touched the table (monitor.go)
 	cmu         sync.Mutex
@@ -64,6 +65,7 @@ type Netlink struct {
 	lastAt time.Time
 
 	afterDump func() // tests: a commit by another process during a read
+	lostRead  *Table // the last read thrown away for lost notifications only
 }
 
 // maxReuse bounds how long a read may be answered from the last one: a
@@ -87,6 +89,10 @@ func (n *Netlink) Close() error {
 	defer n.mu.Unlock()
 	n.mon.close()
 	n.mon = nil
+	if n.rconn != nil {
+		n.rconn.Close()
+		n.rconn = nil
+	}
 	n.cmu.Lock()
 	if n.counters != nil {
 		n.counters.Close()
@@ -142,11 +148,42 @@ func (n *Netlink) monitor() (*monitor, error) {
 	return n.mon, nil
 }
 
-// broken drops a socket that may be out of step (a reply not read).
+// reader returns the lasting socket for reads, dialing it first if needed.
+func (n *Netlink) reader() (*netlink.Conn, error) {
+	if n.rconn == nil {
+		c, err := dial(n.NetNS)
+		if err != nil {
+			return nil, err
+		}
+		n.rconn = c
+	}
+	return n.rconn, nil
+}
+
+// ownerPort is the port id that owns the table when it is ours (0: we
+// have no commit socket, so no table is ours).
+func (n *Netlink) ownerPort() uint32 {
+	if n.conn == nil {
+		return 0
+	}
+	return n.conn.PID()
+}
+
+// broken drops the commit socket, which may be out of step (a reply not
+// read): an owned table is orphaned, and adopted again by the next sync.
 func (n *Netlink) broken() {
 	if n.conn != nil {
 		n.conn.Close()
 		n.conn = nil
+	}
+	n.last = nil
+}
+
+// brokenReader drops the read socket after a failed read.
+func (n *Netlink) brokenReader() {
+	if n.rconn != nil {
+		n.rconn.Close()
+		n.rconn = nil
 	}
 	n.last = nil
 }
@@ -255,18 +292,19 @@ func (n *Netlink) read(all bool) (*Table, uint32, error) {
 	defer n.mu.Unlock()
 	t, gen, err := n.readLocked(all)
 	if err != nil && !errors.Is(err, ErrStale) {
-		n.broken()
+		n.brokenReader()
 		return nil, 0, fmt.Errorf("read table inet %s: %w", TableName, err)
 	}
 	return t, gen, err
 }
 
 func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
-	conn, err := n.socket()
+	conn, err := n.reader()
 	if err != nil {
 		return nil, 0, err
 	}
-	head, err := readHead(conn)
+	ours := n.ownerPort()
+	head, err := readHead(conn, ours)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -311,15 +349,15 @@ func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
 	if err := fence(conn); err != nil {
 		return nil, 0, err
 	}
-	touched, err := mon.take()
+	touched, lost, err := mon.take()
 	if err != nil {
 		return nil, 0, err
 	}
-	if !touched && fresh {
+	if !touched && !lost && fresh {
 		return n.last, gen, nil
 	}
 	n.last = nil
-	t, err := readTable(conn)
+	t, err := readTable(conn, ours)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -331,21 +369,46 @@ func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
 	if err := fence(conn); err != nil {
 		return nil, 0, err
 	}
-	if touched, err = mon.take(); err != nil {
+	if touched, lost, err = mon.take(); err != nil {
 		return nil, 0, err
 	}
-	if touched {
+	switch {
+	case touched:
+		n.lostRead = nil
 		return nil, 0, fmt.Errorf("%w: another process changed table inet %s while it was read", ErrStale, TableName)
+	case lost && (n.lostRead == nil || !sameRead(t, n.lostRead)):
+		// Notifications were lost during the read (a neighbour's rule
+		// too large for a notification makes the kernel report a loss to
+		// every listener at each of its commits): the read stands once
+		// the next one, fenced alike, finds the same.
+		n.lostRead = t
+		if t == nil {
+			n.lostRead = noTable
+		}
+		return nil, 0, fmt.Errorf("%w: nftables notifications were lost while table inet %s was read", ErrStale, TableName)
 	}
+	n.lostRead = nil
 	if t != nil && t.Owner == NotOwned {
 		n.last, n.lastAt = t, time.Now()
 	}
 	return t, gen, nil
 }
 
+// noTable stands for a read that found no table, in lostRead.
+var noTable = &Table{}
+
+// sameRead reports whether a read found what the last one did.
+func sameRead(t, last *Table) bool {
+	if t == nil || last == noTable {
+		return t == nil && last == noTable
+	}
+	return t.Persist == last.Persist && t.use == last.use && t.Equal(*last) && last.Equal(*t)
+}
+
 // readTable reads table inet ip-masq-agent, all of it: nil if there is none.
-func readTable(conn *netlink.Conn) (*Table, error) {
-	head, err := readHead(conn)
+// ours is the port id whose ownership makes it OwnedByUs.
+func readTable(conn *netlink.Conn, ours uint32) (*Table, error) {
+	head, err := readHead(conn, ours)
 	if err != nil || head == nil {
 		return head, err
 	}
@@ -376,7 +439,7 @@ func readContents(conn *netlink.Conn, head *Table) (*Table, error) {
 }
 
 // readHead reads the table's flags and owner: nil if there is no table.
-func readHead(conn *netlink.Conn) (*Table, error) {
+func readHead(conn *netlink.Conn, ours uint32) (*Table, error) {
 	msgs, err := request(conn, unix.NFT_MSG_GETTABLE, false, attr(unix.NFTA_TABLE_NAME, cstring(TableName)))
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -406,9 +469,9 @@ func readHead(conn *netlink.Conn) (*Table, error) {
 		switch {
 		case flags&tableFlagOwner == 0:
 			t.Owner = NotOwned
-		case owner == conn.PID():
+		case ours != 0 && owner == ours:
 			// Port ids are unique among a namespace's open sockets, and
-			// this one is open: the kernel says the table is ours.
+			// our commit socket is open: the kernel says the table is ours.
 			t.Owner = OwnedByUs
 		default:
 			t.Owner = OwnedByOther
