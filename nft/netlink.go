@@ -53,8 +53,8 @@ type Netlink struct {
 	mu          sync.Mutex
 	conn        *netlink.Conn // commits; it owns the table
 	rconn       *netlink.Conn // reads: a read that fails never closes the owner
-	unsupported bool     // the kernel refused owner+persist flags
-	mon         *monitor // notifications: who touched the table (monitor.go)
+	unsupported bool          // the kernel refused owner+persist flags
+	mon         *monitor      // notifications: who touched the table (monitor.go)
 	cmu         sync.Mutex
 	counters    *netlink.Conn // DecisionCounters' socket; guarded by cmu
 
