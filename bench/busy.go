@@ -47,6 +47,20 @@ type BusyResults struct {
 // busyTimeout bounds the wait for one change to reach the kernel.
 const busyTimeout = 30 * time.Second
 
+const reloadedMarker = `msg="applied new config"`
+
+// waitLineN waits until the daemon's log holds n lines with marker.
+func waitLineN(ctx context.Context, d *daemon, marker string, n int, timeout time.Duration) (string, time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	for strings.Count(d.output(), marker) < n {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return "", time.Time{}, fmt.Errorf("no %d lines %s within %s", n, marker, timeout)
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+	return "", time.Now(), nil
+}
+
 // RunBusy runs the agent under a CPU quota with a neighbour committing,
 // and measures how long a one-CIDR change takes to reach the kernel,
 // failed syncs, the health endpoints, and the CPU cost of an unchanged
@@ -175,7 +189,12 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 		} else {
 			row.ChangesFailed++
 		}
-		sleepCtx(ctx, 2*time.Second)
+		// Then it reads the table back and logs the change: ConfigMap
+		// updates come seconds apart, not while the last one is read back
+		// (at 100,000 CIDRs under the quota that takes seconds).
+		if _, _, err := waitLineN(ctx, d, reloadedMarker, i+1, busyTimeout); err != nil {
+			return err
+		}
 	}
 	close(stopProbes)
 	<-probesDone
@@ -190,12 +209,16 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 		return fmt.Errorf("the last change's CIDR %s is not in the kernel's set", last)
 	}
 
-	// Quiet now: the CPU an unchanged resync costs, over about 10 s.
-	sleepCtx(ctx, time.Second)
-	before := strings.Count(d.output(), "resync: the table read back is the wanted one")
+	// Quiet now: the CPU an unchanged resync costs, over about 10 s, from
+	// the first resync after the neighbour stopped.
+	const resynced = "resync: the table read back is the wanted one"
+	if _, _, err := waitLineN(ctx, d, resynced, strings.Count(d.output(), resynced)+1, busyTimeout); err != nil {
+		return err
+	}
+	before := strings.Count(d.output(), resynced)
 	cpu0 := processCPU(d.cmd.Process.Pid)
 	sleepCtx(ctx, map[bool]time.Duration{false: 10 * time.Second, true: 2 * time.Second}[cfg.Quick])
-	row.Resyncs = strings.Count(d.output(), "resync: the table read back is the wanted one") - before
+	row.Resyncs = strings.Count(d.output(), resynced) - before
 	if row.Resyncs > 0 {
 		row.ResyncCPU = (processCPU(d.cmd.Process.Pid) - cpu0) / time.Duration(row.Resyncs)
 	}
@@ -266,7 +289,7 @@ func busyMarkdown(b *strings.Builder, r *Results) {
 		"(`cpu.max` or `cpu.cfs_quota_us`: the DaemonSet's 100m limit), while a neighbour in the same network\n"+
 		"namespace commits to a table of its own (one element added and one deleted per transaction) at the\n"+
 		"rate given, as kube-proxy, a CNI or firewalld do. After a few seconds of that, %d ConfigMap updates\n"+
-		"(the kubelet's `..data` swap), each adding one CIDR; the time is from the swap to the agent's commit (its\n"+
+		"(the kubelet's `..data` swap), each adding one CIDR once the agent has logged the last; the time is from the swap to the agent's commit (its\n"+
 		"NEWGEN notification), which puts the new CIDR in the kernel; `nft list set` checks it once the neighbour has\n"+
 		"stopped (nft restarts a dump that a commit interrupts, and cannot list 100,000 CIDRs at 20 commits a second). `/healthz` and `/readyz` are polled every 200 ms\n"+
 		"throughout. Failed syncs are the agent's `sync failed` and `repair failed` log lines. Then the neighbour\n"+

@@ -35,6 +35,8 @@ conntrack conntrack conntrack-tools
 setpriv util-linux util-linux
 unshare util-linux util-linux
 grep grep grep
+sed sed sed
+cat coreutils coreutils
 sleep coreutils coreutils
 false coreutils coreutils
 sh dash bash

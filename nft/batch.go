@@ -224,6 +224,11 @@ func objectMessage(o Object) netlink.Message {
 // ruleMessage encodes a NEWRULE message (appended to its chain; without
 // the echo that nftables.Conn.AddRule asks for).
 func ruleMessage(chain string, r Rule) (netlink.Message, error) {
+	// Written from the model, never from a found rule's decoded
+	// expressions: google/nftables' decoders drop what they do not know
+	// (a ct set's source register, for one), so the kernel would refuse
+	// them (EINVAL), e.g. when Release re-creates the found table.
+	r.exprs = nil
 	exprs, err := marshalExprs(r.expressions())
 	if err != nil {
 		return netlink.Message{}, err

@@ -411,11 +411,11 @@ func TestDaemonMetricsLabels(t *testing.T) {
 	}
 	// One connection each: at least one packet under each label set.
 	packets := []string{
-		`{decision="return",family="ipv4",reason="nonMasqueradeCIDRs"}`,
-		`{decision="masquerade",family="ipv4",reason="masqueradeCIDRs"}`,
+		`{decision="nonmasquerade",family="ipv4",reason="cidrs"}`,
+		`{decision="masquerade",family="ipv4",reason="cidrs"}`,
 		`{decision="masquerade",family="ipv4",reason="outbound"}`,
-		`{decision="return",family="ipv6",reason="nonMasqueradeCIDRs"}`,
-		`{decision="masquerade",family="ipv6",reason="masqueradeCIDRs"}`,
+		`{decision="nonmasquerade",family="ipv6",reason="cidrs"}`,
+		`{decision="masquerade",family="ipv6",reason="cidrs"}`,
 		`{decision="masquerade",family="ipv6",reason="outbound"}`,
 	}
 	for _, labels := range packets {

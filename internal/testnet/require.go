@@ -41,6 +41,8 @@ var packages = map[string]string{
 	"setpriv":                  "util-linux",
 	"unshare":                  "util-linux",
 	"grep":                     "grep",
+	"sed":                      "sed",
+	"cat":                      "coreutils",
 	"sleep":                    "coreutils",
 	"false":                    "coreutils",
 	"sh":                       "dash",
