@@ -192,7 +192,7 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 		// Then it reads the table back and logs the change: ConfigMap
 		// updates come seconds apart, not while the last one is read back
 		// (at 100,000 CIDRs under the quota that takes seconds).
-		if _, _, err := waitLineN(ctx, d, reloadedMarker, i+1, busyTimeout); err != nil {
+		if _, _, err := waitLineN(ctx, d, reloadedMarker, i+1, 2*busyTimeout); err != nil {
 			return err
 		}
 	}

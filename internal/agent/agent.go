@@ -309,8 +309,14 @@ func (a *Agent) sync(now time.Time) error {
 	if res.Recreated {
 		a.log.Warn("re-created the table in one transaction", "why", res.Plan.Why)
 	}
-	if a.cfg == nil || !a.cfg.Equal(cfg) {
-		a.log.Debug("table", "nft", nft.Render(want))
+	if !same && a.log.Enabled(context.Background(), slog.LevelDebug) {
+		// The whole ruleset, when it is small enough to read in a log:
+		// 100,000 CIDRs render to 2 MB and take a second of a 100m limit.
+		if n := elements(want); n <= maxRenderedElements {
+			a.log.Debug("table", "nft", nft.Render(want))
+		} else {
+			a.log.Debug("table not rendered: too many elements (ip-masq-agent list prints it)", "elements", n)
+		}
 	}
 	if a.opts.Applied != nil && !res.Unchanged {
 		a.opts.Applied(found(res), want)
@@ -480,6 +486,16 @@ func firstOp(p nft.Plan) string {
 		s = s[:200] + "..."
 	}
 	return s
+}
+
+// maxRenderedElements bounds the table logged at debug level.
+const maxRenderedElements = 10_000
+
+func elements(t nft.Table) (n int) {
+	for _, s := range t.Sets {
+		n += len(s.Elements)
+	}
+	return n
 }
 
 // setElements publishes, per set, the CIDRs the config lists and the
