@@ -44,6 +44,11 @@ func TestKernelSmoke(t *testing.T) {
 		t.Logf("kernel mode: owned")
 	case fellBack:
 		t.Logf("kernel mode: verify-and-repair")
+		for _, l := range strings.Split(d.output(), "\n") {
+			if strings.Contains(l, cannotOwnLog) {
+				t.Logf("the agent: %s", l) // the kernel's refusal, as it answered
+			}
+		}
 	default:
 		t.Fatalf("the table is not owned, and the agent did not say why (%q):\n%s", cannotOwnLog, listTable(t, topo))
 	}
