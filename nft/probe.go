@@ -75,8 +75,13 @@ var features = []feature{{
 // transaction is refused as a whole), gives nil. Only the answers are
 // used, never the kernel's version: the versions in the error are the
 // oldest mainline kernels with the feature, for the operator.
+//
+// Unless ownership is off (NoOwner), the probe also creates a second table
+// owned and persistent, as the agent's own is on Linux 6.9 and later: a
+// kernel that refuses it, whatever its answer, cannot own the table, and
+// the Netlink does not ask for ownership again (Owns reports false).
 func (n *Netlink) Probe() error {
-	b, err := probeBatch()
+	b, err := probeBatch(!n.NoOwner)
 	if err != nil {
 		return err
 	}
@@ -90,10 +95,17 @@ func (n *Netlink) Probe() error {
 	if errors.Is(err, errNoAnswer) {
 		n.broken()
 	}
+	if failed >= 0 && failed < len(b.op) && b.op[failed] == probeOwned {
+		// Not essential: the table is verified and repaired instead,
+		// from the first sync on (not after a refused transaction).
+		n.unsupported = true
+		cannotOwn(err)
+		return nil
+	}
 	if err == nil {
 		// The sentinel was taken: the probe table exists. Never seen; but
 		// the agent must not leave a table that is not its own behind.
-		del := &batch{msgs: []netlink.Message{tableMsg(unix.NFT_MSG_DELTABLE, probeTable, 0)}, op: []int{0}}
+		del := &batch{msgs: []netlink.Message{tableMsg(unix.NFT_MSG_DELTABLE, probeTable, 0, 0)}, op: []int{0}}
 		_, derr := del.send(conn, 0)
 		return fmt.Errorf("the kernel took the deletion of a table that does not exist; delete table inet %s: %v", probeTable, derr)
 	}
@@ -110,8 +122,15 @@ func lacks(op []int, failed int, err error) error {
 	return fmt.Errorf("the kernel lacks %s (Linux %s or later; module %s): %w", f.what, f.since, f.module, err)
 }
 
-// probeBatch encodes the probe: the features' messages, then the sentinel.
-func probeBatch() (*batch, error) {
+// Message kinds of the probe that are not features.
+const (
+	probeSentinel = -1 // deletes a table that does not exist
+	probeOwned    = -2 // creates an owned, persistent table
+)
+
+// probeBatch encodes the probe: the features' messages, with owned the
+// owned table's, then the sentinel.
+func probeBatch(owned bool) (*batch, error) {
 	b := &batch{}
 	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
 	cc, _ := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
@@ -134,14 +153,22 @@ func probeBatch() (*batch, error) {
 	}
 	// The sentinel: the deletion of a table that does not exist, which
 	// every kernel refuses (ENOENT), so that the transaction aborts.
-	b.msgs = append(b.msgs, tableMsg(unix.NFT_MSG_DELTABLE, probeTable+"-absent", 0))
-	b.op = append(b.op, -1)
+	if owned {
+		b.msgs = append(b.msgs, tableMsg(unix.NFT_MSG_NEWTABLE, probeTable+"-owned", netlink.Create, tableFlagOwner|tableFlagPersist))
+		b.op = append(b.op, probeOwned)
+	}
+	b.msgs = append(b.msgs, tableMsg(unix.NFT_MSG_DELTABLE, probeTable+"-absent", 0, 0))
+	b.op = append(b.op, probeSentinel)
 	return b, nil
 }
 
-// tableMsg is a table message of family inet.
-func tableMsg(typ int, name string, flags netlink.HeaderFlags) netlink.Message {
-	data, _ := netlink.MarshalAttributes([]netlink.Attribute{attr(unix.NFTA_TABLE_NAME, cstring(name))})
+// tableMsg is a table message of family inet, with table flags tflags.
+func tableMsg(typ int, name string, flags netlink.HeaderFlags, tflags uint32) netlink.Message {
+	attrs := []netlink.Attribute{attr(unix.NFTA_TABLE_NAME, cstring(name))}
+	if tflags != 0 {
+		attrs = append(attrs, attr(unix.NFTA_TABLE_FLAGS, binaryutil.BigEndian.PutUint32(tflags)))
+	}
+	data, _ := netlink.MarshalAttributes(attrs)
 	return netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: netlink.Request | flags},
 		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), data...),

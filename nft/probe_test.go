@@ -10,12 +10,18 @@ import (
 // feature it asks for and the oldest kernel with it; the sentinel's
 // refusal alone, or a transaction refused whole, is no finding.
 func TestProbeAnswers(t *testing.T) {
-	b, err := probeBatch()
+	b, err := probeBatch(true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(b.op); n != len(b.msgs) || b.op[n-1] != -1 {
-		t.Fatalf("%d messages, features %v: want the sentinel last", len(b.msgs), b.op)
+	if n := len(b.op); n != len(b.msgs) || b.op[n-1] != probeSentinel || b.op[n-2] != probeOwned {
+		t.Fatalf("%d messages, features %v: want the owned table, then the sentinel last", len(b.msgs), b.op)
+	}
+	if err := lacks(b.op, len(b.op)-2, syscall.EINVAL); err != nil {
+		t.Errorf("the owned table refused: %v, want nil (not essential)", err)
+	}
+	if nb, _ := probeBatch(false); len(nb.op) != len(b.op)-1 || nb.op[len(nb.op)-2] == probeOwned {
+		t.Errorf("without ownership the probe asks for it: %v", nb.op)
 	}
 	first := map[int]int{} // feature: its first message
 	for i, f := range b.op {
