@@ -3,7 +3,27 @@ package test
 import (
 	"strings"
 	"testing"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
+
+// kernelOwns reports whether the kernel can own the agent's table, learnt
+// as the agent learns it (nft.Netlink.Probe asks the kernel). A test of
+// ownership asserts, on a kernel that cannot own (before 6.9), the
+// fallback: the table verified and repaired.
+func kernelOwns(t *testing.T, topo *testnet.Topology) bool {
+	t.Helper()
+	k := &nft.Netlink{NetNS: int(topo.NodeHandle())}
+	defer k.Close()
+	if err := k.Probe(); err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	if !k.Owns() {
+		t.Logf("this kernel cannot own the table: the fallback is asserted")
+	}
+	return k.Owns()
+}
 
 // cannotOwnLog is the line the agent logs when the kernel refused the owned
 // table (nft/ownership.go): it then verifies and repairs.

@@ -12,9 +12,9 @@ k=$1
 mkdir -p "$2"
 cache=$(cd "$2" && pwd)
 case $k in
-5.10) pattern='^linux-image-5\.10\.0-[0-9]+-amd64-unsigned$' ;;
-6.1) pattern='^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$' ;;
-6.12) pattern='^linux-image-6\.12\.[0-9]+\+deb12-amd64(-unsigned)?$' ;;
+5.10) pattern='^linux-image-5\.10\.0-[0-9]+-amd64-unsigned$' name='linux-image-5.10.0-*-amd64-unsigned (bullseye)' ;;
+6.1) pattern='^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$' name='linux-image-6.1.0-*-amd64-unsigned (bookworm)' ;;
+6.12) pattern='^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$' name='linux-image-6.12.*+deb12-amd64-unsigned (bookworm)' ;;
 *) echo "fetch.sh: unknown kernel $k (5.10, 6.1 or 6.12)" >&2; exit 2 ;;
 esac
 dir=$cache/$k
@@ -56,10 +56,9 @@ if [ -z "$(find "$apt/lists" -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/nul
 fi
 pkg=$(cacheq pkgnames linux-image- | grep -E "$pattern" | sort -V | tail -1)
 if [ -z "$pkg" ]; then
-	echo "fetch.sh: no package matching $pattern in $apt/sources.list: cannot fetch kernel $k" >&2
+	echo "fetch.sh: cannot fetch kernel $k: no package $name in the sources of $apt/sources.list" >&2
 	exit 1
 fi
-# A meta package (6.12.N+deb12-amd64 depends on its -unsigned) is followed.
 if ! cacheq show "$pkg" 2>/dev/null | grep -q '^Filename:.*linux-image'; then
 	echo "fetch.sh: $pkg has no package file" >&2
 	exit 1
