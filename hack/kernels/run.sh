@@ -9,7 +9,8 @@
 # Environment: KERNEL_TESTS, KERNEL_SKIP: regexps of the tests to run and
 # to leave out (default: every test in test/ but the container and
 # manifest tests, which need no particular kernel); KERNEL_TIMEOUT: the
-# go test timeout per kernel (default 90m); KERNEL_SMP (2), KERNEL_MEM
+# go test timeout per kernel (default 90m); KERNEL_VM_TIMEOUT: the guest's
+# (default 3h); KERNEL_SMP (2), KERNEL_MEM
 # (2G); RECORD=0: do not write docs/kernels.tsv.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -85,7 +86,7 @@ EOT
 		rm -rf "$ird"
 		# One guest at a time; TCG (KVM guests hang on this kind of
 		# machine). The console goes to console.log.
-		timeout 3h qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "${KERNEL_MEM:-2G}" -smp "${KERNEL_SMP:-2}" \
+		timeout "${KERNEL_VM_TIMEOUT:-3h}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "${KERNEL_MEM:-2G}" -smp "${KERNEL_SMP:-2}" \
 			-display none -monitor none -serial "file:$out/console.log" -no-reboot \
 			-kernel "$kdir/vmlinuz" -initrd "$out/initramfs.gz" -append "console=ttyS0 panic=-1 quiet" \
 			-virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
