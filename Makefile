@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
 .PHONY: all help deps deps-e2e deps-kernels test-kernels build test test-unit demo bench fuzz clean
-.PHONY: image image-multiarch test-deploy
+.PHONY: image image-multiarch push push-multiarch manifests test-deploy
 
 all: build
 
@@ -41,21 +41,31 @@ test-kernels: deps-kernels
 
 ## build: the static agent binary in bin/
 build:
+	@test -x bin/ip-masq-agent || echo "make build: the first build downloads and compiles the Go modules it needs (a minute or more) ..."
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ip-masq-agent ./cmd/ip-masq-agent
 
 ## test: every test: vet, pure, golden files, kernel (root; else they skip)
 ## (kernel tests in namespaces of their own). Prints what `go test` prints,
 ## then one line that counts the skipped tests and why; the verbose output is
-## in bin/test.out. The exit status is go test's.
+## in bin/test.out. The exit status is go test's. First, without -race, the
+## tests that are built only without it (too slow under the race detector:
+## the 100,000-CIDR fast-path differential); see docs/testing.md.
 test: deps build
+	@echo "make test: go vet ./..."
 	$(GO) vet ./...
+	@echo "make test: compiling and running every package's tests (a few minutes; kernel tests in namespaces of their own; the verbose log goes to bin/test.out) ..."
 	@$(GO) build -o bin/gotest ./hack/gotest
+	bin/gotest -go '$(GO)' -log bin/test-norace.out -name 'make test (without -race)' -- -count=1 -run '$(NORACE_TESTS)' ./config/
 	bin/gotest -go '$(GO)' -log bin/test.out -name 'make test' -- -race -count=1 ./...
+
+# The tests built only without -race (//go:build !race).
+NORACE_TESTS = ^TestFastPathSameAsFullLarge$$
 
 ## test-unit: only the tests that need no privileges, and the daemon loop's
 ## (internal/agent, against nft.Fake) statement coverage, which must stay 80%+
 test-unit:
 	@mkdir -p bin
+	$(GO) test -count=1 -run '$(NORACE_TESTS)' ./config/
 	$(GO) test -race -count=1 ./config/ ./nft/ ./cmd/... ./internal/metrics/ ./internal/filewatch/ ./hack/...
 	$(GO) test -race -count=1 -coverprofile=bin/agent.cover ./internal/agent/
 	@$(GO) tool cover -func=bin/agent.cover | awk '/^total:/ { sub("%", "", $$3); \
@@ -64,20 +74,23 @@ test-unit:
 
 ## demo: a pod, a node and an external host in throwaway namespaces (root)
 demo: deps build
-	$(GO) run ./test/demo -agent bin/ip-masq-agent
+	@echo "make demo: compiling the demo (test/demo) ..."
+	$(GO) build -o bin/demo ./test/demo
+	@echo "make demo: running it: a pod, a node and an external host in throwaway network namespaces"
+	bin/demo -agent bin/ip-masq-agent
 
-## fuzz: each fuzz target for FUZZTIME (default 30s)
+## fuzz: every fuzz target (each func Fuzz..., found by hack/fuzz.sh) for
+## FUZZTIME (default 30s) each
 FUZZTIME ?= 30s
 fuzz:
-	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./config/
-	$(GO) test -run='^$$' -fuzz='^FuzzBuild$$' -fuzztime=$(FUZZTIME) ./nft/
+	GO='$(GO)' sh hack/fuzz.sh $(FUZZTIME)
 
-## fuzz-ci: each fuzz target for a short fixed time (CI); seeds in */testdata/fuzz/
+## fuzz-ci: every fuzz target for a short fixed time each (CI: FuzzParse,
+## FuzzCheck, FuzzFastPath, FuzzBuild, 10s each); seeds in */testdata/fuzz/
 FUZZCITIME ?= 10s
 .PHONY: fuzz-ci
 fuzz-ci:
-	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZCITIME) ./config/
-	$(GO) test -run='^$$' -fuzz='^FuzzBuild$$' -fuzztime=$(FUZZCITIME) ./nft/
+	GO='$(GO)' sh hack/fuzz.sh $(FUZZCITIME)
 
 ## soak: the fault, load and hostile-input tests at full length (root, ~40 min)
 ## (hundreds of flips and kills, the largest inputs; the full log in
@@ -131,6 +144,24 @@ image-multiarch: $(foreach a,$(ARCHES),bin/linux-$(a)/ip-masq-agent)
 	  $(CONTAINER_TOOL) buildx build --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) $(IMAGE_BUILD_FLAGS) \
 	    --platform $(PLATFORMS) -t $(IMAGE):$(TAG) .,\
 	  $(IMAGE_BUILD) --platform $(PLATFORMS) --manifest $(IMAGE):$(TAG) .)
+
+## push: build the image IMAGE:TAG and push it to its registry
+## (any registry: IMAGE=registry.example.com/ip-masq-agent-nft TAG=v0.1.0;
+## log in first with podman login, buildah login or docker login)
+push: image
+	$(CONTAINER_TOOL) push $(IMAGE):$(TAG)
+	@echo "pushed $(IMAGE):$(TAG); install it with: make manifests IMAGE=$(IMAGE) TAG=$(TAG)"
+
+## push-multiarch: image-multiarch, then push the manifest list (podman, buildah)
+push-multiarch: image-multiarch
+	$(if $(filter docker,$(notdir $(CONTAINER_TOOL))),@echo "docker: add IMAGE_BUILD_FLAGS=--push to make image-multiarch" >&2; exit 1,\
+	  $(CONTAINER_TOOL) manifest push --all $(IMAGE):$(TAG) docker://$(IMAGE):$(TAG))
+
+## manifests: bin/manifests/install.yaml and uninstall.yaml for IMAGE:TAG
+## (deploy/ and deploy/uninstall/ rendered, for kubectl apply -f; without
+## IMAGE and TAG given, the image that deploy/image/ pins)
+manifests:
+	$(GO) run ./hack/manifests -repo . -out bin/manifests $(if $(filter command line,$(origin IMAGE) $(origin TAG)),-image $(IMAGE):$(TAG))
 
 ## test-deploy: the deploy/ manifests, and the image in a container (root)
 ## (run with the DaemonSet's rights against a test node, with podman)

@@ -46,7 +46,7 @@ type Config struct {
 	Quick bool      // tiny sizes, one or two repetitions: a smoke run of seconds
 	Log   io.Writer // progress lines; nil: discarded
 	// Parts to run: any of "control", "kernel", "data", "live",
-	// "conntrack"; empty means all.
+	// "conntrack", "busy"; empty means all.
 	Parts []string
 }
 
@@ -77,11 +77,13 @@ type Results struct {
 	KernelErr    error
 	Conntrack    *CleanupResults
 	ConntrackErr error
+	Busy         *BusyResults
+	BusyErr      error
 }
 
 // Err is the first error of any part, or nil.
 func (r *Results) Err() error {
-	return errors.Join(r.ControlErr, r.KernelErr, r.DataErr, r.LiveErr, r.ConntrackErr)
+	return errors.Join(r.ControlErr, r.KernelErr, r.DataErr, r.LiveErr, r.ConntrackErr, r.BusyErr)
 }
 
 // Run runs the parts the config asks for, one after the other, and returns
@@ -114,6 +116,10 @@ func Run(ctx context.Context, cfg Config) *Results {
 	if cfg.wants("conntrack") && ctx.Err() == nil {
 		r.Load["conntrack"] = readTrim("/proc/loadavg")
 		r.Conntrack, r.ConntrackErr = RunConntrack(ctx, cfg)
+	}
+	if cfg.wants("busy") && ctx.Err() == nil {
+		r.Load["busy"] = readTrim("/proc/loadavg")
+		r.Busy, r.BusyErr = RunBusy(ctx, cfg)
 	}
 	r.End = time.Now()
 	r.LoadEnd = readTrim("/proc/loadavg")

@@ -20,7 +20,10 @@ import (
 // report. It asserts nothing about the figures themselves: timings on a
 // shared machine prove nothing in a test.
 func TestQuickRun(t *testing.T) {
-	testnet.Require(t, "ip", "nft")
+	// Every tool the report compares the agent with (a missing one would
+	// leave its row out, quietly).
+	testnet.Require(t, "ip", "nft", "iptables-nft", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-restore",
+		"iptables-legacy", "iptables-legacy-restore", "ip6tables-legacy", "ip6tables-legacy-restore")
 	agent := filepath.Join(t.TempDir(), "ip-masq-agent")
 	build := exec.Command("go", "build", "-o", agent, "../cmd/ip-masq-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -45,7 +48,10 @@ func TestQuickRun(t *testing.T) {
 				t.Errorf("IPv%d %d CIDRs: no agent time for %s", row.Family, row.N, Scenario(s))
 			}
 		}
-		if have("nft") && row.Times[1][First].Reps() == 0 {
+		if len(row.Skipped) > 0 {
+			t.Errorf("IPv%d %d CIDRs: not measured: %q", row.Family, row.N, row.Skipped)
+		}
+		if row.Times[1][First].Reps() == 0 {
 			t.Errorf("IPv%d %d CIDRs: no nft -f time", row.Family, row.N)
 		}
 		if len(row.RSS) == 0 || row.RSS[0] <= 0 {
@@ -82,9 +88,19 @@ func TestQuickRun(t *testing.T) {
 		t.Fatal("no live operation figures")
 	}
 	for _, row := range r.Live.Rows {
-		if len(row.Reload) == 0 || len(row.Repair) == 0 {
+		if len(row.Reload) == 0 || (len(row.Repair) == 0 && !row.Neighbour) {
 			t.Errorf("%d CIDRs: reload trials %d (timed out %d), repair trials %d (timed out %d)",
 				row.N, len(row.Reload), row.ReloadFailed, len(row.Repair), row.RepairFailed)
+		}
+	}
+
+	if r.Busy == nil || len(r.Busy.Rows) == 0 {
+		t.Error("no busy node figures")
+	} else {
+		for _, x := range r.Busy.Rows {
+			if len(x.Changes) == 0 || x.Probes == 0 {
+				t.Errorf("busy node, %d CIDRs, %s: %d changes measured, %d probes", x.N, ownedName(x.Owned), len(x.Changes), x.Probes)
+			}
 		}
 	}
 

@@ -516,7 +516,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 // mark of the address space it leaves, the harness's, as the child's
 // ru_maxrss.
 func peakRSS(ctx context.Context, topo *testnet.Topology, bin string, args ...string) (int64, error) {
-	d, err := startDaemon(ctx, topo, bin, append(args, "--http-address=")...)
+	d, err := startDaemon(ctx, topo, bin, append(args, "--http-address=127.0.0.1:0")...)
 	if err != nil {
 		return 0, err
 	}

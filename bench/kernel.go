@@ -378,7 +378,7 @@ func daemonFirst(ctx context.Context, cfg Config, topo *testnet.Topology, path s
 	if err := deleteAndSettle(ctx, int(topo.NodeHandle())); err != nil {
 		return err
 	}
-	d, err := startDaemon(ctx, topo, cfg.Agent, "--config", path, "--http-address=")
+	d, err := startDaemon(ctx, topo, cfg.Agent, "--config", path, "--http-address=127.0.0.1:0")
 	if err != nil {
 		return err
 	}
@@ -404,7 +404,7 @@ const adoptMarker = `the kernel holds the config's table already`
 // restarts it n times; each restart must find the table as it is.
 func restartRuns(ctx context.Context, cfg Config, topo *testnet.Topology, path string, n int, r *Restart) error {
 	fd := int(topo.NodeHandle())
-	args := []string{"--config", path, "--http-address=", "--own-table=" + strconv.FormatBool(r.Owned)}
+	args := []string{"--config", path, "--http-address=127.0.0.1:0", "--own-table=" + strconv.FormatBool(r.Owned)}
 	d, err := startDaemon(ctx, topo, cfg.Agent, args...)
 	if err != nil {
 		return err

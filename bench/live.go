@@ -26,6 +26,7 @@ import (
 // LiveRow is the reload and repair latencies of the daemon at one list size.
 type LiveRow struct {
 	N              int
+	Neighbour      bool            // a neighbour committed to its own table every second (reloads only)
 	Reload, Repair []time.Duration // one per successful trial
 	ReloadFailed   int             // trials with no commit by the agent within trialTimeout
 	RepairFailed   int
@@ -78,18 +79,20 @@ func RunLive(ctx context.Context, cfg Config) (*LiveResults, error) {
 	if cfg.Quick {
 		res.Trials, sizes = 5, []int{64}
 	}
-	for _, n := range sizes {
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
-		cfg.logf("live operation: %d CIDRs, %d trials each", n, res.Trials)
-		row := LiveRow{N: n}
-		err := withTopology("live", func(topo *testnet.Topology) error {
-			return liveRow(ctx, cfg, topo, res.Trials, &row)
-		})
-		res.Rows = append(res.Rows, row)
-		if err != nil {
-			return res, fmt.Errorf("%d CIDRs: %w", n, err)
+	for _, neighbour := range []bool{false, true} {
+		for _, n := range sizes {
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			cfg.logf("live operation: %d CIDRs, %d trials each, neighbour %v", n, res.Trials, neighbour)
+			row := LiveRow{N: n, Neighbour: neighbour}
+			err := withTopology("live", func(topo *testnet.Topology) error {
+				return liveRow(ctx, cfg, topo, res.Trials, &row)
+			})
+			res.Rows = append(res.Rows, row)
+			if err != nil {
+				return res, fmt.Errorf("%d CIDRs: %w", n, err)
+			}
 		}
 	}
 	return res, nil
@@ -123,7 +126,7 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 	}
 	defer mon.close()
 
-	args := []string{"--config", cm.path(), "--http-address=", "--own-table=false"} // repairs are measured: nobody could delete an owned table
+	args := []string{"--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false"} // repairs are measured: nobody could delete an owned table
 	d, err := startDaemon(ctx, topo, cfg.Agent, args...)
 	if err != nil {
 		return err
@@ -152,6 +155,15 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 	const reloaded, repaired = `msg="applied new config"`, `msg="the table differed from the wanted one; put it back"`
 	pid := d.cmd.Process.Pid
 	idle(`msg="applied config"`, 1)
+	if row.Neighbour {
+		// Reloads only: the harness tells its own deletions of the table
+		// from the agent's commits by process, and the neighbour runs in it.
+		n, err := testnet.NewNeighbour(topo.NodeHandle(), time.Second)
+		if err != nil {
+			return err
+		}
+		defer n.Stop()
+	}
 
 	for i := range trials {
 		if err := ctx.Err(); err != nil {
@@ -177,6 +189,9 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 	for i := range trials {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if row.Neighbour {
+			break
 		}
 		if i > 0 && i%repairsPerLife == 0 {
 			// A fourth repair within 10 s would be taken for a rival

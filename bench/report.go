@@ -150,17 +150,28 @@ func Targets(r *Results) []Target {
 			limit time.Duration
 			get   func(LiveRow) ([]time.Duration, int)
 		}{
-			{"reload (`..data` swap to rules in the kernel) p99 under 100 ms", 100 * time.Millisecond, func(x LiveRow) ([]time.Duration, int) { return x.Reload, x.ReloadFailed }},
+			{"reload (`..data` swap to rules in the kernel) p99 under 40 ms at 64 CIDRs, 60 ms at 10,000 (issue 26)", 40 * time.Millisecond, func(x LiveRow) ([]time.Duration, int) { return x.Reload, x.ReloadFailed }},
 			{"repair (foreign `delete table` to the table restored) p99 under 50 ms", 50 * time.Millisecond, func(x LiveRow) ([]time.Duration, int) { return x.Repair, x.RepairFailed }},
 		} {
 			for _, x := range l.Rows {
 				ds, failed := c.get(x)
+				if len(ds)+failed == 0 {
+					continue // repairs are not measured with a neighbour
+				}
+				limit := c.limit
+				if strings.HasPrefix(c.what, "reload") && x.N >= 10_000 {
+					limit = 60 * time.Millisecond
+				}
 				p99 := percentile(ds, 99)
 				measured := fmt.Sprintf("p99 %s (p50 %s, max %s) over %d trials", fmtDur(p99), fmtDur(percentile(ds, 50)), fmtDur(percentile(ds, 100)), len(ds)+failed)
 				if failed > 0 {
 					measured += fmt.Sprintf(", %d timed out", failed)
 				}
-				add(fmt.Sprintf("%s, %s CIDRs", c.what, num(x.N)), measured, ptr(len(ds) > 0 && failed == 0 && p99 < c.limit))
+				what := fmt.Sprintf("%s, %s CIDRs", c.what, num(x.N))
+				if x.Neighbour {
+					what += ", a neighbour committing every second"
+				}
+				add(what, measured, ptr(len(ds) > 0 && failed == 0 && p99 < limit))
 			}
 		}
 	} else {
@@ -168,6 +179,7 @@ func Targets(r *Results) []Target {
 	}
 	kernelTargets(r, add)
 	conntrackTargets(r, add)
+	busyTargets(r, add)
 	return ts
 }
 
@@ -194,8 +206,8 @@ func Markdown(r *Results) string {
 	w("| kernel | `%s` |\n| CPU | %s, %d CPUs (`nproc`) |\n| memory | %s |\n| Go | %s |\n", m.Kernel, m.CPU, m.CPUs, m.MemTotal, m.Go)
 	w("| nft | %s |\n| iptables | %s; %s |\n", m.NFT, m.IPTablesNFT, m.IPTablesLegacy)
 	w("| iptables-legacy in a network namespace | %s |\n", legacyStatus(r))
-	w("| load average (`/proc/loadavg`) | at the start `%s`; control plane `%s`; kernel side `%s`; data plane `%s`; live operation `%s`; conntrack cleanup `%s`; at the end `%s` |\n\n",
-		m.LoadStart, orDash(r.Load["control"]), orDash(r.Load["kernel"]), orDash(r.Load["data"]), orDash(r.Load["live"]), orDash(r.Load["conntrack"]), r.LoadEnd)
+	w("| load average (`/proc/loadavg`) | at the start `%s`; control plane `%s`; kernel side `%s`; data plane `%s`; live operation `%s`; conntrack cleanup `%s`; busy node `%s`; at the end `%s` |\n\n",
+		m.LoadStart, orDash(r.Load["control"]), orDash(r.Load["kernel"]), orDash(r.Load["data"]), orDash(r.Load["live"]), orDash(r.Load["conntrack"]), orDash(r.Load["busy"]), r.LoadEnd)
 
 	w("## Targets\n\nThe goals of the issues that asked for these benchmarks (6; 11 and 14 where marked), and this run's figures.\n\n")
 	w("| target | measured | |\n| --- | --- | --- |\n")
@@ -213,11 +225,12 @@ func Markdown(r *Results) string {
 	dataMarkdown(&b, r)
 	liveMarkdown(&b, r)
 	conntrackMarkdown(&b, r)
+	busyMarkdown(&b, r)
 
 	w("## Rerun\n\n```sh\n" +
-		"make bench                # everything, about 6 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
+		"make bench                # everything, about 10 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
 		"BENCH_QUICK=1 make bench  # a smoke run of seconds; prints the report, writes nothing\n" +
-		"go run ./bench/cmd/bench -help   # -only control,kernel,data,live,conntrack; -out FILE; -timeout\n" +
+		"go run ./bench/cmd/bench -help   # -only control,kernel,data,live,conntrack,busy; -out FILE; -timeout\n" +
 		"go test ./bench/          # the smoke run as a test (part of make test)\n" +
 		"```\n\n" +
 		"Needs root (it creates network namespaces; nothing is changed in the machine's own namespace), Linux with\n" +
@@ -481,7 +494,7 @@ func liveMarkdown(b *strings.Builder, r *Results) {
 	if r.LiveErr != nil {
 		w("**Incomplete:** %s\n\n", oneLine(r.LiveErr.Error()))
 	}
-	w("The agent binary runs as a daemon in a node namespace (`--http-address=`, `resyncInterval: 1h`, so\n" +
+	w("The agent binary runs as a daemon in a node namespace (`--http-address=127.0.0.1:0`, `resyncInterval: 1h`, so\n" +
 		"that the periodic resync plays no part). Times come from one netlink subscription to the namespace's\n" +
 		"nftables notifications: each committed transaction ends with a NEWGEN message naming the committing\n" +
 		"process.\n\n" +
@@ -510,6 +523,12 @@ func liveMarkdown(b *strings.Builder, r *Results) {
 			ds, wait []time.Duration
 			failed   int
 		}{{"reload", x.Reload, x.ReloadWait, x.ReloadFailed}, {"repair", x.Repair, x.RepairWait, x.RepairFailed}} {
+			if len(c.ds)+c.failed == 0 {
+				continue
+			}
+			if x.Neighbour {
+				c.name += ", a neighbour committing every second"
+			}
 			w("| %s | %s | %d | %s | %s | %s | %s | %d | %s, %s, %s |\n", num(x.N), c.name, len(c.ds)+c.failed,
 				fmtDur(percentile(c.ds, 50)), fmtDur(percentile(c.ds, 90)), fmtDur(percentile(c.ds, 99)), fmtDur(percentile(c.ds, 100)), c.failed,
 				fmtWait(percentile(c.wait, 50)), fmtWait(percentile(c.wait, 99)), fmtWait(percentile(c.wait, 100)))

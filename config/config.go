@@ -4,6 +4,8 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +31,10 @@ import (
 type Flags struct {
 	NoMasqAllReservedRanges bool // --nomasq-all-reserved-ranges
 	EnableIPv6              bool // --enable-ipv6
+	// ResyncInterval, when not zero, is the resync interval of a config
+	// that sets none (Azure's ip-masq-agent-v2: --resync-interval=SECONDS;
+	// its config files have no resyncInterval key).
+	ResyncInterval time.Duration
 }
 
 // Config is a validated configuration.
@@ -85,6 +91,9 @@ func Default(f Flags) Config {
 		ResyncInterval:   defaultResync,
 		CIDRLimit:        defaultCIDRLimit,
 	}
+	if f.ResyncInterval > 0 {
+		c.ResyncInterval = f.ResyncInterval
+	}
 	for _, s := range cidrs {
 		c.NonMasqueradeCIDRs = append(c.NonMasqueradeCIDRs, netip.MustParsePrefix(s))
 	}
@@ -102,6 +111,14 @@ func (c Config) Equal(o Config) bool {
 		c.MasqOutBoundIPv6 == o.MasqOutBoundIPv6 &&
 		c.ResyncInterval == o.ResyncInterval &&
 		c.CIDRLimit == o.CIDRLimit
+}
+
+// Hash identifies c: the first 16 hex digits of the SHA-256 of c.String().
+// Equal configs have equal hashes (comments, key order and spelling of the
+// file do not matter; the flags' defaults do).
+func (c Config) Hash() string {
+	sum := sha256.Sum256([]byte(c.String()))
+	return hex.EncodeToString(sum[:8])
 }
 
 // String renders c as YAML, one CIDR per line so that two renderings diff well.
@@ -130,17 +147,32 @@ func writeList(b *strings.Builder, key string, ps []netip.Prefix) {
 	}
 }
 
-// Load reads path; a missing file (or a path that does not exist) or an
-// empty/whitespace-only file gives Default(f) and no error. Errors and
-// warnings are prefixed with the path. It follows symlinks, as Kubernetes
-// mounts ConfigMap keys as symlinks through "..data".
+// Load reads path; a missing file (or a path that does not exist) gives
+// Default(f) and a warning naming the path, an empty/whitespace-only file
+// gives Default(f). A ConfigMap manifest (kind: ConfigMap) is read as the
+// tools read it: the value of its data key "config" (or of the one key
+// named ip-masq...). Errors and warnings are prefixed with the path. It
+// follows symlinks, as Kubernetes mounts ConfigMap keys as symlinks through
+// "..data".
 func Load(path string, f Flags) (Config, []string, error) {
 	data, err := readFile(path)
+	return loadData(path, data, err, f)
+}
+
+// loadData is Load of what reading path gave.
+func loadData(path string, data []byte, err error, f Flags) (Config, []string, error) {
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
-		return Default(f), nil, nil
+		return Default(f), []string{path + ": " + MsgMissing}, nil
 	}
 	if err != nil {
 		return Config{}, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	content, isManifest, err := FromManifest(data)
+	if err != nil {
+		return Config{}, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if isManifest {
+		data = content
 	}
 	c, warns, err := Parse(data, f)
 	for i := range warns {
@@ -151,6 +183,9 @@ func Load(path string, f Flags) (Config, []string, error) {
 	}
 	return c, warns, nil
 }
+
+// MsgMissing is the warning about a config file that does not exist.
+const MsgMissing = `does not exist: the defaults are in force (no ConfigMap "ip-masq-agent", or no key "config" in it, or a wrong --config?)`
 
 func readFile(path string) ([]byte, error) {
 	// O_NONBLOCK: opening a FIFO must not block the daemon's loop forever.
@@ -382,7 +417,7 @@ func jsonEntries(data []byte) ([]entry, error) {
 func yamlEntries(data []byte) ([]entry, error) {
 	j, err := yaml.YAMLToJSON(data)
 	if err != nil {
-		return nil, parseError(oneLine(err.Error()))
+		return nil, parseError(oneLine(err.Error()) + tabNote(data))
 	}
 	d := json.NewDecoder(bytes.NewReader(j))
 	d.UseNumber()
@@ -403,6 +438,18 @@ func yamlEntries(data []byte) ([]entry, error) {
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].key < entries[j].key })
 	return entries, nil
+}
+
+// tabNote names the first line indented with a tab, which YAML refuses
+// (the parser's own message rarely says so); "" if there is none.
+func tabNote(data []byte) string {
+	for i, line := range bytes.Split(data, []byte("\n")) {
+		indent := line[:len(line)-len(bytes.TrimLeft(line, " \t"))]
+		if bytes.IndexByte(indent, '\t') >= 0 && len(bytes.TrimSpace(line)) > 0 {
+			return fmt.Sprintf(" (line %d is indented with a tab: YAML indents with spaces only)", i+1)
+		}
+	}
+	return ""
 }
 
 // yamlKeyOrder returns the position of each top-level key and the keys

@@ -5,11 +5,14 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -821,11 +824,15 @@ func TestLoad(t *testing.T) {
 		wantErr   string
 		wantWarns []string
 	}{
-		{"missing file", filepath.Join(dir, "none"), v4Only, Default(v4Only), "", nil},
+		{"missing file", filepath.Join(dir, "none"), v4Only, Default(v4Only), "", missing(filepath.Join(dir, "none"))},
 		{"missing directory", filepath.Join(dir, "none/ip-masq-agent"), Flags{NoMasqAllReservedRanges: true},
-			Default(Flags{NoMasqAllReservedRanges: true}), "", nil},
-		{"file in the way", filepath.Join(file, "ip-masq-agent"), v4Only, Default(v4Only), "", nil},
-		{"dangling symlink", symlink("nowhere", "dangling"), v4Only, Default(v4Only), "", nil},
+			Default(Flags{NoMasqAllReservedRanges: true}), "", missing(filepath.Join(dir, "none/ip-masq-agent"))},
+		{"file in the way", filepath.Join(file, "ip-masq-agent"), v4Only, Default(v4Only), "", missing(filepath.Join(file, "ip-masq-agent"))},
+		{"dangling symlink", symlink("nowhere", "dangling"), v4Only, Default(v4Only), "", missing(filepath.Join(dir, "dangling"))},
+		{"a ConfigMap manifest", write("cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ip-masq-agent\ndata:\n  config: |\n    masqLinkLocal: true\n"),
+			v4Only, with(v4Only, func(c *Config) { c.MasqLinkLocal = true }), "", nil},
+		{"a tab in the indentation", write("tab", "nonMasqueradeCIDRs:\n\t- 10.0.0.0/8\n"), v4Only, Config{},
+			filepath.Join(dir, "tab") + ": cannot parse YAML/JSON: yaml: line 2: found character that cannot start any token (line 2 is indented with a tab: YAML indents with spaces only)", nil},
 		{"empty file", file, v4Only, Default(v4Only), "", nil},
 		{"whitespace", write("space", "\n  \n  \n"), v4Only, Default(v4Only), "", nil},
 		{"plain file", write("plain", "masqLinkLocal: true\n"), v4Only, linkLocal, "", nil},
@@ -857,18 +864,55 @@ func TestLoad(t *testing.T) {
 	}
 }
 
+// missing is Load's warning about a path that does not exist.
+func missing(path string) []string { return []string{path + ": " + MsgMissing} }
+
+// An unreadable file: one line naming it and the reason. As root (make
+// test, CI) the load runs on a thread without CAP_DAC_OVERRIDE and
+// CAP_DAC_READ_SEARCH, so that file modes bind root as they bind a user.
 func TestLoadUnreadable(t *testing.T) {
-	if os.Geteuid() == 0 {
-		t.Skip("root can read any file")
-	}
 	p := filepath.Join(t.TempDir(), "secret")
 	if err := os.WriteFile(p, []byte("masqLinkLocal: true\n"), 0o000); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := Load(p, v4Only)
+	var err error
+	if dropErr := withoutDACOverride(func() { _, _, err = Load(p, v4Only) }); dropErr != nil {
+		t.Fatal(dropErr)
+	}
 	if want := p + ": cannot open: permission denied"; errString(err) != want {
 		t.Errorf("error = %v, want %s", err, want)
 	}
+}
+
+// withoutDACOverride runs f as the process's user, but as root on an OS
+// thread that has dropped CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from its
+// effective capabilities (capabilities are per thread; the thread stays
+// locked, so the Go runtime discards it when f returns).
+func withoutDACOverride(f func()) error {
+	if os.Geteuid() != 0 {
+		f()
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			done <- fmt.Errorf("capget: %w", err)
+			return
+		}
+		for _, c := range []uint{unix.CAP_DAC_OVERRIDE, unix.CAP_DAC_READ_SEARCH} {
+			data[c/32].Effective &^= 1 << (c % 32)
+		}
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			done <- fmt.Errorf("capset without CAP_DAC_OVERRIDE: %w", err)
+			return
+		}
+		f()
+		done <- nil
+	}()
+	return <-done
 }
 
 // A FIFO (or a device) at the path is refused at once: opening it must not

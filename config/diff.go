@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 )
 
@@ -13,14 +12,23 @@ import (
 func (c Config) Diff(old Config) []string {
 	var out []string
 	list := func(key string, o, n []netip.Prefix) {
+		// Sets, not slices.Contains: 100,000 CIDRs would take seconds.
+		in := func(ps []netip.Prefix) map[netip.Prefix]bool {
+			m := make(map[netip.Prefix]bool, len(ps))
+			for _, p := range ps {
+				m[p] = true
+			}
+			return m
+		}
+		om, nm := in(o), in(n)
 		var parts []string
 		for _, p := range n {
-			if !slices.Contains(o, p) {
+			if !om[p] {
 				parts = append(parts, "+"+p.String())
 			}
 		}
 		for _, p := range o {
-			if !slices.Contains(n, p) {
+			if !nm[p] {
 				parts = append(parts, "-"+p.String())
 			}
 		}

@@ -221,8 +221,15 @@ func mutate(r *rand.Rand, s string) string {
 	return strings.Join(lines, "\n")
 }
 
-func TestFastPathSameAsFull(t *testing.T) {
-	type input struct{ from, data string }
+// fastInput is a config for the differential tests, and where it comes from.
+type fastInput struct{ from, data string }
+
+// fastPathInputs returns the inputs of the differential tests: the parity
+// corpus, every string literal of the tests, the fuzz seeds, configs of the
+// fast path's shape (the 100,000-CIDR ones among them) and 4,000 seeded
+// mutations of them.
+func fastPathInputs(t *testing.T) []fastInput {
+	type input = fastInput
 	var inputs []input
 	for _, tc := range append(handWrittenCases(), generatedCases(400)...) {
 		inputs = append(inputs, input{"parity " + tc.name, tc.data})
@@ -258,13 +265,28 @@ func TestFastPathSameAsFull(t *testing.T) {
 		}
 		inputs = append(inputs, input{fmt.Sprintf("mutation %d", i), s})
 	}
+	return inputs
+}
+
+// largeInput: the 100,000-CIDR configs (seconds each through the library
+// path under -race), which TestFastPathSameAsFullLarge compares, built
+// without -race (fast_large_test.go; make test runs it in a go test of its
+// own).
+func largeInput(data string) bool { return len(data) > 200_000 }
+
+// TestFastPathSameAsFull: the fast path and the library path read every
+// input alike (the 100,000-CIDR ones: TestFastPathSameAsFullLarge).
+func TestFastPathSameAsFull(t *testing.T) {
+	inputs := fastPathInputs(t)
+	shaped := fastShaped()
+	r := rand.New(rand.NewPCG(12, 2025))
 	fast := map[string]int{}
 	for _, in := range inputs {
 		kind, _, _ := strings.Cut(in.from, " ")
 		flags := allFlags
 		switch {
-		case len(in.data) > 200_000 && (testing.Short() || raceEnabled):
-			continue // the 100k configs: seconds through the library path under -race
+		case largeInput(in.data):
+			continue
 		case len(in.data) > 50_000:
 			flags = flags[:1]
 		case kind == "mutation":

@@ -1,12 +1,14 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -19,9 +21,63 @@ import (
 // file does not take the others' CIDRs, or its own last good ones, out of
 // force. A Loader is safe for concurrent use.
 type Loader struct {
-	mu   sync.Mutex
-	dir  string
-	last map[string]part // file path: its last good content
+	mu      sync.Mutex
+	path    string     // the path whose kind was decided
+	kind    SourceKind // decided at the first Load of path
+	decided bool
+	last    map[string]part // a directory's file path: its last good content
+
+	// One file: the bytes last read and what they gave, so that a resync
+	// of an unchanged file (100,000 CIDRs: tens of ms of CPU) parses
+	// nothing.
+	file file
+}
+
+type file struct {
+	data  []byte
+	flags Flags
+	cfg   Config
+	warns []string
+	err   error
+}
+
+// SourceKind is what --config names: one file, a directory of files, or
+// nothing. A Loader decides it once, at its first Load of a path (the
+// agent's start), from the path and what is there; a path that later
+// changes kind is not read (the error says why), so that the rules in
+// force stay rather than change meaning under the agent.
+type SourceKind int
+
+const (
+	// SourceFile: one file, read by Load. It may be missing, at start or
+	// later: the defaults are in force, with a warning naming the path.
+	SourceFile SourceKind = iota
+	// SourceDir: a directory whose files named ip-masq* are merged.
+	SourceDir
+	// SourceNone: --config="": no config; the defaults, without a warning.
+	SourceNone
+)
+
+func (k SourceKind) String() string {
+	switch k {
+	case SourceDir:
+		return "directory"
+	case SourceNone:
+		return "none"
+	}
+	return "file"
+}
+
+// KindOf returns the kind of config source path is now: "" is none, a
+// directory is a directory, anything else (a missing path too) a file.
+func KindOf(path string) SourceKind {
+	if path == "" {
+		return SourceNone
+	}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return SourceDir
+	}
+	return SourceFile
 }
 
 // part is one file's config and the keys it sets.
@@ -68,7 +124,8 @@ func IsPartial(err error) bool {
 	return errors.As(err, &de) && de.Partial
 }
 
-// Load reads path. A file (or a missing path) is read as Load reads it. A
+// Load reads path, as the kind of source it was at the first Load of path
+// (see SourceKind). A file (or a missing path) is read as Load reads it. A
 // directory's files whose names start with "ip-masq" (IsConfigName; the
 // kubelet's "..data" and other dot entries are not read, symlinks are
 // followed) are each parsed and validated alone, then merged:
@@ -91,18 +148,42 @@ func IsPartial(err error) bool {
 // (IsPartial); otherwise no config is returned, as for a bad single file.
 // Warnings are prefixed with the file's path.
 func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
-	fi, err := os.Stat(path)
-	if err != nil || !fi.IsDir() {
-		return Load(path, f)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.decided || l.path != path {
+		l.path, l.kind, l.decided, l.last = path, KindOf(path), true, nil
+	}
+	fi, serr := os.Stat(path)
+	switch l.kind {
+	case SourceNone:
+		return Default(f), nil, nil
+	case SourceFile:
+		if serr == nil && fi.IsDir() {
+			return Config{}, nil, fmt.Errorf("%s: is a directory now, but was a file (or missing) when the agent started: not read; restart the agent to read a directory of config files", path)
+		}
+		data, err := readFile(path)
+		if err == nil && l.file.data != nil && f == l.file.flags && bytes.Equal(data, l.file.data) {
+			return l.file.cfg, slices.Clone(l.file.warns), l.file.err
+		}
+		c, warns, lerr := loadData(path, data, err, f)
+		l.file = file{}
+		if err == nil {
+			l.file = file{data: data, flags: f, cfg: c, warns: slices.Clone(warns), err: lerr}
+		}
+		return c, warns, lerr
+	}
+	switch {
+	case errors.Is(serr, fs.ErrNotExist):
+		return Config{}, nil, fmt.Errorf("%s: the config directory is gone (it was a directory when the agent started): not read", path)
+	case serr == nil && !fi.IsDir():
+		return Config{}, nil, fmt.Errorf("%s: is a file now, but was a directory when the agent started: not read; restart the agent to read it as a file", path)
 	}
 	entries, err := os.ReadDir(path)
 	if err != nil {
 		return Config{}, nil, fmt.Errorf("%s: %w", path, unwrapPath(err))
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.dir != path || l.last == nil {
-		l.dir, l.last = path, make(map[string]part)
+	if l.last == nil {
+		l.last = make(map[string]part)
 	}
 	var (
 		parts []part

@@ -207,3 +207,50 @@ func TestLoaderFileAndEmptyDir(t *testing.T) {
 		t.Errorf("missing: %s, %v", c, err)
 	}
 }
+
+// TestLoaderKindDecidedOnce: the kind of source is decided at the first
+// Load of a path; a path that changes kind afterwards is not read, and the
+// error says why (the agent keeps the last good rules).
+func TestLoaderKindDecidedOnce(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ip-masq-agent")
+
+	var file Loader // missing at start: a file, defaults with a warning
+	c, warns, err := file.Load(path, v4Only)
+	if err != nil || !c.Equal(Default(v4Only)) || !slices.Equal(warns, []string{path + ": " + MsgMissing}) {
+		t.Fatalf("missing: %s, %q, %v", c, warns, err)
+	}
+	writeFiles(t, dir, map[string]string{"ip-masq-agent": "masqLinkLocal: true\n"})
+	if c, _, err := file.Load(path, v4Only); err != nil || !c.MasqLinkLocal {
+		t.Fatalf("the file appeared: %s, %v", c, err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := file.Load(path, v4Only); err == nil || !strings.Contains(err.Error(), "is a directory now, but was a file") {
+		t.Errorf("a file that became a directory: %v", err)
+	}
+
+	var d Loader // a directory at start
+	if _, _, err := d.Load(path, v4Only); err != nil {
+		t.Fatalf("directory: %v", err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := d.Load(path, v4Only); err == nil || !strings.Contains(err.Error(), "the config directory is gone") {
+		t.Errorf("a directory that went: %v", err)
+	}
+	writeFiles(t, dir, map[string]string{"ip-masq-agent": "masqLinkLocal: true\n"})
+	if _, _, err := d.Load(path, v4Only); err == nil || !strings.Contains(err.Error(), "is a file now, but was a directory") {
+		t.Errorf("a directory that became a file: %v", err)
+	}
+
+	var none Loader // --config=""
+	if c, warns, err := none.Load("", v4Only); err != nil || len(warns) > 0 || !c.Equal(Default(v4Only)) {
+		t.Errorf("no config: %s, %q, %v", c, warns, err)
+	}
+}

@@ -17,14 +17,27 @@ PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 export PATH
 
 # One line per command: the command (a|b: either will do), its Debian
-# package, its Fedora package. Keep in step with internal/testnet/require.go.
+# package, its Fedora package. Keep in step with internal/testnet/require.go
+# (TestPackagesInDeps checks it).
 test_needs='ip iproute2 iproute
 nft nftables nftables
 iptables-nft iptables iptables-nft
+iptables-nft-restore iptables iptables-nft
+iptables-nft-save iptables iptables-nft
+ip6tables-nft iptables iptables-nft
+ip6tables-nft-restore iptables iptables-nft
 iptables-legacy iptables iptables-legacy
+iptables-legacy-restore iptables iptables-legacy
+ip6tables-legacy iptables iptables-legacy
+ip6tables-legacy-restore iptables iptables-legacy
 sysctl procps procps-ng
 conntrack conntrack conntrack-tools
 setpriv util-linux util-linux
+unshare util-linux util-linux
+grep grep grep
+sleep coreutils coreutils
+false coreutils coreutils
+sh dash bash
 make make make
 podman podman podman
 buildah buildah buildah
@@ -111,8 +124,11 @@ fi
 if command -v apt-get >/dev/null 2>&1; then
 	echo "make deps: installing $deb (for $missing_cmds)"
 	export DEBIAN_FRONTEND=noninteractive
+	echo "make deps: apt-get update (the package lists; a minute or so on a slow mirror) ..."
 	apt-get update -qq
+	echo "make deps: apt-get install $deb (downloading and unpacking) ..."
 	apt-get install -y -qq --no-install-recommends $deb
+	echo "make deps: installed $deb"
 elif command -v dnf >/dev/null 2>&1; then
 	echo "make deps: installing $rpm (for $missing_cmds)"
 	dnf install -y -q $rpm

@@ -5,24 +5,30 @@ import "fmt"
 // RuleCounter is the kernel's counter of one decision rule.
 type RuleCounter struct {
 	Family   string // "ipv4" or "ipv6"
-	Decision string // "masquerade" or "return"
-	Reason   string // "masqueradeCIDRs", "nonMasqueradeCIDRs" or "outbound"
+	Decision string // "masquerade" or "nonmasquerade" (the rule returns: left alone)
+	Reason   string // "cidrs" (a CIDR of the decision's set) or "outbound" (no set matched)
 	Packets  uint64
 	Bytes    uint64
 }
 
 // DecisionCounters reads the counters of the decision chain's rules (one
-// small dump of the table's rules; the sets are not read).
+// small dump of the table's rules; the sets are not read). It reads on a
+// socket of its own: a scrape that fails must never close the socket that
+// owns the table, which would orphan it.
 func (n *Netlink) DecisionCounters(chain string) ([]RuleCounter, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	conn, err := n.socket()
-	if err != nil {
-		return nil, err
+	n.cmu.Lock() // not n.mu: a scrape does not wait for a sync
+	defer n.cmu.Unlock()
+	if n.counters == nil {
+		c, err := dial(n.NetNS)
+		if err != nil {
+			return nil, fmt.Errorf("read counters of chain %s: %w", chain, err)
+		}
+		n.counters = c
 	}
-	rules, err := readRules(conn)
+	rules, err := readRules(n.counters)
 	if err != nil {
-		n.broken()
+		n.counters.Close()
+		n.counters = nil
 		return nil, fmt.Errorf("read counters of chain %s: %w", chain, err)
 	}
 	var out []RuleCounter
@@ -36,9 +42,9 @@ func (n *Netlink) DecisionCounters(chain string) ([]RuleCounter, error) {
 		}
 		switch r.DaddrSet {
 		case SetMasqV4, SetMasqV6:
-			rc.Reason = "masqueradeCIDRs"
+			rc.Reason = "cidrs"
 		case SetNonMasqV4, SetNonMasqV6:
-			rc.Decision, rc.Reason = "return", "nonMasqueradeCIDRs"
+			rc.Decision, rc.Reason = "nonmasquerade", "cidrs"
 		}
 		out = append(out, rc)
 	}

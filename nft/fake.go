@@ -175,8 +175,9 @@ func (f *Fake) RewriteOriginal() {
 	f.gen++
 }
 
-// FindOriginal returns the original's rules set by SetOriginal (none when
-// chain is another one).
+// FindOriginal returns the original's rules set by SetOriginal, found as
+// Netlink's are: chains that are the original's (Recognised), of a
+// well-known name, or named chain.
 func (f *Fake) FindOriginal(chain string) (Original, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -188,33 +189,68 @@ func (f *Fake) findOriginal(chain string) (Original, error) {
 		return Original{}, f.OriginalErr
 	}
 	o := Original{Chain: chain, Legacy: slices.Clone(f.original.Legacy), Gen: f.gen + 1}
-	for _, fam := range f.original.Families {
-		if f.original.Chain != chain {
-			fam = OriginalFamily{Family: fam.Family, Chain: chain, Exemptions: fam.Exemptions}
+	for _, fam := range []Family{4, 6} {
+		var found []OriginalFamily
+		var exemptions []XTRule
+		for _, e := range f.original.Families {
+			if e.Family != fam {
+				continue
+			}
+			exemptions = append(exemptions, e.Exemptions...)
+			if !e.Present() || !(e.Recognised() || slices.Contains(wellKnownChains, e.Chain) || e.Chain == chain) {
+				continue
+			}
+			e.Jumps, e.Rules, e.Exemptions = slices.Clone(e.Jumps), slices.Clone(e.Rules), nil
+			e.first = len(found)
+			if len(e.Jumps) == 0 {
+				e.first = -1
+			}
+			for _, j := range e.Jumps {
+				if n, ok := isOriginalJumpComment(j.Comment); ok && e.CommentChain == "" {
+					e.CommentChain = n
+				}
+			}
+			found = append(found, e)
 		}
-		fam.Jumps, fam.Rules, fam.Exemptions = slices.Clone(fam.Jumps), slices.Clone(fam.Rules), slices.Clone(fam.Exemptions)
-		o.Families = append(o.Families, fam)
+		if len(found) == 0 {
+			c := chain
+			if c == "" {
+				c = DefaultChain
+			}
+			found = append(found, OriginalFamily{Family: fam, Chain: c, first: -1})
+		}
+		found[0].Exemptions = slices.Clone(exemptions)
+		o.Families = append(o.Families, found...)
 	}
 	return o, nil
 }
 
-// RemoveOriginal removes the original's chain and jumps, as Netlink's does.
+// RemoveOriginal removes the original's removable chains and jumps, as
+// Netlink's does.
 func (f *Fake) RemoveOriginal(chain, fingerprint string) (Original, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	o, err := f.findOriginal(chain)
-	if err != nil || !o.Present() {
+	if err != nil {
 		return o, err
 	}
 	if fingerprint != "" && o.Fingerprint() != fingerprint {
 		return o, ErrOriginalChanged
+	}
+	o = o.removable()
+	if !o.Present() {
+		return o, nil
 	}
 	if f.RemoveErr != nil {
 		return o, f.RemoveErr
 	}
 	for i := range f.original.Families {
 		fam := &f.original.Families[i]
-		fam.ChainPresent, fam.Jumps, fam.Rules = false, nil, nil
+		for _, r := range o.Families {
+			if r.Family == fam.Family && r.Chain == fam.Chain {
+				fam.ChainPresent, fam.Jumps, fam.Rules = false, nil, nil
+			}
+		}
 	}
 	f.gen++
 	f.removals++

@@ -17,6 +17,16 @@ package nft
 // matches and a "target" expression for MASQUERADE. Each rewrite of the
 // chain re-adds its rules, with new handles: the handles are the
 // fingerprint that tells a running original agent from a gone one.
+//
+// The chain's name is whatever --masq-chain said (IP-MASQ-AGENT by default,
+// IP-MASQ in the Kubernetes addon manifest and on GKE, anything else
+// elsewhere), so the rules are found by what they are, not by a name: the
+// rules of nat POSTROUTING that carry the jump's comment (the original's
+// releases v2.10.0 to v2.12.1 and Azure's ip-masq-agent-v2 write it with
+// the double quotes of their format in it) and the chains they jump to;
+// and chains called IP-MASQ-AGENT or IP-MASQ, or by the name asked for,
+// reported whatever they hold but removed by the daemon only when they are
+// the original's (a commented jump, or every rule with its comments).
 
 import (
 	"errors"
@@ -43,12 +53,32 @@ const (
 	// originalJumpCommentFormat is the comment of the original's jump,
 	// with its chain's name (ip-masq-agent.go, postRoutingMasqChainCommentFormat).
 	originalJumpCommentFormat = "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom %s chain"
-	// originalJumpCommentPrefix: older releases wrote IP-MASQ-AGENT in the
-	// comment whatever --masq-chain said.
+	// originalJumpCommentPrefix: the comment's fixed part, whatever chain
+	// it names.
 	originalJumpCommentPrefix = "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom"
 	// originalCommentPrefix begins the comment of each of the original's rules.
 	originalCommentPrefix = "ip-masq-agent: "
+	// AddonChain is the chain name of the Kubernetes addon manifest and of
+	// GKE (--masq-chain=IP-MASQ).
+	AddonChain = "IP-MASQ"
 )
+
+// wellKnownChains are looked for by name too: a chain of the original's
+// left without its jump carries no jump comment to be found by.
+var wellKnownChains = []string{DefaultChain, AddonChain}
+
+// isOriginalJumpComment reports whether c is the comment of the original's
+// POSTROUTING jump (Azure's agent and the original's v2.10.0-v2.12.1 keep
+// the double quotes of their format in the comment), and the chain it names.
+func isOriginalJumpComment(c string) (chain string, ok bool) {
+	c = strings.TrimSuffix(strings.TrimPrefix(c, `"`), `"`)
+	rest, ok := strings.CutPrefix(c, originalJumpCommentPrefix+" ")
+	if !ok {
+		return "", false
+	}
+	name, ok := strings.CutSuffix(rest, " chain")
+	return name, ok && name != ""
+}
 
 // OriginalJumpComment is the comment the original agent gives its
 // POSTROUTING jump to chain.
@@ -66,20 +96,30 @@ type XTRule struct {
 
 func (r XTRule) String() string { return fmt.Sprintf("%s # handle %d", r.Text, r.Handle) }
 
-// OriginalFamily is what one family's nat table holds of the original
-// agent's rules.
+// OriginalFamily is what one family's nat table holds of one chain of the
+// original agent's: the chain and the jumps to it. A family's nat table
+// may hold several (an original run twice with different --masq-chain);
+// a family with none has one entry that is not Present, for its
+// exemptions.
 type OriginalFamily struct {
 	Family       Family // 4: table ip nat (iptables), 6: table ip6 nat (ip6tables)
-	Chain        string // the chain looked for (--masq-chain)
+	Chain        string // the chain's name: the original's --masq-chain
 	ChainPresent bool
 	ChainHandle  uint64
 	Jumps        []XTRule // the rules of nat POSTROUTING that jump to (or goto) Chain
 	Rules        []XTRule // Chain's rules, in order
 	// Exemptions are the rules of nat POSTROUTING before the first jump
-	// to Chain (all of them when there is none) whose verdict is accept or
-	// return: under the original agent they kept traffic from being
-	// masqueraded, which this agent's table (at srcnat + 10) does not see.
+	// to any of the original's chains (all of them when there is none)
+	// whose verdict is accept or return: under the original agent they
+	// kept traffic from being masqueraded, which this agent's table (at
+	// srcnat + 10) does not see. Only the family's first entry has them.
 	Exemptions []XTRule
+	// CommentChain is the chain named in the jump's comment, when a jump
+	// carries it ("" otherwise): the original's --masq-chain when its jump
+	// was written (it differs from Chain only after a hand edit).
+	CommentChain string
+
+	first int // the index in nat POSTROUTING of the first jump; -1: none
 }
 
 // Present reports whether the family holds the chain or a jump to it.
@@ -115,7 +155,7 @@ func (f OriginalFamily) MetricFamily() string {
 // removed by the daemon.
 func (f OriginalFamily) Recognised() bool {
 	for _, j := range f.Jumps {
-		if strings.HasPrefix(j.Comment, originalJumpCommentPrefix) {
+		if _, ok := isOriginalJumpComment(j.Comment); ok {
 			return true
 		}
 	}
@@ -152,8 +192,10 @@ func (f OriginalFamily) Summary() string {
 // Original is what the node's iptables-nft nat tables hold of the original
 // agent's rules, and whether legacy iptables nat tables exist.
 type Original struct {
+	// Chain is the name asked for ("": none): a chain of that name is
+	// removable whatever it holds (cleanup-iptables --masq-chain NAME).
 	Chain    string
-	Families []OriginalFamily // IPv4, then IPv6
+	Families []OriginalFamily // IPv4's entries, then IPv6's; at least one each
 	// Legacy names the tools ("iptables", "ip6tables") whose legacy
 	// (x_tables) nat table exists in the network namespace: rules there
 	// cannot be seen over nftables netlink.
@@ -172,24 +214,91 @@ func (o Original) Present() bool {
 	return false
 }
 
-// Jumped reports whether the family (4 or 6) has a jump to the chain.
-func (o Original) Jumped(family Family) *OriginalFamily {
-	for i := range o.Families {
-		if o.Families[i].Family == family && len(o.Families[i].Jumps) > 0 {
-			return &o.Families[i]
+// FamilyPresent reports whether the family (4 or 6) holds any of the
+// original's chains or jumps.
+func (o Original) FamilyPresent(family Family) bool {
+	for _, f := range o.Families {
+		if f.Family == family && f.Present() {
+			return true
 		}
 	}
-	return nil
+	return false
 }
 
-// Fingerprint changes whenever the original agent rewrites its chain (the
-// rewritten rules get new handles) or its jump.
+// Removes reports whether the family (4 or 6) holds removable chains or
+// jumps: the original agent's.
+func (o Original) Removes(family Family) bool {
+	for _, f := range o.Families {
+		if f.Family == family && o.Removable(f) {
+			return true
+		}
+	}
+	return false
+}
+
+// Jumped returns the family's (4 or 6) entries that nat POSTROUTING jumps
+// to, in the order of their first jump.
+func (o Original) Jumped(family Family) []*OriginalFamily {
+	var out []*OriginalFamily
+	for i := range o.Families {
+		if o.Families[i].Family == family && len(o.Families[i].Jumps) > 0 {
+			out = append(out, &o.Families[i])
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *OriginalFamily) int { return a.first - b.first })
+	return out
+}
+
+// Removable reports whether the entry may be removed: it is the original
+// agent's (Recognised), or it is the chain asked for by name.
+func (o Original) Removable(f OriginalFamily) bool {
+	return f.Present() && (f.Recognised() || (o.Chain != "" && f.Chain == o.Chain))
+}
+
+// Foreign returns the entries present that are not removable: chains of
+// the original's names that hold something else.
+func (o Original) Foreign() []OriginalFamily {
+	var out []OriginalFamily
+	for _, f := range o.Families {
+		if f.Present() && !o.Removable(f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Chains lists the names of the chains found, once each, in order.
+func (o Original) Chains() []string {
+	var out []string
+	for _, f := range o.Families {
+		if f.Present() && !slices.Contains(out, f.Chain) {
+			out = append(out, f.Chain)
+		}
+	}
+	return out
+}
+
+// RemovableChains lists the names of the removable chains found (the
+// original agent's), once each, in order.
+func (o Original) RemovableChains() []string {
+	var out []string
+	for _, f := range o.Families {
+		if o.Removable(f) && !slices.Contains(out, f.Chain) {
+			out = append(out, f.Chain)
+		}
+	}
+	return out
+}
+
+// Fingerprint changes whenever the original agent rewrites one of its
+// removable chains (the rewritten rules get new handles) or a jump.
 func (o Original) Fingerprint() string {
 	var b strings.Builder
 	for _, f := range o.Families {
-		if !f.Present() {
+		if !o.Removable(f) {
 			continue
 		}
+		b.WriteString(f.Chain + "@")
 		fmt.Fprintf(&b, "%d:%d:", f.Family, f.ChainHandle)
 		for _, r := range f.Jumps {
 			fmt.Fprintf(&b, "j%d,", r.Handle)
@@ -218,9 +327,10 @@ func LegacyCommands(chain, tool string) []string {
 var ErrOriginalChanged = errors.New("the original agent's rules changed since they were read (is it still running?)")
 
 // FindOriginal reads the iptables-nft nat tables (ip and ip6) for the
-// original agent's chain, its jump and the exemptions before it, as one
-// consistent read (the generation did not move while reading), and looks
-// for legacy nat tables.
+// original agent's chains, whatever their names, their jumps and the
+// exemptions before them, as one consistent read (the generation did not
+// move while reading), and looks for legacy nat tables. chain, if not
+// empty, is also looked for by name, and is removable whatever it holds.
 func (n *Netlink) FindOriginal(chain string) (Original, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -245,12 +355,12 @@ func (n *Netlink) findOriginal(chain string) (Original, error) {
 		}
 		o := Original{Chain: chain, Gen: before}
 		for _, fam := range []Family{4, 6} {
-			f, err := readOriginalFamily(conn, fam, chain)
+			fs, err := readOriginalFamily(conn, fam, chain)
 			if err != nil {
 				n.broken()
-				return Original{}, fmt.Errorf("read table %s: %w", f.Table(), err)
+				return Original{}, fmt.Errorf("read table %s: %w", OriginalFamily{Family: fam}.Table(), err)
 			}
-			o.Families = append(o.Families, f)
+			o.Families = append(o.Families, fs...)
 		}
 		after, err := generation(conn)
 		if err != nil {
@@ -266,54 +376,125 @@ func (n *Netlink) findOriginal(chain string) (Original, error) {
 	}
 }
 
-func readOriginalFamily(conn *netlink.Conn, fam Family, chain string) (OriginalFamily, error) {
-	f := OriginalFamily{Family: fam, Chain: chain}
+// readOriginalFamily reads one family's nat table: nat POSTROUTING, then
+// each candidate chain (the targets of the jumps that carry the
+// original's comment, the chains those comments name, the well-known
+// names and chain). It returns an entry per chain present or jumped to;
+// at least one, which holds the exemptions.
+func readOriginalFamily(conn *netlink.Conn, fam Family, chain string) ([]OriginalFamily, error) {
 	proto := nfproto(fam)
+	post, err := readXTRules(conn, proto, postrouting)
+	if err != nil {
+		return nil, fmt.Errorf("list chain %s: %w", postrouting, err)
+	}
+	var candidates []string
+	add := func(c string) {
+		if c != "" && c != postrouting && !slices.Contains(candidates, c) {
+			candidates = append(candidates, c)
+		}
+	}
+	for _, r := range post {
+		if named, ok := isOriginalJumpComment(r.Comment); ok {
+			add(jumpTarget(r.Verdict))
+			add(named)
+		}
+	}
+	add(chain)
+	for _, c := range wellKnownChains {
+		add(c)
+	}
+	var out []OriginalFamily
+	for _, c := range candidates {
+		f := OriginalFamily{Family: fam, Chain: c}
+		if err := readOriginalChain(conn, proto, &f); err != nil {
+			return nil, err
+		}
+		if f.Present() {
+			out = append(out, f)
+		}
+	}
+	return withJumps(fam, chain, post, out), nil
+}
+
+// readOriginalChain reads chain f.Chain of the nat table, if there.
+func readOriginalChain(conn *netlink.Conn, proto uint8, f *OriginalFamily) error {
 	msgs, err := requestFamily(conn, proto, unix.NFT_MSG_GETCHAIN, false,
-		attr(unix.NFTA_CHAIN_TABLE, cstring(natTable)), attr(unix.NFTA_CHAIN_NAME, cstring(chain)))
+		attr(unix.NFTA_CHAIN_TABLE, cstring(natTable)), attr(unix.NFTA_CHAIN_NAME, cstring(f.Chain)))
 	switch {
 	case errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist):
+		return nil
 	case err != nil:
-		return f, fmt.Errorf("get chain %s: %w", chain, err)
-	default:
-		for _, m := range msgs {
-			f.ChainPresent = true
-			if err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
-				if ad.Type() == unix.NFTA_CHAIN_HANDLE {
-					f.ChainHandle = ad.Uint64()
-				}
-			}); err != nil {
-				return f, err
+		return fmt.Errorf("get chain %s: %w", f.Chain, err)
+	}
+	for _, m := range msgs {
+		f.ChainPresent = true
+		if err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+			if ad.Type() == unix.NFTA_CHAIN_HANDLE {
+				f.ChainHandle = ad.Uint64()
 			}
+		}); err != nil {
+			return err
 		}
 	}
 	if f.ChainPresent {
-		if f.Rules, err = readXTRules(conn, proto, chain); err != nil {
-			return f, fmt.Errorf("list chain %s: %w", chain, err)
+		if f.Rules, err = readXTRules(conn, proto, f.Chain); err != nil {
+			return fmt.Errorf("list chain %s: %w", f.Chain, err)
 		}
 	}
-	post, err := readXTRules(conn, proto, postrouting)
-	if err != nil {
-		return f, fmt.Errorf("list chain %s: %w", postrouting, err)
-	}
-	f.Jumps, f.Exemptions = jumpsAndExemptions(post, chain)
-	return f, nil
+	return nil
 }
 
-// jumpsAndExemptions picks, from nat POSTROUTING's rules, those that jump
-// to chain and the accept or return rules before the first of them.
-func jumpsAndExemptions(post []XTRule, chain string) (jumps, exemptions []XTRule) {
-	for _, r := range post {
-		switch r.Verdict {
-		case "jump " + chain, "goto " + chain:
-			jumps = append(jumps, r)
-		case "accept", "return":
-			if len(jumps) == 0 {
-				exemptions = append(exemptions, r)
+// withJumps gives each entry (chains found, present or not) its jumps
+// from nat POSTROUTING and drops those with neither chain nor jump; the
+// first entry gets the exemptions: the accept and return rules before the
+// first jump to any of them. A family with no entry left gets one that
+// is not present, named chain (or the default), with the exemptions.
+func withJumps(fam Family, chain string, post []XTRule, found []OriginalFamily) []OriginalFamily {
+	var out []OriginalFamily
+	firstJump := len(post)
+	for _, f := range found {
+		f.first = -1
+		for i, r := range post {
+			if jumpTarget(r.Verdict) != f.Chain {
+				continue
 			}
+			f.Jumps = append(f.Jumps, r)
+			if f.first < 0 {
+				f.first = i
+			}
+			if n, ok := isOriginalJumpComment(r.Comment); ok && f.CommentChain == "" {
+				f.CommentChain = n
+			}
+			firstJump = min(firstJump, i)
+		}
+		if f.Present() {
+			out = append(out, f)
 		}
 	}
-	return jumps, exemptions
+	var exemptions []XTRule
+	for _, r := range post[:firstJump] {
+		if r.Verdict == "accept" || r.Verdict == "return" {
+			exemptions = append(exemptions, r)
+		}
+	}
+	if len(out) == 0 {
+		c := chain
+		if c == "" {
+			c = DefaultChain
+		}
+		out = append(out, OriginalFamily{Family: fam, Chain: c, first: -1})
+	}
+	out[0].Exemptions = exemptions
+	return out
+}
+
+// jumpTarget is the chain a verdict jumps or goes to ("" for others).
+func jumpTarget(verdict string) string {
+	if c, ok := strings.CutPrefix(verdict, "jump "); ok {
+		return c
+	}
+	c, _ := strings.CutPrefix(verdict, "goto ")
+	return c
 }
 
 // readXTRules reads a chain of a nat table; no table or chain is no rules.
@@ -422,13 +603,15 @@ func addrTypes(t uint16) string {
 }
 
 // RemoveOriginal removes the original agent's rules from the iptables-nft
-// nat tables in one transaction: the jumps to chain from POSTROUTING (by
-// handle), then the chain, flushed and deleted, for both families; nothing
-// else. With fingerprint not empty, it removes nothing and returns
-// ErrOriginalChanged if the rules are no longer the ones with that
-// fingerprint. The transaction carries the generation of its read, so
+// nat tables in one transaction: for each removable chain found (the
+// original's, whatever its name, and chain if not empty), its jumps from
+// POSTROUTING (by handle), then the chain, flushed and deleted, for both
+// families; nothing else. With fingerprint not empty, it removes nothing
+// and returns ErrOriginalChanged if the rules are no longer the ones with
+// that fingerprint. The transaction carries the generation of its read, so
 // that it is refused if anything changed in between (then it reads and
-// tries again). It returns what it removed (nothing, when nothing was there).
+// tries again). It returns what it removed: Families holds the removed
+// entries only (none, when nothing removable was there).
 func (n *Netlink) RemoveOriginal(chain, fingerprint string) (Original, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -437,24 +620,19 @@ func (n *Netlink) RemoveOriginal(chain, fingerprint string) (Original, error) {
 		if err != nil {
 			return o, err
 		}
-		if !o.Present() {
-			return o, nil
-		}
 		if fingerprint != "" && o.Fingerprint() != fingerprint {
 			return o, ErrOriginalChanged
+		}
+		o = o.removable()
+		if !o.Present() {
+			return o, nil
 		}
 		conn, err := n.socket()
 		if err != nil {
 			return o, err
 		}
 		b := &batch{msgs: removeOriginalMessages(o)}
-		if n.pause != nil {
-			resume := n.pause()
-			_, err = b.send(conn, o.Gen)
-			resume()
-		} else {
-			_, err = b.send(conn, o.Gen)
-		}
+		_, err = b.send(conn, o.Gen)
 		switch {
 		case err == nil:
 			return o, nil
@@ -469,6 +647,18 @@ func (n *Netlink) RemoveOriginal(chain, fingerprint string) (Original, error) {
 		}
 		return o, fmt.Errorf("remove the original agent's rules: %w", err)
 	}
+}
+
+// removable is o with only its removable entries.
+func (o Original) removable() Original {
+	r := o
+	r.Families = nil
+	for _, f := range o.Families {
+		if o.Removable(f) {
+			r.Families = append(r.Families, f)
+		}
+	}
+	return r
 }
 
 // removeOriginalMessages encodes the removal: the jumps by handle, then
@@ -536,6 +726,7 @@ func (n *Netlink) legacyNat() []string {
 // new connection to a, before table inet ip-masq-agent sees it (iptables'
 // nat POSTROUTING runs at priority srcnat, the agent's chain at srcnat +
 // 10). decided is false when they leave the decision to the agent's table.
+// The original's chains are taken in the order of their jumps.
 func (o Original) ExplainOriginal(a netip.Addr, local bool) (e Explanation, decided bool) {
 	a = a.Unmap()
 	fam := Family(4)
@@ -543,23 +734,44 @@ func (o Original) ExplainOriginal(a netip.Addr, local bool) (e Explanation, deci
 		fam = 6
 	}
 	e.Addr = a
-	f := o.Jumped(fam)
-	if f == nil {
+	jumped := o.Jumped(fam)
+	if len(jumped) == 0 {
 		return e, false
 	}
-	where := fmt.Sprintf("the original ip-masq-agent's rules in table %s (iptables nat POSTROUTING, priority srcnat: before table inet %s)", f.Table(), TableName)
-	for _, x := range f.Exemptions {
-		switch xtMatch(x, a, local) {
-		case matchYes:
-			e.Reason = fmt.Sprintf("nat POSTROUTING rule %q %ss it before the original agent's jump: not masqueraded by iptables; table inet %s decides next", x.Text, x.Verdict, TableName)
-			return e, false
-		case matchUnknown:
-			e.Undetermined = true
-			e.Reason = fmt.Sprintf("nat POSTROUTING rule %q may %s it before the original agent's jump (it matches on more than the destination)", x.Text, x.Verdict)
-			e.Rule = x.Text
-			return e, true
+	for _, f := range o.Families {
+		if f.Family != fam {
+			continue
+		}
+		for _, x := range f.Exemptions {
+			switch xtMatch(x, a, local) {
+			case matchYes:
+				e.Reason = fmt.Sprintf("nat POSTROUTING rule %q %ss it before the original agent's jump: not masqueraded by iptables; table inet %s decides next", x.Text, x.Verdict, TableName)
+				return e, false
+			case matchUnknown:
+				e.Undetermined = true
+				e.Reason = fmt.Sprintf("nat POSTROUTING rule %q may %s it before the original agent's jump (it matches on more than the destination)", x.Text, x.Verdict)
+				e.Rule = x.Text
+				return e, true
+			}
 		}
 	}
+	var reasons []string
+	for _, f := range jumped {
+		e, decided := f.explain(e, a, local)
+		if decided {
+			return e, true
+		}
+		if e.Reason != "" {
+			reasons = append(reasons, e.Reason)
+		}
+	}
+	e.Reason = strings.Join(reasons, "; ")
+	return e, false
+}
+
+// explain evaluates one of the original's chains, entered by its first jump.
+func (f *OriginalFamily) explain(e Explanation, a netip.Addr, local bool) (Explanation, bool) {
+	where := fmt.Sprintf("the original ip-masq-agent's rules in table %s (iptables nat POSTROUTING, priority srcnat: before table inet %s)", f.Table(), TableName)
 	j := f.Jumps[0]
 	switch xtMatch(j, a, local) {
 	case matchNo:

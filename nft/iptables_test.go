@@ -24,16 +24,80 @@ func originalForTest() Original {
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 255, 240, 0}, Xor: []byte{0, 0, 0, 0}},
 		&expr.Cmp{Register: 1, Data: []byte{192, 168, 0, 0}}, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept},
 	}, nil)
-	jumps, ex := jumpsAndExemptions([]XTRule{accept, jump}, DefaultChain)
-	return Original{Chain: DefaultChain, Families: []OriginalFamily{{
-		Family: 4, Chain: DefaultChain, ChainPresent: true, ChainHandle: 1, Jumps: jumps, Exemptions: ex,
+	fams := withJumps(4, "", []XTRule{accept, jump}, []OriginalFamily{{
+		Family: 4, Chain: DefaultChain, ChainPresent: true, ChainHandle: 1,
 		Rules: []XTRule{
 			newXTRule(4, []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 1},
 				&expr.Cmp{Register: 1, Data: []byte{10}}, comment("ip-masq-agent: local traffic is not subject to MASQUERADE"), &expr.Counter{}, ret}, nil),
 			newXTRule(5, []expr.Any{comment("ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"),
 				&expr.Counter{}, &expr.Target{Name: "MASQUERADE"}}, nil),
 		},
-	}, {Family: 6, Chain: DefaultChain}}}
+	}})
+	return Original{Families: append(fams, withJumps(6, "", nil, nil)...)}
+}
+
+// The jump's comment is recognised whatever chain it names, with the
+// double quotes that Azure's ip-masq-agent-v2 leaves in it.
+func TestOriginalJumpComment(t *testing.T) {
+	for c, want := range map[string]string{
+		OriginalJumpComment("IP-MASQ"):                              "IP-MASQ",
+		OriginalJumpComment("my-chain"):                             "my-chain",
+		`"` + OriginalJumpComment("X") + `"`:                        "X",
+		"ip-masq-agent: local traffic is not subject to MASQUERADE": "",
+		"ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom  chain": "",
+		"": "",
+	} {
+		if got, ok := isOriginalJumpComment(c); got != want || ok != (want != "") {
+			t.Errorf("%q: %q %v, want %q", c, got, ok, want)
+		}
+	}
+}
+
+// Chains of any name behind a commented jump are found; two chains in one
+// family are explained in the order of their jumps; a foreign chain of a
+// well-known name is reported but not removable unless named.
+func TestOriginalByIdentity(t *testing.T) {
+	comment := func(s string) *expr.Match { c := xt.Comment(s); return &expr.Match{Name: "comment", Info: &c} }
+	jump := func(h uint64, chain, cmt string) XTRule {
+		return newXTRule(h, []expr.Any{comment(cmt), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}, nil)
+	}
+	masq := newXTRule(20, []expr.Any{comment("ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"), &expr.Target{Name: "MASQUERADE"}}, nil)
+	ret10 := newXTRule(21, []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 1},
+		&expr.Cmp{Register: 1, Data: []byte{10}}, comment("ip-masq-agent: local traffic is not subject to MASQUERADE"), &expr.Verdict{Kind: expr.VerdictReturn}}, nil)
+	post := []XTRule{
+		jump(1, "custom-masq", `"`+OriginalJumpComment("custom-masq")+`"`),
+		jump(2, AddonChain, OriginalJumpComment(DefaultChain)), // a comment naming another chain
+	}
+	fams := withJumps(4, "", post, []OriginalFamily{
+		{Family: 4, Chain: AddonChain, ChainPresent: true, ChainHandle: 8, Rules: []XTRule{masq}},
+		{Family: 4, Chain: "custom-masq", ChainPresent: true, ChainHandle: 9, Rules: []XTRule{ret10}},
+		{Family: 4, Chain: DefaultChain, ChainPresent: true, ChainHandle: 10, Rules: []XTRule{{Handle: 30, Verdict: "accept", Text: "accept"}}},
+	})
+	o := Original{Families: append(fams, withJumps(6, "", nil, nil)...)}
+	if got := strings.Join(o.Chains(), ","); got != "IP-MASQ,custom-masq,IP-MASQ-AGENT" {
+		t.Errorf("chains %s", got)
+	}
+	if f := o.Families[0]; f.CommentChain != DefaultChain || len(f.Jumps) != 1 || f.Jumps[0].Handle != 2 {
+		t.Errorf("IP-MASQ's entry: %+v", f)
+	}
+	if foreign := o.Foreign(); len(foreign) != 1 || foreign[0].Chain != DefaultChain {
+		t.Errorf("foreign %+v", foreign)
+	}
+	if n := len(removeOriginalMessages(o.removable())); n != 6 {
+		t.Errorf("%d removal messages, want 6 (2 jumps, 2 flushes, 2 deletes)", n)
+	}
+	named := o
+	named.Chain = DefaultChain
+	if n := len(removeOriginalMessages(named.removable())); n != 8 || named.Fingerprint() == o.Fingerprint() {
+		t.Errorf("%d removal messages with the chain named, want 8", n)
+	}
+	// custom-masq is jumped to first: 10.1.2.3 returns there, then IP-MASQ masquerades it.
+	if e, decided := o.ExplainOriginal(netip.MustParseAddr("10.1.2.3"), false); !decided || !e.Masquerade || !strings.Contains(e.Reason, "chain IP-MASQ rule 1") {
+		t.Errorf("10.1.2.3: %v %+v", decided, e)
+	}
+	if !o.FamilyPresent(4) || o.FamilyPresent(6) {
+		t.Error("FamilyPresent")
+	}
 }
 
 func TestOriginalDescribe(t *testing.T) {
@@ -47,7 +111,7 @@ func TestOriginalDescribe(t *testing.T) {
 		f.Exemptions[0].Text: "ip daddr 192.168.0.0/20 counter accept",
 		f.Rules[0].Text:      `ip daddr 10.0.0.0/8 -m comment --comment "ip-masq-agent: local traffic is not subject to MASQUERADE" counter return`,
 		f.Rules[1].Verdict:   "masquerade",
-		o.Fingerprint():      "4:1:j3,4,5,;",
+		o.Fingerprint():      "IP-MASQ-AGENT@4:1:j3,4,5,;",
 		f.Tool() + " " + o.Families[1].Tool() + " " + o.Families[1].Table() + " " + o.Families[1].MetricFamily(): "iptables ip6tables ip6 nat ipv6",
 	} {
 		if got != want {
@@ -110,8 +174,8 @@ func TestFakeOriginal(t *testing.T) {
 	if _, err := f.RemoveOriginal(DefaultChain, fp); err != ErrOriginalChanged {
 		t.Fatalf("stale removal: %v", err)
 	}
-	if other, _ := f.FindOriginal("IP-MASQ"); other.Present() {
-		t.Error("another chain name found the rules")
+	if other, _ := f.FindOriginal("IP-MASQ"); !other.Present() {
+		t.Error("the rules are found by what they are, not by the name asked for")
 	}
 	if _, err := f.RemoveOriginal(DefaultChain, ""); err != nil || f.Removals() != 1 {
 		t.Fatalf("removal: %v", err)

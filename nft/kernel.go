@@ -3,13 +3,16 @@ package nft
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Kernel is what the agent needs of the kernel's nftables: Netlink is the
 // real one, Fake an in-memory one for tests.
 type Kernel interface {
 	// Read returns the kernel's table inet ip-masq-agent (nil: there is
-	// none) and the generation it was read at.
+	// none) and the generation to guard a plan made from it with (0: no
+	// guard needed). ErrStale: another process changed the table while
+	// it was read; read again.
 	Read() (*Table, uint32, error)
 	// Send applies a plan as one transaction. With gen not 0, it fails
 	// with ErrStale if any transaction committed since generation gen.
@@ -34,14 +37,29 @@ type Result struct {
 	Partial   bool   // the table was changed in place
 	Found     *Table // what the kernel held before
 	Plan      Plan   // the last plan sent
-	Attempts  int    // transactions tried (a stale plan is tried again)
+	Attempts  int    // transactions the kernel took or refused, stale ones aside
+	Stale     int    // reads and plans tried again because the ruleset moved
 	Messages  int    // netlink messages sent, all attempts together
 	Bytes     int
 }
 
-// maxAttempts bounds the tries of Ensure and Delete when the ruleset keeps
-// changing under them.
+// maxAttempts bounds the transactions of Ensure after which the table
+// still differs, and the tries of Delete.
 const maxAttempts = 5
+
+// Patience bounds how long Ensure tries again after stale reads and
+// plans (ErrStale): on a busy node other processes commit every second or
+// faster, and a plan guarded by a generation is refused by any of them.
+// The retries back off from 1 ms to 250 ms.
+var Patience = 30 * time.Second
+
+// backoff returns the wait before the n-th retry after a stale read or plan.
+func backoff(n int) time.Duration {
+	if n <= 1 {
+		return 0
+	}
+	return min(time.Millisecond<<min(n-2, 8), 250*time.Millisecond)
+}
 
 // Ensure makes the kernel hold want, and knows that it does: it reads the
 // table back, compares, and when they differ sends the plan from what it
@@ -51,19 +69,43 @@ const maxAttempts = 5
 // deletes and re-creates the table in one transaction. A table the kernel
 // holds already is left alone: nothing is sent, counters keep counting.
 func Ensure(k Kernel, want Table) (Result, error) {
+	return EnsureBy(k, want, time.Now().Add(Patience))
+}
+
+// EnsureBy is Ensure that tries again after stale reads and plans until
+// deadline (the agent's next resync).
+func EnsureBy(k Kernel, want Table, deadline time.Time) (Result, error) {
 	var res Result
 	var refused error // why the last in-place plan was refused
+	stale := 0        // stale reads and plans in a row
+	read := false     // res.Found is set
+	retry := func(err error) error {
+		stale++
+		res.Stale++
+		if time.Now().Add(backoff(stale)).After(deadline) {
+			return fmt.Errorf("gave up after %d stale reads or plans: %w", res.Stale, err)
+		}
+		time.Sleep(backoff(stale))
+		return nil
+	}
 	for attempt := 1; ; attempt++ {
 		want.Owner, want.Persist = NotOwned, false
 		if k.Owns() {
 			want.Owner, want.Persist = OwnedByUs, true
 		}
 		found, gen, err := k.Read()
+		if errors.Is(err, ErrStale) {
+			if err := retry(err); err != nil {
+				return res, err
+			}
+			attempt--
+			continue
+		}
 		if err != nil {
 			return res, err
 		}
-		if attempt == 1 {
-			res.Found = found
+		if !read {
+			res.Found, read = found, true
 		}
 		if found != nil && want.Equal(*found) {
 			res.Unchanged = res.Attempts == 0
@@ -85,6 +127,11 @@ func Ensure(k Kernel, want Table) (Result, error) {
 		res.Bytes += sent.Bytes
 		switch {
 		case errors.Is(err, ErrStale):
+			res.Attempts--
+			if err := retry(err); err != nil {
+				return res, err
+			}
+			attempt--
 			continue
 		case err != nil && !p.Recreate && found != nil && !errors.Is(err, errNoAnswer) && refused == nil:
 			refused = err

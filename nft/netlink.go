@@ -52,19 +52,22 @@ type Netlink struct {
 
 	mu          sync.Mutex
 	conn        *netlink.Conn
-	unsupported bool // the kernel refused owner+persist flags
-	pause       func() func()
+	unsupported bool     // the kernel refused owner+persist flags
+	mon         *monitor // notifications: who touched the table (monitor.go)
+	cmu         sync.Mutex
+	counters    *netlink.Conn // DecisionCounters' socket; guarded by cmu
 
-	// The last table read whole, and the generation it was read at: while
-	// the generation is the same, no transaction has committed in the
-	// namespace, so the table is the same (see Read).
-	last    *Table // nil: there was no table
-	lastGen uint32 // 0: nothing to reuse
-	lastAt  time.Time
+	// The last table read whole (nil: none). It is the kernel's table for
+	// as long as nothing but this socket can change it (owned), or no
+	// transaction of another process has touched it since (the monitor).
+	last   *Table
+	lastAt time.Time
+
+	afterDump func() // tests: a commit by another process during a read
 }
 
-// maxReuse bounds how long a read may be answered from the generation
-// alone: a full read at least this often, whatever the generation says.
+// maxReuse bounds how long a read may be answered from the last one: a
+// whole read at least this often, whatever the kernel says.
 const maxReuse = 5 * time.Minute
 
 // Owns reports whether the table is to be owned by this Netlink's socket.
@@ -77,11 +80,19 @@ func (n *Netlink) Owns() bool {
 // Apply makes the kernel hold t (see Ensure).
 func (n *Netlink) Apply(t Table) (Result, error) { return Ensure(n, t) }
 
-// Close closes the socket. An owned table stays in force, orphaned, for
+// Close closes the sockets. An owned table stays in force, orphaned, for
 // the next agent to adopt.
 func (n *Netlink) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.mon.close()
+	n.mon = nil
+	n.cmu.Lock()
+	if n.counters != nil {
+		n.counters.Close()
+		n.counters = nil
+	}
+	n.cmu.Unlock()
 	if n.conn == nil {
 		return nil
 	}
@@ -95,7 +106,16 @@ func (n *Netlink) socket() (*netlink.Conn, error) {
 	if n.conn != nil {
 		return n.conn, nil
 	}
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: n.NetNS})
+	c, err := dial(n.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	n.conn = c
+	return c, nil
+}
+
+func dial(netns int) (*netlink.Conn, error) {
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netns})
 	if err != nil {
 		return nil, fmt.Errorf("open netlink socket: %w", err)
 	}
@@ -107,8 +127,19 @@ func (n *Netlink) socket() (*netlink.Conn, error) {
 	}
 	// No NETLINK_EXT_ACK: with it, mdlayher/netlink v1.11 fails to parse
 	// answers ("not enough data for netlink error code").
-	n.conn = c
 	return c, nil
+}
+
+// monitor returns the notification socket, subscribing first if needed.
+func (n *Netlink) monitor() (*monitor, error) {
+	if n.mon == nil {
+		m, err := openMonitor(n.NetNS)
+		if err != nil {
+			return nil, err
+		}
+		n.mon = m
+	}
+	return n.mon, nil
 }
 
 // broken drops a socket that may be out of step (a reply not read).
@@ -117,7 +148,7 @@ func (n *Netlink) broken() {
 		n.conn.Close()
 		n.conn = nil
 	}
-	n.last, n.lastGen = nil, 0
+	n.last = nil
 }
 
 // Send sends a plan as one transaction. With gen not 0 the kernel refuses
@@ -138,16 +169,18 @@ func (n *Netlink) Send(p Plan, gen uint32) (Sent, error) {
 	if err != nil {
 		return Sent{}, err
 	}
-	if n.pause != nil {
-		// The watch leaves the notification group during our own commit:
-		// otherwise the kernel builds one notification per element for it.
-		defer n.pause()()
+	if n.mon != nil {
+		defer n.mon.pause()()
 	}
+	n.last = nil // whatever happens, the next read reads the table whole
 	sent := Sent{Messages: len(b.msgs), Bytes: b.size()}
 	failed, err := b.send(conn, gen)
 	switch {
 	case errors.Is(err, unix.ERESTART):
 		return sent, fmt.Errorf("%w: %w", ErrStale, err)
+	case err != nil && failed >= 0 && p.Ops[b.op[failed]].Kind == KindTable && p.Ops[b.op[failed]].Exclusive &&
+		errors.Is(err, unix.EEXIST):
+		return sent, fmt.Errorf("%w: the table appeared since it was read: %w", ErrStale, err)
 	case err != nil && failed >= 0 && refusesOwnership(p.Ops[b.op[failed]], err):
 		n.unsupported = true
 		return sent, cannotOwn(err)
@@ -166,6 +199,9 @@ func (n *Netlink) Send(p Plan, gen uint32) (Sent, error) {
 func (n *Netlink) Delete() error {
 	for attempt := 1; ; attempt++ {
 		found, gen, err := n.Read()
+		if errors.Is(err, ErrStale) && attempt < maxAttempts {
+			continue
+		}
 		if err != nil || found == nil {
 			return err
 		}
@@ -179,89 +215,157 @@ func (n *Netlink) Delete() error {
 	}
 }
 
-// Read reads the table, all of it, and the generation it was read at: a
-// consistent snapshot (the generation did not change while reading).
+// Read returns the kernel's table, and 0: no generation guards a plan
+// made from it (see readLocked). It fails with ErrStale when another
+// process's transaction touched the table while it was read: read again.
 //
-// The nftables generation counts every transaction committed in the
-// namespace, so a table read at the generation the kernel still reports is
-// the table the kernel holds: then the elements, whose dump costs the
-// kernel a walk of the set per 32 KiB (about 0.35 s for 100,000 CIDRs), are
-// not read again. Two changes happen without a transaction, and are never
-// answered that way: a table owned by another process (its owner's exit
-// orphans or deletes it), and anything older than maxReuse. The table
-// returned may be returned again by later reads: callers must not modify it
-// (Clone it first).
-func (n *Netlink) Read() (*Table, uint32, error) {
+// A table owned by another process is returned without its contents: the
+// kernel refuses our changes to it anyway (ReadAll reads them).
+//
+// What it costs depends on who can change the table. Owned by this
+// socket: nothing but this socket can, so after the read that follows our
+// own commit, a read asks the kernel only for the table's flags and owner.
+// Not owned: the monitor says whether a transaction of another process
+// touched the table since the last read; if none did, the last read is
+// still the kernel's table, and nothing else is read. Commits to other
+// tables, every second on a busy node, cost a fence, not a read. Either
+// way a whole read at least every maxReuse. The table returned may be
+// returned again by later reads: callers must not modify it (Clone it).
+func (n *Netlink) Read() (*Table, uint32, error) { return n.read(false) }
+
+// ReadAll is Read that also reads the contents of a table owned by another
+// process (for list, diff and explain --live), and reads again after a
+// stale read, for up to Patience.
+func (n *Netlink) ReadAll() (*Table, error) {
+	deadline := time.Now().Add(Patience)
+	for try := 1; ; try++ {
+		t, _, err := n.read(true)
+		if !errors.Is(err, ErrStale) || time.Now().Add(backoff(try)).After(deadline) {
+			return t, err
+		}
+		time.Sleep(backoff(try))
+	}
+}
+
+func (n *Netlink) read(all bool) (*Table, uint32, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	t, gen, err := n.readLocked(all)
+	if err != nil && !errors.Is(err, ErrStale) {
+		n.broken()
+		return nil, 0, fmt.Errorf("read table inet %s: %w", TableName, err)
+	}
+	return t, gen, err
+}
+
+func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
 	conn, err := n.socket()
 	if err != nil {
 		return nil, 0, err
 	}
-	for attempt := 1; ; attempt++ {
-		before, err := generation(conn)
-		if err != nil {
-			n.broken()
-			return nil, 0, fmt.Errorf("read the nftables generation: %w", err)
-		}
-		if n.lastGen != 0 && before == n.lastGen && time.Since(n.lastAt) < maxReuse {
-			return n.last, before, nil
-		}
-		// A commit moves the generation before it applies some of its
-		// changes (a chain's policy, a table's flags): the generation
-		// alone does not say that no commit was under way during the
-		// dump. An empty transaction guarded by the generation, before
-		// and after the dump, does: it takes the commit lock.
-		idle, err := quiet(conn, before)
-		var t *Table
-		if err == nil && idle {
-			if t, err = readTable(conn); err != nil {
-				n.broken()
-				return nil, 0, fmt.Errorf("read table inet %s: %w", TableName, err)
-			}
-			idle, err = quiet(conn, before)
-		}
-		if err != nil {
-			n.broken()
-			return nil, 0, fmt.Errorf("wait for the nftables commit lock: %w", err)
-		}
-		if idle {
-			n.last, n.lastGen, n.lastAt = t, before, time.Now()
-			if t != nil && t.Owner == OwnedByOther {
-				n.lastGen = 0
-			}
-			return t, before, nil
-		}
-		if attempt == maxAttempts {
-			return nil, 0, fmt.Errorf("read table inet %s: the ruleset kept changing while it was read (%d tries)", TableName, attempt)
-		}
+	head, err := readHead(conn)
+	if err != nil {
+		return nil, 0, err
 	}
-}
-
-// quiet reports whether the generation is still gen with no commit under
-// way: it sends a transaction guarded by gen whose only message the kernel
-// refuses (a GETGEN, which is not a batch message), so that it changes
-// nothing; the kernel checks gen under the commit lock, and answers
-// ERESTART when the generation moved.
-func quiet(conn *netlink.Conn, gen uint32) (bool, error) {
-	b := &batch{msgs: []netlink.Message{{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
-		Data:   nfgenmsg(unix.AF_UNSPEC, 0),
-	}}, op: []int{0}}
-	failed, err := b.send(conn, gen)
+	fresh := n.last != nil && time.Since(n.lastAt) < maxReuse
 	switch {
-	case errors.Is(err, unix.ERESTART):
-		return false, nil
-	case failed == 0 && errors.Is(err, unix.EINVAL):
-		return true, nil
-	case err == nil:
-		return false, errors.New("the kernel took a GETGEN in a transaction")
+	case head == nil:
+		// The plan creates it exclusively: refused (ErrStale) if the
+		// table appears before it.
+		n.last = nil
+		return nil, 0, nil
+	case head.Owner == OwnedByUs:
+		// Nobody else can change it, and no commit is under way: ours
+		// are synchronous. No fence, no generation.
+		if fresh && n.last.Owner == OwnedByUs && n.last.Dormant == head.Dormant {
+			return n.last, 0, nil
+		}
+		t, err := readContents(conn, head)
+		if err != nil {
+			return nil, 0, err
+		}
+		n.last, n.lastAt = t, time.Now()
+		return t, 0, nil
+	case head.Owner == OwnedByOther && !all:
+		// Its owner can change it without telling anyone (its exit
+		// orphans or deletes it): nothing is kept.
+		n.last = nil
+		return head, 0, nil
 	}
-	return false, err
+	// Anyone can change it. After the fence every transaction that began
+	// before it has finished and its notifications are queued on the
+	// monitor. No generation guards the plan made from this read: on a
+	// busy node another table's commit lands between any read and any
+	// write (a CPU quota stretches that window to 100 ms), and would
+	// refuse it. A foreign change since the read is found instead by the
+	// read that follows every write; the plan's own checks (an exclusive
+	// create, elements that must exist) refuse a plan that no longer fits.
+	const gen = 0
+	mon, err := n.monitor()
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := fence(conn); err != nil {
+		return nil, 0, err
+	}
+	touched, err := mon.take()
+	if err != nil {
+		return nil, 0, err
+	}
+	if !touched && fresh {
+		return n.last, gen, nil
+	}
+	n.last = nil
+	t, err := readTable(conn)
+	if err != nil {
+		return nil, 0, err
+	}
+	if n.afterDump != nil {
+		n.afterDump()
+	}
+	// Did a transaction that touched the table run during the read? The
+	// fence waits for any under way; the monitor says what they touched.
+	if err := fence(conn); err != nil {
+		return nil, 0, err
+	}
+	if touched, err = mon.take(); err != nil {
+		return nil, 0, err
+	}
+	if touched {
+		return nil, 0, fmt.Errorf("%w: another process changed table inet %s while it was read", ErrStale, TableName)
+	}
+	if t != nil && t.Owner == NotOwned {
+		n.last, n.lastAt = t, time.Now()
+	}
+	return t, gen, nil
 }
 
-// readTable reads table inet ip-masq-agent: nil if there is none.
+// readTable reads table inet ip-masq-agent, all of it: nil if there is none.
 func readTable(conn *netlink.Conn) (*Table, error) {
+	head, err := readHead(conn)
+	if err != nil || head == nil {
+		return head, err
+	}
+	return readContents(conn, head)
+}
+
+// readContents reads the sets, chains and objects of the table head.
+func readContents(conn *netlink.Conn, head *Table) (*Table, error) {
+	t := &Table{Owner: head.Owner, Dormant: head.Dormant, Persist: head.Persist}
+	if err := readSets(conn, t); err != nil {
+		return nil, err
+	}
+	if err := readChains(conn, t); err != nil {
+		return nil, err
+	}
+	if err := readObjects(conn, t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// readHead reads the table's flags and owner: nil if there is no table.
+func readHead(conn *netlink.Conn) (*Table, error) {
 	msgs, err := request(conn, unix.NFT_MSG_GETTABLE, false, attr(unix.NFTA_TABLE_NAME, cstring(TableName)))
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -296,15 +400,6 @@ func readTable(conn *netlink.Conn) (*Table, error) {
 		default:
 			t.Owner = OwnedByOther
 		}
-	}
-	if err := readSets(conn, t); err != nil {
-		return nil, err
-	}
-	if err := readChains(conn, t); err != nil {
-		return nil, err
-	}
-	if err := readObjects(conn, t); err != nil {
-		return nil, err
 	}
 	return t, nil
 }
@@ -444,8 +539,9 @@ func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
 			return nil, fmt.Errorf("malformed element message of set %s", s.Name)
 		}
 	}
-	s.Elements, err = rangesFromBounds(bs)
-	return odd, err
+	var shape []string
+	s.Elements, shape = rangesFromBounds(bs)
+	return append(odd, shape...), nil
 }
 
 func readChains(conn *netlink.Conn, t *Table) error {

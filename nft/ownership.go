@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"syscall"
 )
 
 // refusesOwnership reports whether err, the kernel's refusal of op, means
@@ -13,9 +14,11 @@ import (
 // restarts), and kernels say so differently: 6.1 to 6.8 answer EOPNOTSUPP
 // for the persist flag, 5.10 EINVAL for any flag but dormant (the owner
 // flag came in 5.12). So the refusal of that message, whatever the errno,
-// means "cannot own"; only a missing answer does not (nothing was refused).
+// means "cannot own"; but a missing answer (nothing was refused) and
+// EEXIST (an exclusive create found a table made since the read) do not.
 func refusesOwnership(op Op, err error) bool {
-	return err != nil && op.Kind == KindTable && op.Verb == Add && op.Owned && !errors.Is(err, errNoAnswer)
+	return err != nil && op.Kind == KindTable && op.Verb == Add && op.Owned &&
+		!errors.Is(err, errNoAnswer) && !errors.Is(err, syscall.EEXIST)
 }
 
 // cannotOwn is Send's error when the kernel refused ownership: ErrStale,

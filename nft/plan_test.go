@@ -694,7 +694,7 @@ func TestEnsure(t *testing.T) {
 			(*t).Chains = append((*t).Chains, Chain{Name: "intruder"})
 		}}
 		res := ensure(t, k, f, want)
-		if res.Attempts != 2 || !res.Partial || !strings.Contains(res.Plan.String(), "delete chain inet ip-masq-agent intruder") {
+		if res.Attempts != 1 || res.Stale != 1 || !res.Partial || !strings.Contains(res.Plan.String(), "delete chain inet ip-masq-agent intruder") {
 			t.Errorf("%+v\n%s", res, res.Plan)
 		}
 	})
@@ -705,7 +705,7 @@ func TestEnsure(t *testing.T) {
 			*t = &Table{Chains: []Chain{{Name: BaseChainName, Hook: want.Chains[0].Hook, Rules: []Rule{foreignRule("", "")}}}}
 		}}
 		res := ensure(t, k, f, want)
-		if res.Attempts != 2 || !res.Recreated || res.Found != nil {
+		if res.Attempts != 1 || res.Stale != 1 || !res.Recreated || res.Found != nil {
 			t.Errorf("%+v", res)
 		}
 		// Without the generation check, the exclusive create refuses.
@@ -720,9 +720,11 @@ func TestEnsure(t *testing.T) {
 	t.Run("changing all the time: gives up", func(t *testing.T) {
 		f := &Fake{}
 		k := &alwaysStale{Fake: f}
-		_, err := Ensure(k, want)
-		if err == nil || !strings.Contains(err.Error(), "still differs") {
-			t.Errorf("err %v", err)
+		// Bounded by the deadline, not by a number of tries: on a busy
+		// node every plan may be refused for a while.
+		res, err := EnsureBy(k, want, time.Now().Add(300*time.Millisecond))
+		if err == nil || !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "gave up after") || res.Stale < 5 {
+			t.Errorf("err %v, %d stale", err, res.Stale)
 		}
 	})
 

@@ -1,7 +1,6 @@
 package nft
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"sort"
@@ -139,14 +138,17 @@ type bound struct {
 	end  bool // NFT_SET_ELEM_INTERVAL_END
 }
 
-// rangesFromBounds turns an interval set's elements back into ranges. Per
-// range the kernel holds its first address and, flagged as end, the
-// address after its last; a range that reaches the top of the address
-// space has no end. An end with no start is nft's marker of the gap before
-// the first range and adds nothing.
-func rangesFromBounds(bs []bound) ([]netipx.IPRange, error) {
-	// Sorted by address; where a range ends right where the next begins,
-	// the end comes first.
+// rangesFromBounds turns an interval set's elements into the ranges the
+// kernel's lookup matches, and says what about them the agent would never
+// write. The lookup finds the greatest element at or below an address
+// (a start before an end at the same address): the address matches if
+// that element is a start. So a range runs from a start to the next
+// element: to the address before an end, as the agent writes them; to the
+// address before the next start, when a start has no end (a foreign
+// DELSETELEM of one end leaves that); to the top of the address space
+// after the last start. An end with no start matches nothing; nft writes
+// one at the lowest address, and any other is odd.
+func rangesFromBounds(bs []bound) (ranges []netipx.IPRange, odd []string) {
 	slices.SortFunc(bs, func(x, y bound) int {
 		if c := x.addr.Compare(y.addr); c != 0 {
 			return c
@@ -162,21 +164,19 @@ func rangesFromBounds(bs []bound) ([]netipx.IPRange, error) {
 	out := make([]netipx.IPRange, 0, len(bs)/2+1)
 	var start netip.Addr
 	open := false
-	for _, b := range bs {
+	for i, b := range bs {
 		switch {
 		case !b.end && open:
-			// A start without an end before the next start: the kernel
-			// does not hold that; read the first as a single address.
-			out = append(out, netipx.IPRangeFrom(start, start))
+			out = append(out, netipx.IPRangeFrom(start, b.addr.Prev()))
+			odd = append(odd, "an interval start without an end")
 			start = b.addr
 		case !b.end:
 			start, open = b.addr, true
 		case open:
-			if b.addr == start {
-				return nil, fmt.Errorf("empty interval at %s", start)
-			}
 			out = append(out, netipx.IPRangeFrom(start, b.addr.Prev()))
 			open = false
+		case i > 0 || !b.addr.IsUnspecified():
+			odd = append(odd, "an interval end without a start")
 		}
 	}
 	if open {
@@ -186,5 +186,5 @@ func rangesFromBounds(bs []bound) ([]netipx.IPRange, error) {
 		}
 		out = append(out, netipx.IPRangeFrom(start, last))
 	}
-	return out, nil
+	return out, odd
 }

@@ -2,7 +2,7 @@ package test
 
 import (
 	"errors"
-	"go4.org/netipx"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"go4.org/netipx"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
@@ -103,10 +105,23 @@ func tableHandle(t *testing.T, topo *testnet.Topology) string {
 	return m[1]
 }
 
-// TestReplacedInPlace checks that a changed config replaces the table's
-// contents in place (same table, no delete-and-recreate), and that a table
-// whose shape is not the agent's (a foreign chain in it) is re-created,
-// while other tables are never touched.
+// handles returns the handles of the table and of its sets and chains,
+// by name ("table", "chain NAME" and "set NAME").
+func handles(t *testing.T, topo *testnet.Topology) map[string]string {
+	t.Helper()
+	out := listTable(t, topo, "-a")
+	h := map[string]string{"table": tableHandle(t, topo)}
+	for _, m := range regexp.MustCompile(`(?m)^\t(chain|set) (\S+) \{ # handle (\d+)$`).FindAllStringSubmatch(out, -1) {
+		h[m[1]+" "+m[2]] = m[3]
+	}
+	return h
+}
+
+// TestReplacedInPlace: a changed config replaces the table's contents in
+// place (the same table, sets and chains, by their handles: nothing is
+// deleted and re-created); a chain another process added to the table is
+// removed, in place too; other tables are never touched (handles and
+// counters).
 func TestReplacedInPlace(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
@@ -120,7 +135,7 @@ func TestReplacedInPlace(t *testing.T) {
 		t.Fatalf("%v %s", err, out)
 	}
 	other := func() string {
-		out, err := topo.NFT("list", "table", "ip", "other")
+		out, err := topo.NFT("-a", "list", "table", "ip", "other")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,10 +144,13 @@ func TestReplacedInPlace(t *testing.T) {
 	otherBefore := other()
 
 	mustApply(t, topo, "")
-	first := tableHandle(t, topo)
+	first := handles(t, topo)
+	if len(first) != 8 { // the table, 4 sets, 3 chains
+		t.Fatalf("handles of the table, its sets and chains: %v", first)
+	}
 	mustApply(t, topo, "nonMasqueradeCIDRs: [203.0.113.0/24]\n")
-	if h := tableHandle(t, topo); h != first {
-		t.Errorf("table handle changed from %s to %s: the table was re-created, not replaced in place", first, h)
+	if h := handles(t, topo); !maps.Equal(h, first) {
+		t.Errorf("handles changed from %v to %v: objects were re-created, not replaced in place", first, h)
 	}
 	expectSources(t, topo, map[string]bool{internet1: false, private1: true})
 
@@ -142,6 +160,9 @@ func TestReplacedInPlace(t *testing.T) {
 	mustApply(t, topo, "")
 	if table := listTable(t, topo); strings.Contains(table, "intruder") {
 		t.Errorf("a foreign chain survived the apply:\n%s", table)
+	}
+	if h := handles(t, topo); !maps.Equal(h, first) {
+		t.Errorf("handles changed from %v to %v: the foreign chain's removal re-created objects", first, h)
 	}
 	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
 	if got := other(); got != otherBefore {
@@ -243,9 +264,13 @@ func TestFailedBatchChangesNothing(t *testing.T) {
 func TestCleanup(t *testing.T) {
 	topo := newTopology(t)
 	mustApply(t, topo, "")
-	for i := 0; i < 2; i++ {
-		if out, err := runAgent(t, topo, "--cleanup"); err != nil {
+	for i, want := range []string{`msg="deleted table inet ip-masq-agent"`, `msg="there is no table inet ip-masq-agent: nothing to delete"`} {
+		out, err := runAgent(t, topo, "--cleanup")
+		if err != nil {
 			t.Fatalf("--cleanup (run %d): %v\n%s", i+1, err, out)
+		}
+		if !strings.Contains(out, want) {
+			t.Errorf("--cleanup (run %d) does not say %s:\n%s", i+1, want, out)
 		}
 		if out, err := topo.NFT("list", "tables"); err != nil || strings.Contains(out, "ip-masq-agent") {
 			t.Fatalf("after --cleanup: %v\n%s", err, out)

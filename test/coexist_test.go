@@ -1,13 +1,16 @@
 package test
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
+
+// repairLine is what the agent logs when it puts its table back after
+// another process changed it (internal/agent, reportRepair).
+const repairLine = "the table differed from the wanted one; put it back"
 
 // The other programs' tables in the node namespace, as a CNI plugin and
 // kube-proxy would have them.
@@ -50,8 +53,7 @@ const (
 )
 
 // TestCoexistence runs the agent next to a CNI-style masquerade rule in
-// iptables' nat POSTROUTING (iptables-nft when installed, else the same
-// rule written with nft), a kube-proxy-like table at the same hook, and a
+// iptables' nat POSTROUTING (written by iptables-nft), a kube-proxy-like table at the same hook, and a
 // table named ip-masq-agent in another family, all there before the agent
 // starts, and one more added while it runs. The agent's syncs, config
 // changes and repairs leave each of them byte for byte as it was (handles
@@ -59,6 +61,7 @@ const (
 // masquerade a connection wins, and a connection the earlier chains leave
 // alone gets the agent's decision.
 func TestCoexistence(t *testing.T) {
+	testnet.Require(t, "iptables-nft", "iptables-nft-save")
 	topo := newTopology(t)
 	if err := topo.EnableConntrack(); err != nil {
 		t.Fatal(err)
@@ -66,22 +69,17 @@ func TestCoexistence(t *testing.T) {
 	addDestinations(t, topo, internet1, internet2, private1, private2, "10.251.0.10")
 
 	// The CNI's rule: masquerade pod traffic leaving 10.0.0.0/8.
-	cni := "iptables-nft"
-	if out, err := exec.Command("iptables", "--version").CombinedOutput(); err != nil || !strings.Contains(string(out), "nf_tables") {
-		cni = "nft (no iptables-nft installed)"
-		nftFile(t, topo, "table ip nat {\n chain POSTROUTING {\n  type nat hook postrouting priority srcnat; policy accept;\n"+
-			"  ip saddr 10.244.0.0/16 ip daddr != 10.0.0.0/8 counter masquerade\n }\n}\n")
-	} else if out, err := testnet.Exec(topo.NodeNS, "iptables", "-t", "nat", "-A", "POSTROUTING",
+	if out, err := testnet.Exec(topo.NodeNS, "iptables-nft", "-t", "nat", "-A", "POSTROUTING",
 		"-s", "10.244.0.0/16", "!", "-d", "10.0.0.0/8", "-j", "MASQUERADE"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	nftFile(t, topo, kubeProxyTable+sameNameTable)
 
 	foreign := []string{"ip nat", "ip kube-proxy", "ip ip-masq-agent"}
-	before := foreignState(t, topo, cni, foreign)
+	before := foreignState(t, topo, foreign)
 
 	cm := newConfigMapDir(t, "resyncInterval: 1s\nnonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.251.0.0/24]\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	waitOutcome(t, d, 0, "the first sync")
 	// Resyncs, a config change, a repair: no traffic meanwhile, so that
 	// even the counters must be unchanged.
@@ -92,8 +90,8 @@ func TestCoexistence(t *testing.T) {
 	if out, err := topo.NFT("flush", "chain", "inet", nft.TableName, nft.DefaultChain); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	eventually(t, "the repair", func() bool { return strings.Contains(d.output(), "put it back") })
-	if after := foreignState(t, topo, cni, foreign); after != before {
+	eventually(t, "the repair", func() bool { return strings.Contains(d.output(), repairLine) })
+	if after := foreignState(t, topo, foreign); after != before {
 		t.Errorf("the agent changed the other tables:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 
@@ -108,19 +106,22 @@ func TestCoexistence(t *testing.T) {
 
 	// Another program adds its table, and edits its own, while the agent
 	// runs: not a change to the agent's table, no repair.
-	repairs := strings.Count(d.output(), "undid a change")
+	repairs := strings.Count(d.output(), repairLine)
+	if repairs == 0 {
+		t.Fatalf("no %q line for the flush of the agent's chain:\n%s", repairLine, d.output())
+	}
 	nftFile(t, topo, lateTable)
 	if out, err := topo.NFT("add", "element", "ip", "ip-masq-agent", "foreign", "{ 192.0.2.202 }"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	foreign = append(foreign, "inet late-cni")
-	before = foreignState(t, topo, cni, foreign)
+	before = foreignState(t, topo, foreign)
 	resyncs := strings.Count(d.output(), "resync:")
 	eventually(t, "two more resyncs", func() bool { return strings.Count(d.output(), "resync:") >= resyncs+2 })
-	if n := strings.Count(d.output(), "undid a change"); n != repairs {
+	if n := strings.Count(d.output(), repairLine); n != repairs {
 		t.Errorf("the agent took other tables' changes for tampering: %d repairs, want %d", n, repairs)
 	}
-	if after := foreignState(t, topo, cni, foreign); after != before {
+	if after := foreignState(t, topo, foreign); after != before {
 		t.Errorf("the agent changed the other tables:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 
@@ -130,13 +131,13 @@ func TestCoexistence(t *testing.T) {
 	if out, err := runAgent(t, topo, "--cleanup"); err != nil {
 		t.Fatalf("--cleanup: %v\n%s", err, out)
 	}
-	if after := foreignState(t, topo, cni, foreign); after != before {
+	if after := foreignState(t, topo, foreign); after != before {
 		t.Errorf("--cleanup changed the other tables:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 	expectSources(t, topo, map[string]bool{internet2: true, private2: true, private1: false, "10.251.0.10": false})
-	t.Logf("CNI rule by %s, kube-proxy-like table, table ip ip-masq-agent and a late inet table: unchanged (handles and counters) "+
+	t.Logf("CNI rule by iptables-nft, kube-proxy-like table, table ip ip-masq-agent and a late inet table: unchanged (handles and counters) "+
 		"through %d resyncs, a config change, %d repair(s) and --cleanup; the earlier masquerades won, the agent decided the rest",
-		cni, strings.Count(d.output(), "resync:"), repairs)
+		strings.Count(d.output(), "resync:"), repairs)
 }
 
 // nftFile loads an nft script in the node namespace.
@@ -147,9 +148,9 @@ func nftFile(t *testing.T, topo *testnet.Topology, script string) {
 	}
 }
 
-// foreignState lists the given tables with handles and counters, and the
-// iptables view of nat when iptables-nft made it.
-func foreignState(t *testing.T, topo *testnet.Topology, cni string, tables []string) string {
+// foreignState lists the given tables with handles and counters, and
+// iptables-nft's view of nat.
+func foreignState(t *testing.T, topo *testnet.Topology, tables []string) string {
 	t.Helper()
 	var b strings.Builder
 	for _, tab := range tables {
@@ -159,15 +160,13 @@ func foreignState(t *testing.T, topo *testnet.Topology, cni string, tables []str
 		}
 		b.WriteString(out)
 	}
-	if strings.HasPrefix(cni, "iptables") {
-		out, err := testnet.Exec(topo.NodeNS, "iptables-save", "-c", "-t", "nat")
-		if err != nil {
-			t.Fatalf("iptables-save: %v\n%s", err, out)
-		}
-		for _, l := range strings.Split(string(out), "\n") {
-			if !strings.HasPrefix(l, "#") {
-				b.WriteString(l + "\n")
-			}
+	out, err := testnet.Exec(topo.NodeNS, "iptables-nft-save", "-c", "-t", "nat")
+	if err != nil {
+		t.Fatalf("iptables-nft-save: %v\n%s", err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(l, "#") {
+			b.WriteString(l + "\n")
 		}
 	}
 	return b.String()

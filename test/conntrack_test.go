@@ -359,7 +359,7 @@ func TestConntrackDaemon(t *testing.T) {
 				t.Fatal(err)
 			}
 			cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--conntrack-cleanup="+mode)
+			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--conntrack-cleanup="+mode)
 			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
 			s := startUDPStream(t, topo, internet1)
 			before := s.waitFor(t, topo.NodeUplink4)
@@ -370,7 +370,8 @@ func TestConntrackDaemon(t *testing.T) {
 				return
 			}
 			s.waitFor(t, topo.Pod4)
-			// The cleanup is logged once it is done: the flow may move first.
+			// The log line follows the deletion that the flow already saw:
+			// wait for it rather than read the log at once.
 			eventually(t, "the cleanup logged with its count", func() bool {
 				return strings.Contains(d.output(), "conntrack cleanup: examined") && strings.Contains(d.output(), "deleted 1 ")
 			})

@@ -9,6 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,9 +95,15 @@ func startDaemon(t *testing.T, topo *testnet.Topology, args ...string) *daemon {
 // agent as PID 1, as in its container).
 func startDaemonIn(t *testing.T, topo *testnet.Topology, wrap []string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{done: make(chan error, 1), wrapped: len(wrap) > 0}
-	cmd := append(append([]string{"netns", "exec", topo.NodeNS}, wrap...), append([]string{agentBin, "--v=2"}, args...)...)
-	d.cmd = exec.Command("ip", cmd...)
+	cmd := append(append([]string{"ip", "netns", "exec", topo.NodeNS}, wrap...), append([]string{agentBin, "--v=2"}, args...)...)
+	return startCommand(t, cmd, len(wrap) > 0)
+}
+
+// startCommand starts argv, which runs the agent; wrapped: under unshare.
+func startCommand(t *testing.T, argv []string, wrapped bool) *daemon {
+	t.Helper()
+	d := &daemon{done: make(chan error, 1), wrapped: wrapped}
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stdout, d.cmd.Stderr = d, d
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -166,7 +175,7 @@ func TestDaemonReloads(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	eventually(t, "the first config", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
 
 	cm.update("resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n")
@@ -203,11 +212,14 @@ func TestDaemonRepairs(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "resyncInterval: 1s\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+	// The first sync reads its commit back: a tamper before it ends is
+	// repaired by it, as part of the first apply, not logged as a repair.
+	eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
 	want := withoutCounters(listTable(t, topo))
 
-	for _, tamper := range [][]string{
+	for i, tamper := range [][]string{
 		{"delete", "table", "inet", "ip-masq-agent"},
 		{"flush", "chain", "inet", "ip-masq-agent", "IP-MASQ-AGENT"},
 		{"add", "element", "inet", "ip-masq-agent", "nonmasq-v4", "{ 203.0.113.0/24 }"},
@@ -220,10 +232,12 @@ func TestDaemonRepairs(t *testing.T) {
 			out, err := topo.NFT("list", "table", "inet", "ip-masq-agent")
 			return err == nil && withoutCounters(out) == want
 		})
+		// Each repair is logged after its commit and the read-back, which
+		// the listing may see first; the next change waits for it (or the
+		// read-back finds it and the same repair undoes both).
+		eventually(t, fmt.Sprintf("%d repairs logged", i+1), func() bool { return strings.Count(d.output(), repairLine) >= i+1 })
 		expectSources(t, topo, map[string]bool{internet1: true, private1: false})
 	}
-	// Each repair is logged after its commit, which the listing may see first.
-	eventually(t, "4 repairs logged", func() bool { return strings.Count(d.output(), "put it back") >= 4 })
 
 	// Counters keep counting across resyncs that change nothing.
 	expectSources(t, topo, map[string]bool{internet1: true})
@@ -241,7 +255,7 @@ func TestDaemonRestartKeepsTable(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "")
-	first := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	first := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 
 	// An independent observer of every transaction in the namespace.
@@ -250,22 +264,47 @@ func TestDaemonRestartKeepsTable(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string
 	watched := make(chan error, 1)
+	subscribed := make(chan struct{})
 	go func() {
 		watched <- observer.Watch(ctx, func(c nft.Event) {
+			if c.What == "watch started" {
+				close(subscribed)
+				return
+			}
 			mu.Lock()
 			seen = append(seen, c.What)
 			mu.Unlock()
 		})
 	}()
-	time.Sleep(200 * time.Millisecond) // let the observer subscribe
+	select {
+	case <-subscribed:
+	case err := <-watched:
+		t.Fatalf("the observer's watch: %v", err)
+	}
 
 	first.stop(t)
 	if !strings.Contains(listTable(t, topo), "jump IP-MASQ-AGENT") {
 		t.Fatal("the table is gone after SIGTERM")
 	}
 	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
-	second := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
-	eventually(t, "the new agent's first sync", func() bool { return strings.Contains(second.output(), "took it over") })
+	// Every counter, and every handle, as the first agent left them.
+	// (The owner's name, progname, is the only difference nft may show.)
+	owner := regexp.MustCompile(`(?m)^(table .*) progname \S+$`)
+	listing := func() string {
+		return owner.ReplaceAllString(tableFlagsRE.ReplaceAllString(listTable(t, topo, "-a"), ""), "$1")
+	}
+	before := listing()
+	if !regexp.MustCompile(`counter packets [1-9]`).MatchString(before) {
+		t.Fatalf("no counted packet before the restart:\n%s", before)
+	}
+	second := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
+	eventually(t, "the new agent's first sync", func() bool {
+		o := second.output()
+		return strings.Contains(o, "took it over") || outcomeRE.MatchString(o)
+	})
+	if after := listing(); after != before {
+		t.Errorf("the restart changed the table (handles or counters):\nbefore:\n%s\nafter:\n%s", before, after)
+	}
 	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
 	cancel()
 	if err := <-watched; err != nil {
@@ -279,15 +318,12 @@ func TestDaemonRestartKeepsTable(t *testing.T) {
 	for _, s := range seen {
 		// Adopting the orphaned table is one table message (its owner
 		// flag); nothing else may change.
-		if s != "add table" && s != "watch started" {
+		if s != "add table" {
 			t.Errorf("the restart changed the table: %q", s)
 		}
 	}
 	if !strings.Contains(second.output(), "took it over without changing its contents") {
 		t.Errorf("the new agent did not take the table over as it was:\n%s", second.output())
-	}
-	if got := listTable(t, topo); !strings.Contains(got, "jump IP-MASQ-AGENT") || countersRE.FindString(got) == "counter packets 0 bytes 0" {
-		t.Errorf("after the restart the counters start from 0 again:\n%s", got)
 	}
 }
 
@@ -320,7 +356,7 @@ func TestDaemonEndpoints(t *testing.T) {
 		`ip_masq_agent_cidrs{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"} 2`,
 		`ip_masq_agent_intervals{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"} 3`,
 		`ip_masq_agent_rule_packets_total{decision="masquerade",family="ipv4",reason="outbound"} 1`,
-		`ip_masq_agent_rule_packets_total{decision="return",family="ipv4",reason="nonMasqueradeCIDRs"} 1`,
+		`ip_masq_agent_rule_packets_total{decision="nonmasquerade",family="ipv4",reason="cidrs"} 1`,
 		`ip_masq_agent_last_successful_sync_timestamp_seconds 1.`,
 	} {
 		if !strings.Contains(body, want) {
@@ -333,3 +369,84 @@ func TestDaemonEndpoints(t *testing.T) {
 }
 
 func mustParse(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// TestDaemonMetricsLabels: /metrics of the agent in a node namespace, with
+// IPv6, masqueradeCIDRs and a custom --masq-chain, after one connection to
+// a destination of each decision and family: each rule's counter read from
+// the kernel under the labels the README lists, the CIDR and interval
+// gauges of the IPv6 and masquerade sets, and no read error.
+func TestDaemonMetricsLabels(t *testing.T) {
+	topo := newTopology(t)
+	const (
+		masqCIDR4 = "10.251.0.10"
+		outbound6 = "2001:db8:cc::10"
+	)
+	addDestinations(t, topo, private1, masqCIDR4, internet1, internet6a, internet6b, outbound6)
+	cm := newConfigMapDir(t, "nonMasqueradeCIDRs: [10.0.0.0/8, \"2001:db8:aa::/48\"]\n"+
+		"masqueradeCIDRs: [10.251.0.0/24, \"2001:db8:bb::/48\"]\nresyncInterval: 1h\n")
+	d := startDaemon(t, topo, "--config", cm.path(), "--enable-ipv6", "--masq-chain", "MY-MASQ")
+	eventually(t, "/readyz", func() bool { code, _ := httpGet(topo, "/readyz"); return code == 200 })
+	if !strings.Contains(listTable(t, topo), "chain MY-MASQ {") {
+		t.Fatalf("no chain MY-MASQ:\n%s", listTable(t, topo))
+	}
+	expectSources(t, topo, map[string]bool{
+		private1: false, masqCIDR4: true, internet1: true,
+		internet6a: false, internet6b: true, outbound6: true,
+	})
+	code, body := httpGet(topo, "/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d %s", code, body)
+	}
+	values := map[string]float64{} // series (name and labels): value
+	for _, l := range strings.Split(body, "\n") {
+		series, v, ok := strings.Cut(l, " ")
+		if !ok || strings.HasPrefix(l, "#") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			t.Fatalf("/metrics line %q: %v", l, err)
+		}
+		values[series] = f
+	}
+	// One connection each: at least one packet under each label set.
+	packets := []string{
+		`{decision="return",family="ipv4",reason="nonMasqueradeCIDRs"}`,
+		`{decision="masquerade",family="ipv4",reason="masqueradeCIDRs"}`,
+		`{decision="masquerade",family="ipv4",reason="outbound"}`,
+		`{decision="return",family="ipv6",reason="nonMasqueradeCIDRs"}`,
+		`{decision="masquerade",family="ipv6",reason="masqueradeCIDRs"}`,
+		`{decision="masquerade",family="ipv6",reason="outbound"}`,
+	}
+	for _, labels := range packets {
+		for _, name := range []string{"ip_masq_agent_rule_packets_total", "ip_masq_agent_rule_bytes_total"} {
+			if v, ok := values[name+labels]; !ok || v < 1 {
+				t.Errorf("%s%s = %v (present: %v), want at least 1", name, labels, v, ok)
+			}
+		}
+	}
+	// No other rule series: every rule of the chain has one of the labels above.
+	for series := range values {
+		if strings.HasPrefix(series, "ip_masq_agent_rule_packets_total{") && !slices.Contains(packets, strings.TrimPrefix(series, "ip_masq_agent_rule_packets_total")) {
+			t.Errorf("unexpected series %s", series)
+		}
+	}
+	for series, want := range map[string]float64{
+		`ip_masq_agent_cidrs{family="ipv4",kind="masquerade",set="masq-v4"}`:           1,
+		`ip_masq_agent_cidrs{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"}`:     1,
+		`ip_masq_agent_cidrs{family="ipv6",kind="masquerade",set="masq-v6"}`:           1,
+		`ip_masq_agent_cidrs{family="ipv6",kind="nonmasquerade",set="nonmasq-v6"}`:     1,
+		`ip_masq_agent_intervals{family="ipv4",kind="masquerade",set="masq-v4"}`:       1,
+		`ip_masq_agent_intervals{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"}`: 2, // and 169.254.0.0/16
+		`ip_masq_agent_intervals{family="ipv6",kind="masquerade",set="masq-v6"}`:       1,
+		`ip_masq_agent_intervals{family="ipv6",kind="nonmasquerade",set="nonmasq-v6"}`: 2, // and fe80::/10
+		`ip_masq_agent_rule_counters_read_errors_total`:                                0,
+	} {
+		if v, ok := values[series]; !ok || v != want {
+			t.Errorf("%s = %v (present: %v), want %v", series, v, ok, want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s\nthe table:\n%s\nthe log:\n%s", body, listTable(t, topo), d.output())
+	}
+}

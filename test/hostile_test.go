@@ -356,13 +356,26 @@ func TestHostileConfigs(t *testing.T) {
 // silently must not be dropped silently: a second YAML document, or text
 // after a flow mapping, makes the config not what the operator wrote.
 func TestHostileConfigIgnoredContent(t *testing.T) {
-	for _, tc := range []struct{ name, data string }{
-		{"second YAML document", "nonMasqueradeCIDRs: [10.0.0.0/8]\n---\nnonMasqueradeCIDRs: [0.0.0.0/0]\n"},
-		{"text after a flow mapping", `{"nonMasqueradeCIDRs": ["10.0.0.0/8"]} {"nonMasqueradeCIDRs": ["0.0.0.0/0"]}`},
+	for _, tc := range []struct{ name, data, warn, err string }{
+		// Read as the original read it (the first document), with a
+		// warning that names what is ignored.
+		{"second YAML document", "nonMasqueradeCIDRs: [10.0.0.0/8]\n---\nnonMasqueradeCIDRs: [0.0.0.0/0]\n",
+			`content after the first YAML document (after a "---" or "..." line) is ignored`, ""},
+		{"text after a flow mapping", `{"nonMasqueradeCIDRs": ["10.0.0.0/8"]} {"nonMasqueradeCIDRs": ["0.0.0.0/0"]}`,
+			"", "invalid character '{' after top-level value"},
 	} {
 		c, warns, err := config.Parse([]byte(tc.data), config.Flags{})
-		if err == nil && len(warns) == 0 {
-			t.Errorf("%s: accepted silently as %v", tc.name, c.NonMasqueradeCIDRs)
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want one saying %q (config %v, warnings %q)", tc.name, err, tc.err, c.NonMasqueradeCIDRs, warns)
+			}
+		case err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case len(warns) != 1 || !strings.Contains(warns[0], tc.warn):
+			t.Errorf("%s: warnings %q, want one saying %q", tc.name, warns, tc.warn)
+		case fmt.Sprint(c.NonMasqueradeCIDRs) != "[10.0.0.0/8]":
+			t.Errorf("%s: nonMasqueradeCIDRs %v, want the first document's [10.0.0.0/8]", tc.name, c.NonMasqueradeCIDRs)
 		}
 	}
 }
@@ -374,11 +387,14 @@ func TestHostileConfigFIFO(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, hostileGood)
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	waitOutcome(t, d, 0, "the good config")
 	mark := len(d.output())
 	swapConfigMap(t, cm, nil, func(p string) error { return syscall.Mkfifo(p, 0o644) })
-	time.Sleep(200 * time.Millisecond)
+	// The agent opened the FIFO, did not block in it, and said so.
+	if lines := waitOutcome(t, d, mark, "the FIFO"); !strings.Contains(lines, "is not a regular file") {
+		t.Fatalf("the FIFO was not refused as not a regular file:\n%s", lines)
+	}
 	swapConfigMap(t, cm, []byte("resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"), nil)
 	eventually(t, "the config after the FIFO", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 	t.Logf("after the FIFO:\n%s", d.output()[mark:])

@@ -25,7 +25,12 @@ func manyCIDRs(n int, extra ...string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "cidrLimit: %d\nnonMasqueradeCIDRs:\n", n+len(extra))
 	for i := 0; i < n; i++ {
-		fmt.Fprintf(&b, "- 100.%d.%d.0/24\n", 64+i/256, i%256)
+		if i < 192*256 {
+			fmt.Fprintf(&b, "- 100.%d.%d.0/24\n", 64+i/256, i%256)
+		} else { // set elements only: no traffic goes there
+			j := i - 192*256
+			fmt.Fprintf(&b, "- 101.%d.%d.0/24\n", j/256, j%256)
+		}
 	}
 	for _, e := range extra {
 		fmt.Fprintf(&b, "- %s\n", e)

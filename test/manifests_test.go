@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/kustomize"
 )
 
 // The manifests under deploy/, checked without a cluster: each decodes
@@ -88,6 +89,7 @@ type kustomization struct {
 	APIVersion string   `json:"apiVersion"`
 	Kind       string   `json:"kind"`
 	Resources  []string `json:"resources"`
+	Components []string `json:"components,omitempty"`
 	Images     []struct {
 		Name    string `json:"name"`
 		NewName string `json:"newName,omitempty"`
@@ -322,21 +324,18 @@ func TestManifestsDaemonSet(t *testing.T) {
 		}
 	}
 
-	// Resources: requests and limits for CPU and memory, small.
-	for _, rl := range []struct {
-		what string
-		list corev1.ResourceList
-	}{{"requests", c.Resources.Requests}, {"limits", c.Resources.Limits}} {
-		cpu, mem := rl.list.Cpu(), rl.list.Memory()
-		if cpu.IsZero() || mem.IsZero() {
-			t.Errorf("resources.%s %v: set cpu and memory", rl.what, rl.list)
-		}
-		if cpu.MilliValue() > 500 || mem.Value() > 512<<20 {
-			t.Errorf("resources.%s %v: not small", rl.what, rl.list)
-		}
+	// Resources: requests for CPU and memory and a memory limit, small. No
+	// CPU limit (docs/operation.md, "Resources and rollout"); one, if set,
+	// not below the request.
+	req, lim := c.Resources.Requests, c.Resources.Limits
+	if req.Cpu().IsZero() || req.Memory().IsZero() || lim.Memory().IsZero() {
+		t.Errorf("resources %+v: want cpu and memory requests and a memory limit", c.Resources)
 	}
-	if c.Resources.Requests.Memory().Cmp(*c.Resources.Limits.Memory()) > 0 || c.Resources.Requests.Cpu().Cmp(*c.Resources.Limits.Cpu()) > 0 {
-		t.Errorf("requests %v exceed limits %v", c.Resources.Requests, c.Resources.Limits)
+	if req.Cpu().MilliValue() > 100 || lim.Memory().Value() > 512<<20 || req.Memory().Cmp(*lim.Memory()) > 0 {
+		t.Errorf("resources %+v: not small, or requests above limits", c.Resources)
+	}
+	if cpu, ok := lim[corev1.ResourceCPU]; ok && cpu.Cmp(*req.Cpu()) < 0 {
+		t.Errorf("CPU limit %s below the request %s", cpu.String(), req.Cpu())
 	}
 
 	checkSecurityContext(t, ps.SecurityContext, c.SecurityContext)
@@ -454,29 +453,183 @@ func TestManifestsNeverTouchTheConfigMap(t *testing.T) {
 	}
 }
 
-// TestManifestsImagePinned: the image is a release tag, the same in the
-// kustomization and the DaemonSet (the release workflow checks the tag it
-// builds against both).
+// imageComponent is deploy/image/kustomization.yaml, the one place that
+// sets the agent's image.
+type imageComponent struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Images     []struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName"`
+		NewTag  string `json:"newTag"`
+	} `json:"images"`
+}
+
+// TestManifestsImagePinned: deploy/image/ pins the agent's image to a
+// release tag, and every container of deploy/ that runs the agent names
+// the placeholder it replaces (so no tag in a manifest can be edited in
+// vain); deploy/, deploy/uninstall/ and deploy/rollback/ use the component.
 func TestManifestsImagePinned(t *testing.T) {
-	var k kustomization
-	readManifest(t, "kustomization.yaml", &k, "kustomize.config.k8s.io/v1beta1", "Kustomization")
-	var ds appsv1.DaemonSet
-	readManifest(t, "daemonset.yaml", &ds, "apps/v1", "DaemonSet")
+	var ic imageComponent
+	readManifest(t, "image/kustomization.yaml", &ic, "kustomize.config.k8s.io/v1alpha1", "Component")
 	release := regexp.MustCompile(`^v\d+\.\d+\.\d+$`)
-	if len(k.Images) != 1 || !release.MatchString(k.Images[0].NewTag) || k.Images[0].NewName != "" {
-		t.Fatalf("kustomization.yaml images %+v: want one newTag vX.Y.Z", k.Images)
+	if len(ic.Images) != 1 || ic.Images[0].Name != "ip-masq-agent-nft" || ic.Images[0].NewName != kustomize.ImageName || !release.MatchString(ic.Images[0].NewTag) {
+		t.Fatalf("deploy/image/kustomization.yaml images %+v: want one, name ip-masq-agent-nft, newName %s, newTag vX.Y.Z", ic.Images, kustomize.ImageName)
 	}
-	want := k.Images[0].Name + ":" + k.Images[0].NewTag
-	if got := ds.Spec.Template.Spec.Containers[0].Image; got != want {
-		t.Errorf("the DaemonSet's image %q, want %q (the kustomization's)", got, want)
+	for _, k := range []struct{ file, component string }{{"kustomization.yaml", "image"}, {"uninstall/kustomization.yaml", "../image"}, {"rollback/kustomization.yaml", "../image"}} {
+		var kz kustomization
+		readManifest(t, k.file, &kz, "kustomize.config.k8s.io/v1beta1", "Kustomization")
+		if !slices.Contains(kz.Components, k.component) || len(kz.Images) > 0 {
+			t.Errorf("deploy/%s: components %v, images %+v: want the component %s and no images of its own", k.file, kz.Components, kz.Images, k.component)
+		}
+	}
+	for _, file := range []string{"daemonset.yaml", "uninstall/daemonset.yaml", "rollback/daemonset.yaml"} {
+		var ds appsv1.DaemonSet
+		readManifest(t, file, &ds, "apps/v1", "DaemonSet")
+		for _, c := range append(ds.Spec.Template.Spec.InitContainers, ds.Spec.Template.Spec.Containers...) {
+			if strings.HasPrefix(c.Image, "registry.k8s.io/pause:") {
+				continue
+			}
+			if c.Image != "ip-masq-agent-nft" {
+				t.Errorf("deploy/%s: container %s has image %q, want the placeholder ip-masq-agent-nft (deploy/image/ sets it)", file, c.Name, c.Image)
+			}
+		}
 	}
 	wf, err := os.ReadFile("../.github/workflows/release.yml")
 	if err != nil {
 		t.Fatalf("the release workflow: %v", err)
 	}
-	if !strings.Contains(string(wf), "make image-multiarch") {
-		t.Error(".github/workflows/release.yml does not build with make image-multiarch")
+	for _, want := range []string{"make image-multiarch", "make manifests", "deploy/image/kustomization.yaml", "bin/manifests/install.yaml"} {
+		if !strings.Contains(string(wf), want) {
+			t.Errorf(".github/workflows/release.yml does not mention %q", want)
+		}
 	}
+}
+
+// renderedImages renders a kustomization's output into its DaemonSets'
+// containers' images, by DaemonSet/container.
+func renderedImages(t *testing.T, what string, data []byte) map[string]string {
+	t.Helper()
+	images := map[string]string{}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		var ds appsv1.DaemonSet
+		if err := yaml.Unmarshal([]byte(doc), &ds); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if ds.Kind != "DaemonSet" {
+			continue
+		}
+		for _, c := range append(ds.Spec.Template.Spec.InitContainers, ds.Spec.Template.Spec.Containers...) {
+			images[ds.Name+"/"+c.Name] = c.Image
+		}
+	}
+	if len(images) == 0 {
+		t.Fatalf("%s: no DaemonSet rendered", what)
+	}
+	return images
+}
+
+// TestManifestsImageFollowsOverlay renders deploy/, deploy/uninstall/ and
+// the documented private-registry overlay as kubectl apply -k does: every
+// container that runs the agent has the pinned image, and an overlay that
+// sets another registry and tag (as README "Install" says) reaches each of
+// them; make manifests renders the same.
+func TestManifestsImageFollowsOverlay(t *testing.T) {
+	var ic imageComponent
+	readManifest(t, "image/kustomization.yaml", &ic, "kustomize.config.k8s.io/v1alpha1", "Component")
+	pinned := ic.Images[0].NewName + ":" + ic.Images[0].NewTag
+	const mine = "registry.example.com/mirror/ip-masq-agent-nft:v9.8.7-test"
+	agentImages := func(m map[string]string) map[string]string {
+		out := map[string]string{}
+		for k, v := range m {
+			if !strings.HasPrefix(v, "registry.k8s.io/pause:") && !strings.Contains(v, "/pause:") {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	wantContainers := map[string]int{"deploy": 1, "deploy/uninstall": 2, "deploy/rollback": 1}
+	for _, base := range []string{"deploy", "deploy/uninstall", "deploy/rollback"} {
+		data, err := kustomize.Render(filepath.Join("..", base))
+		if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", base, err)
+		}
+		plain := agentImages(renderedImages(t, base, data))
+		if len(plain) != wantContainers[base] {
+			t.Errorf("%s renders %d containers that run the agent, want %d: %v", base, len(plain), wantContainers[base], plain)
+		}
+		for c, img := range plain {
+			if img != pinned {
+				t.Errorf("%s: %s runs %q, want deploy/image/'s %q", base, c, img, pinned)
+			}
+		}
+		overlay, err := kustomize.ImageOverlay("../"+base, mine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err = kustomize.RenderOverlay("..", "overlay-test", overlay)
+		if err != nil {
+			t.Fatalf("%s with an image overlay: %v", base, err)
+		}
+		over := agentImages(renderedImages(t, base+" with an overlay", data))
+		if len(over) != len(plain) {
+			t.Errorf("%s with an overlay: containers %v, want %v", base, over, plain)
+		}
+		for c, img := range over {
+			if img != mine {
+				t.Errorf("%s with an overlay setting %s: %s runs %q", base, mine, c, img)
+			}
+		}
+	}
+	// make e2e-cluster's overlays (its local image, matched by the name
+	// deploy/image/ sets) reach every container too.
+	for _, dir := range []string{"e2e/overlay", "e2e/uninstall"} {
+		data, err := kustomize.Render(filepath.Join("..", dir))
+		if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", dir, err)
+		}
+		for c, img := range renderedImages(t, dir, data) {
+			if !strings.HasSuffix(c, "/done") && img != "localhost/ip-masq-agent-nft-e2e:e2e" { // done: the pause container
+				t.Errorf("%s: %s runs %q, want the e2e image", dir, c, img)
+			}
+		}
+	}
+	// The documented private-registry overlay: install and uninstall alike.
+	var ex imageComponent
+	if err := decodeStrictFile(t, "../examples/private-registry/image/kustomization.yaml", &ex); err != nil {
+		t.Fatal(err)
+	}
+	want := ex.Images[0].NewName + ":" + ex.Images[0].NewTag
+	for _, dir := range []string{"examples/private-registry", "examples/private-registry/uninstall"} {
+		data, err := kustomize.Render(filepath.Join("..", dir))
+		if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", dir, err)
+		}
+		imgs := renderedImages(t, dir, data)
+		n := 0
+		for c, img := range imgs {
+			if strings.Contains(c, "/done") {
+				continue // the pause container
+			}
+			n++
+			if img != want {
+				t.Errorf("%s: %s runs %q, want the overlay's %q", dir, c, img, want)
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s: no container runs the agent", dir)
+		}
+	}
+}
+
+// decodeStrictFile reads a YAML file strictly.
+func decodeStrictFile(t *testing.T, path string, out any) error {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return decodeStrict(data, out)
 }
 
 // component is the part of kustomize's Component type that
@@ -524,5 +677,54 @@ func TestManifestsLabelGatedComponent(t *testing.T) {
 	readManifest(t, "daemonset.yaml", &ds, "apps/v1", "DaemonSet")
 	if ds.Spec.Template.Spec.NodeSelector == nil {
 		t.Error("the DaemonSet has no nodeSelector for the component's patch to add to")
+	}
+}
+
+// TestManifestsRollback: deploy/rollback/ removes this agent's table, and
+// nothing else, on every Linux node: one init container running
+// --cleanup (never cleanup-iptables, which would remove the original
+// agent's rules just re-installed), no node selector beyond the OS (the
+// agent may have run on any node), every taint tolerated, the release
+// image of deploy/; neither it nor deploy/uninstall/ touches the nodes'
+// labels (the label-gated original needs node.kubernetes.io/masq-agent-ds-ready).
+func TestManifestsRollback(t *testing.T) {
+	var k kustomization
+	readManifest(t, "rollback/kustomization.yaml", &k, "kustomize.config.k8s.io/v1beta1", "Kustomization")
+	if !slices.Equal(k.Resources, []string{"daemonset.yaml"}) {
+		t.Errorf("resources %v", k.Resources)
+	}
+	var ds, agent, uninstall appsv1.DaemonSet
+	readManifest(t, "rollback/daemonset.yaml", &ds, "apps/v1", "DaemonSet")
+	readManifest(t, "daemonset.yaml", &agent, "apps/v1", "DaemonSet")
+	readManifest(t, "uninstall/daemonset.yaml", &uninstall, "apps/v1", "DaemonSet")
+	spec := ds.Spec.Template.Spec
+	if ds.Namespace != "kube-system" || ds.Name == agent.Name || ds.Name == uninstall.Name {
+		t.Errorf("%s/%s", ds.Namespace, ds.Name)
+	}
+	if len(spec.InitContainers) != 1 || !slices.Equal(spec.InitContainers[0].Command, []string{"/ip-masq-agent", "--cleanup"}) {
+		t.Fatalf("init containers %+v, want one running /ip-masq-agent --cleanup", spec.InitContainers)
+	}
+	if img := spec.InitContainers[0].Image; img != agent.Spec.Template.Spec.Containers[0].Image {
+		t.Errorf("image %s, want deploy/'s %s", img, agent.Spec.Template.Spec.Containers[0].Image)
+	}
+	if !maps.Equal(spec.NodeSelector, map[string]string{"kubernetes.io/os": "linux"}) {
+		t.Errorf("nodeSelector %v, want only kubernetes.io/os: linux", spec.NodeSelector)
+	}
+	if len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists || spec.Tolerations[0].Key != "" {
+		t.Errorf("tolerations %+v, want every taint tolerated", spec.Tolerations)
+	}
+	if c := spec.InitContainers[0].SecurityContext; c == nil || c.Capabilities == nil || !slices.Equal(c.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) || !spec.HostNetwork {
+		t.Errorf("the cleanup needs NET_ADMIN in the node's network namespace: %+v hostNetwork %v", c, spec.HostNetwork)
+	}
+	for _, name := range []string{"rollback/daemonset.yaml", "uninstall/daemonset.yaml"} {
+		data, err := os.ReadFile(filepath.Join(deployDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "#") && strings.Contains(l, "masq-agent-ds-ready") {
+				t.Errorf("deploy/%s touches the node label: %s", name, l)
+			}
+		}
 	}
 }

@@ -74,7 +74,7 @@ func agentReadable(t *testing.T) string {
 // watches, repairs and serves its endpoint; and without CAP_NET_ADMIN,
 // where it must fail at once with one clear line.
 func TestLeastPrivilege(t *testing.T) {
-	testnet.Require(t, "setpriv")
+	testnet.Require(t, "setpriv", "grep")
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	bin := agentReadable(t)
@@ -128,7 +128,7 @@ func TestLeastPrivilege(t *testing.T) {
 		if out, err := topo.NFT("flush", "chain", "inet", nft.TableName, nft.DefaultChain); err != nil {
 			t.Fatalf("%v\n%s", err, out)
 		}
-		eventually(t, "the repair", func() bool { return strings.Contains(d.output(), "put it back") })
+		eventually(t, "the repair", func() bool { return strings.Contains(d.output(), repairLine) })
 		expectSources(t, topo, map[string]bool{internet1: true, private1: false})
 		if strings.Contains(d.output(), "level=ERROR") {
 			t.Errorf("errors with CAP_NET_ADMIN:\n%s", d.output())
@@ -161,7 +161,7 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 
 	t.Run("daemon without capabilities fails at start", func(t *testing.T) {
-		cmd := privileged(topo, rootNoCaps, bin, "--config", cfg, "--http-address=")
+		cmd := privileged(topo, rootNoCaps, bin, "--config", cfg, "--http-address=127.0.0.1:0")
 		var out strings.Builder
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -83,6 +84,9 @@ are masqueraded, and why: the CIDR and the key it comes from (such as
 "nonMasqueradeCIDRs[2] 10.0.0.0/8"), the link-local default, or the
 outbound default, from the config and flags alone.
 
+In the agent's pod (kubectl exec), the flags not given here are the running
+agent's (--agent-pid), so the answer is for the config and flags in force.
+
 --live also reads the kernel's current table inet ip-masq-agent (needs
 CAP_NET_ADMIN, run it on the node, e.g. in the agent's pod) and evaluates
 its rules as the kernel does, with the node's own addresses (never
@@ -114,14 +118,22 @@ missing"); 2 on errors.`,
 		},
 		{
 			name: "cleanup-iptables", args: "[--masq-chain NAME] [--watch DURATION]",
-			summary: "remove the original (iptables) ip-masq-agent's chain and POSTROUTING jump, IPv4 and IPv6",
+			summary: "remove the original (iptables) ip-masq-agent's chains and POSTROUTING jumps, IPv4 and IPv6",
 			about: `Removes what the original iptables ip-masq-agent left in the node's
 iptables-nft nat tables (table ip nat and table ip6 nat), in one
-transaction: the POSTROUTING rules that jump to the chain named by
---masq-chain, and that chain, flushed and deleted. Nothing else is touched.
-The daemon does the same by itself once the original agent is gone (its
-chain unchanged for twice the resync interval plus 5s); this command does
-it now. Needs CAP_NET_ADMIN: run it on the node.
+transaction: its chains and the POSTROUTING rules that jump to them. They
+are found by what they are, whatever --masq-chain the original ran with:
+the POSTROUTING rules that carry the original's comment ("ip-masq-agent:
+ensure nat POSTROUTING directs all non-LOCAL destination traffic to our
+custom ... chain", with or without the double quotes that Azure's
+ip-masq-agent-v2 and the original's v2.10-v2.12.1 leave in it) and the
+chains they jump to, and chains called IP-MASQ-AGENT or IP-MASQ whose
+every rule carries the original's comments. A chain of those names that holds anything else is reported and
+left alone; --masq-chain NAME removes the chain NAME (and the jumps to it)
+whatever it holds. Nothing else is touched. The daemon does the same by
+itself once the original agent is gone (its chains unchanged for twice
+the longest resync interval in force plus 5s); this command does it now.
+Needs CAP_NET_ADMIN: run it on the node.
 
 Before removing, it watches the chain for --watch: the original agent
 rewrites its chain at every resync, so a chain rewritten meanwhile means
@@ -140,14 +152,16 @@ but the chain was rewritten during --watch (the original agent still runs).`,
 		},
 		{
 			name: "list", args: "",
-			summary: "print the kernel's table inet ip-masq-agent in nft syntax, with counters (no nft needed)",
+			summary: "print the kernel's table inet ip-masq-agent in nft syntax, with counters and whether it is owned, orphaned or free",
 			about: `Reads the kernel's table inet ip-masq-agent through the agent's own netlink
 reader (needs CAP_NET_ADMIN: run it on the node, e.g. kubectl exec into the
 agent's pod, where there is no nft) and prints it as nft list table would,
 with each rule's counter. Whatever the table holds is shown, the agent's
-or not; what the agent did not make is marked "not the agent's".
+or not; what the agent did not make is marked "not the agent's". The first
+line says whether the table is owned (a running agent owns it), orphaned
+(its owner exited; it persists) or free (not owned).
 Exit status: 0; 1 when there is no table; 2 on errors.`,
-			example: "ip-masq-agent list\n  kubectl -n kube-system exec ds/ip-masq-agent-nft -- ip-masq-agent list",
+			example: "ip-masq-agent list\n  kubectl -n kube-system exec $POD -- /ip-masq-agent list   # $POD: the agent's pod on the node (docs/runbook.md)",
 			run:     runList,
 		},
 	}
@@ -183,15 +197,38 @@ func commandList(w io.Writer) {
 	fmt.Fprintln(w, "and \"ip-masq-agent --help\" for the agent's flags.")
 }
 
-// daemonUsage is the agent's --help.
+// daemonUsage is the agent's --help: the flags that mean something, then
+// the original agent's klog flags, accepted and ignored, by name only.
 func daemonUsage(fs *flag.FlagSet) {
 	w := fs.Output()
 	fmt.Fprintln(w, "Usage: ip-masq-agent [flags]")
 	fmt.Fprintln(w, "\nKeeps the node's table inet ip-masq-agent in line with the config file.")
 	fmt.Fprintln(w, "\nExample:\n  ip-masq-agent --config /etc/config/ip-masq-agent --enable-ipv6")
-	fmt.Fprintln(w, "\nTools: ip-masq-agent validate|render|explain|diff ... (ip-masq-agent help)")
+	fmt.Fprintln(w, "\nTools: ip-masq-agent validate|render|explain|diff|list|cleanup-iptables ... (ip-masq-agent help)")
 	fmt.Fprintln(w, "\nFlags:")
-	fs.PrintDefaults()
+	real := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	real.SetOutput(w)
+	var ignored []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "v" && slices.Contains(klogFlagNames, f.Name) {
+			ignored = append(ignored, "--"+f.Name)
+			return
+		}
+		real.Var(f.Value, f.Name, f.Usage)
+		real.Lookup(f.Name).DefValue = f.DefValue
+	})
+	real.PrintDefaults()
+	fmt.Fprintln(w, "\nAccepted for the original agent's DaemonSet args, and ignored (klog's flags;")
+	fmt.Fprintln(w, "logs always go to stderr; a warning at start names those given):")
+	line := " "
+	for _, name := range ignored {
+		if len(line)+1+len(name) > 78 {
+			fmt.Fprintln(w, line)
+			line = " "
+		}
+		line += " " + name
+	}
+	fmt.Fprintln(w, line)
 }
 
 // parse parses a command's flags, which may come before, between or after
@@ -355,41 +392,12 @@ func readInput(path string, stdin io.Reader) ([]byte, error) {
 	return data, nil
 }
 
-// loadConfig reads --config for a tool as the daemon reads it, and also
-// takes a ConfigMap manifest. Unlike the daemon, a tool fails on any bad
-// file of a directory (it has no last good content to fall back on).
+// loadConfig reads --config for a tool exactly as the daemon reads it
+// (config.Loader decides what the path is; a ConfigMap manifest is read
+// as the file it holds). Unlike the daemon, a tool fails on any bad file
+// of a directory (it has no last good content to fall back on).
 func loadConfig(path string, f config.Flags, stderr io.Writer) (config.Config, error) {
-	var cfg config.Config
-	var warns []string
-	var err error
-	fi, serr := os.Stat(path)
-	switch {
-	case serr == nil && fi.IsDir():
-		cfg, warns, err = (&config.Loader{}).Load(path, f)
-	case errors.Is(serr, fs.ErrNotExist):
-		fmt.Fprintf(stderr, "note: %s does not exist: the defaults apply, as they would for the agent\n", path)
-		return config.Default(f), nil
-	default:
-		var data []byte
-		if data, err = readInput(path, nil); err != nil {
-			return cfg, fmt.Errorf("%s: %w", path, err)
-		}
-		content, isManifest, merr := config.FromManifest(data)
-		switch {
-		case merr != nil:
-			return cfg, fmt.Errorf("%s: %w", path, merr)
-		case isManifest:
-			cfg, warns, err = config.Parse(content, f)
-			for i := range warns {
-				warns[i] = path + ": " + warns[i]
-			}
-			if err != nil {
-				err = fmt.Errorf("%s: %w", path, err)
-			}
-		default:
-			cfg, warns, err = config.Load(path, f)
-		}
-	}
+	cfg, warns, err := (&config.Loader{}).Load(path, f)
 	for _, w := range warns {
 		fmt.Fprintln(stderr, "warning: "+w)
 	}
@@ -397,12 +405,18 @@ func loadConfig(path string, f config.Flags, stderr io.Writer) (config.Config, e
 }
 
 // rulesetCommand parses a command's flags (the daemon's ruleset flags and
-// extra) and loads the config.
+// extra) and loads the config. The ruleset flags that the command line does
+// not give are the running agent's (--agent-pid): in the agent's pod, a
+// tool answers for the agent's own config and flags, with nothing retyped.
 func rulesetCommand(c *command, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (r rulesetFlags, cfg config.Config, pos []string, code int, done bool) {
 	r.register(fs)
+	agentPID := fs.String("agent-pid", "auto", "take the flags --config, --enable-ipv6, --masq-chain, ... that are not given here from the running agent's command line (/proc/PID/cmdline): auto (process 1 when it is the agent, as in the agent's pod), a PID, or none")
 	pos, code, done = c.parse(fs, args, stdout, stderr)
 	if done {
 		return
+	}
+	if err := adoptAgentFlags(fs, *agentPID, stderr); err != nil {
+		return r, cfg, pos, usageError(c, stderr, "%v", err), true
 	}
 	if err := r.finish(); err != nil {
 		return r, cfg, pos, usageError(c, stderr, "%v", err), true
@@ -413,6 +427,72 @@ func rulesetCommand(c *command, fs *flag.FlagSet, args []string, stdout, stderr 
 		return r, cfg, pos, 2, true
 	}
 	return r, cfg, pos, 0, false
+}
+
+// procCmdline reads a process's argv (tests replace it).
+var procCmdline = func(pid int) ([]string, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil, err
+	}
+	return strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00"), nil
+}
+
+// adoptAgentFlags sets the ruleset flags of fs that the command line did
+// not give to the running agent's (the daemon's) values, and says so on
+// stderr. spec is --agent-pid: "auto" (process 1 if it is the agent daemon,
+// else nothing), "none", or a PID (which must be the agent daemon).
+func adoptAgentFlags(fs *flag.FlagSet, spec string, stderr io.Writer) error {
+	pid := 1
+	switch spec {
+	case "none":
+		return nil
+	case "auto":
+		if os.Getpid() == 1 {
+			return nil
+		}
+	default:
+		n, err := strconv.Atoi(spec)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("--agent-pid %q: want auto, none or a process ID", spec)
+		}
+		pid = n
+	}
+	argv, err := procCmdline(pid)
+	isAgent := err == nil && len(argv) > 0 && filepath.Base(argv[0]) == "ip-masq-agent" &&
+		(len(argv) == 1 || strings.HasPrefix(argv[1], "-"))
+	if !isAgent {
+		if spec == "auto" {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("--agent-pid %d: %v", pid, err)
+		}
+		return fmt.Errorf("--agent-pid %d: not the ip-masq-agent daemon: %q", pid, argv)
+	}
+	d, _, done := parseDaemonFlags(argv[1:], io.Discard, io.Discard)
+	if done {
+		return fmt.Errorf("cannot read the running agent's flags (pid %d): %q", pid, argv[1:])
+	}
+	var names rulesetFlags
+	ruleset := flag.NewFlagSet("", flag.ContinueOnError)
+	names.register(ruleset)
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var adopted []string
+	d.visit(func(f *flag.Flag) {
+		if ruleset.Lookup(f.Name) == nil || given[f.Name] || fs.Lookup(f.Name) == nil {
+			return
+		}
+		if fs.Set(f.Name, f.Value.String()) == nil {
+			adopted = append(adopted, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	if len(adopted) == 0 {
+		adopted = []string{"(only defaults)"}
+	}
+	fmt.Fprintf(stderr, "note: with the running agent's flags (pid %d): %s\n", pid, strings.Join(adopted, " "))
+	return nil
 }
 
 func runRender(c *command, args []string, stdout, stderr io.Writer) int {
@@ -478,7 +558,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %v\n", hint(err))
 		return 2
 	}
-	original, oerr := readOriginal(r.nft.Chain)
+	original, oerr := readOriginal("")
 	if oerr != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: cannot look for the original agent's iptables rules: %v\n", hint(oerr))
 	}
@@ -547,7 +627,7 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 	}
 	// The original agent's jump, when there, decides before this table.
 	original := 0
-	if o, err := readOriginal(r.nft.Chain); err != nil {
+	if o, err := readOriginal(""); err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent diff: cannot look for the original agent's iptables rules: %v\n", hint(err))
 	} else {
 		original = printOriginal(stdout, o)
@@ -577,21 +657,30 @@ func printOriginal(w io.Writer, o nft.Original) int {
 	for _, f := range o.Families {
 		for _, j := range f.Jumps {
 			n++
-			fmt.Fprintf(w, "table %s chain POSTROUTING: the original ip-masq-agent's jump decides first (iptables nat POSTROUTING, priority srcnat, runs before table inet %s at srcnat + 10):\n  %s\n",
-				f.Table(), nft.TableName, j)
+			who := "the original ip-masq-agent's jump to chain " + f.Chain + " (its --masq-chain)"
+			if !o.Removable(f) {
+				who = "a jump to chain " + f.Chain + " (a name of the original agent's, but not its rules)"
+			}
+			fmt.Fprintf(w, "table %s chain POSTROUTING: %s decides first (iptables nat POSTROUTING, priority srcnat, runs before table inet %s at srcnat + 10):\n  %s\n",
+				f.Table(), who, nft.TableName, j)
 		}
 	}
 	if n > 0 {
 		fmt.Fprintln(w, "  (the agent removes it once the original agent is gone; ip-masq-agent cleanup-iptables removes it now)")
 	}
+	chain := o.Chain
+	if chain == "" {
+		chain = nft.DefaultChain
+	}
 	for _, tool := range o.Legacy {
-		fmt.Fprintf(w, "note: a legacy %s nat table exists; rules there cannot be seen; if the original agent used iptables-legacy, remove them with:\n  %s\n",
-			tool, strings.Join(nft.LegacyCommands(o.Chain, tool), "\n  "))
+		fmt.Fprintf(w, "note: a legacy %s nat table exists; rules there cannot be seen; if the original agent used iptables-legacy, remove them with (its --masq-chain for %s):\n  %s\n",
+			tool, chain, strings.Join(nft.LegacyCommands(chain, tool), "\n  "))
 	}
 	return n
 }
 
-// readOriginal reads the original agent's rules once.
+// readOriginal reads the original agent's rules once: found by what they
+// are, whatever --masq-chain the original ran with (chain: also by name).
 func readOriginal(chain string) (nft.Original, error) {
 	k := &nft.Netlink{}
 	defer k.Close()
@@ -600,11 +689,15 @@ func readOriginal(chain string) (nft.Original, error) {
 
 func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cleanup-iptables", flag.ContinueOnError)
-	chain := fs.String("masq-chain", nft.DefaultChain, "the original agent's --masq-chain")
+	chain := fs.String("masq-chain", "", "also remove this chain (and the jumps to it) whatever it holds; the original's chains are found without it")
 	watch := fs.Duration("watch", 3*time.Second, "watch the chain this long before removing it, to tell whether the original agent still rewrites it (0: do not watch)")
+	agentPID := fs.String("agent-pid", "auto", "take --masq-chain, when not given, from the running agent's command line: auto (process 1 when it is the agent, as in its pod), a PID, or none")
 	pos, code, done := c.parse(fs, args, stdout, stderr)
 	if done {
 		return code
+	}
+	if err := adoptAgentFlags(fs, *agentPID, stderr); err != nil {
+		return usageError(c, stderr, "%v", err)
 	}
 	if len(pos) > 0 {
 		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
@@ -619,14 +712,26 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "ip-masq-agent cleanup-iptables: %v\n", hint(err))
 		return 1
 	}
-	for _, tool := range o.Legacy {
-		fmt.Fprintf(stderr, "warning: a legacy %s nat table exists: rules written by %s-legacy cannot be seen over nftables; if the original agent used it, remove its rules with:\n  %s\n",
-			tool, tool, strings.Join(nft.LegacyCommands(*chain, tool), "\n  "))
+	legacyChain := *chain
+	if legacyChain == "" {
+		legacyChain = nft.DefaultChain
 	}
-	if !o.Present() {
-		fmt.Fprintf(stdout, "no chain %s and no jump to it in table ip nat or ip6 nat: nothing to remove\n", *chain)
+	for _, tool := range o.Legacy {
+		fmt.Fprintf(stderr, "warning: a legacy %s nat table exists: rules written by %s-legacy cannot be seen over nftables; if the original agent used it, remove its rules with (its --masq-chain for %s):\n  %s\n",
+			tool, tool, legacyChain, strings.Join(nft.LegacyCommands(legacyChain, tool), "\n  "))
+	}
+	for _, f := range o.Foreign() {
+		fmt.Fprintf(stderr, "warning: not removed: %s: no rule carries the original ip-masq-agent's comments; if it is the original's, run: ip-masq-agent cleanup-iptables --masq-chain %s\n", f.Summary(), f.Chain)
+	}
+	if o.Fingerprint() == "" {
+		what := "no chain of the original ip-masq-agent's (found by its comments, or called " + nft.DefaultChain + " or " + nft.AddonChain + ")"
+		if *chain != "" {
+			what += " and no chain " + *chain
+		}
+		fmt.Fprintf(stdout, "%s in table ip nat or ip6 nat: nothing to remove\n", what)
 		return 0
 	}
+	fmt.Fprintf(stdout, "found the original ip-masq-agent's chain %s (the --masq-chain it ran with)\n", strings.Join(o.RemovableChains(), ", "))
 	alive := false
 	if *watch > 0 {
 		time.Sleep(*watch)
@@ -637,7 +742,7 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 		}
 		if again.Fingerprint() != o.Fingerprint() {
 			alive = true
-			fmt.Fprintf(stderr, "warning: chain %s was rewritten within the last %s: the original ip-masq-agent still runs and will put its rules back at its next resync; stop it (delete its DaemonSet) and run this again\n", *chain, *watch)
+			fmt.Fprintf(stderr, "warning: chain %s was rewritten within the last %s: the original ip-masq-agent still runs and will put its rules back at its next resync; stop it (delete its DaemonSet) and run this again\n", strings.Join(again.Chains(), ", "), *watch)
 		}
 		o = again
 	}
@@ -679,8 +784,7 @@ func liveTable(c *command, pos []string, stderr io.Writer) (t *nft.Table, code i
 func readTable() (*nft.Table, error) {
 	k := &nft.Netlink{}
 	defer k.Close()
-	t, _, err := k.Read()
-	return t, err
+	return k.ReadAll()
 }
 
 func runList(c *command, args []string, stdout, stderr io.Writer) int {
@@ -697,6 +801,21 @@ func runList(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ip-masq-agent list: table inet %s does not exist\n", nft.TableName)
 		return 1
 	}
+	fmt.Fprintln(stdout, ownership(*table))
 	fmt.Fprint(stdout, nft.RenderCounters(*table))
 	return 0
+}
+
+// ownership is list's first line: whether the table is owned, orphaned or
+// free, and what that means for the node's nftables tools.
+func ownership(t nft.Table) string {
+	switch {
+	case t.Owner != nft.NotOwned:
+		return "# owned: a running process (the agent) owns it: every change by another process is refused, " +
+			"and nft -f of a saved ruleset that holds it fails (EPERM); save rulesets without it (docs/upgrade.md)"
+	case t.Persist:
+		return "# orphaned: its owner exited; it stays in force (flags persist) until an agent adopts it; " +
+			"nft 1.0.6 lists it with a bare \"flags \" line that nft -f refuses; save rulesets without it, or run the agent with --release-on-exit (docs/upgrade.md)"
+	}
+	return "# free: not owned (--own-table=false, --release-on-exit after exit, or a kernel before 6.9): any process may change it"
 }

@@ -123,7 +123,7 @@ func TestRenderCommand(t *testing.T) {
 	}
 	// A missing file means the defaults, as for the agent.
 	code, out, errOut = runCmd(t, "render", "--config", filepath.Join(t.TempDir(), "none"))
-	if code != 0 || !strings.Contains(out, "172.16.0.0/12") || !strings.Contains(errOut, "the defaults apply") {
+	if code != 0 || !strings.Contains(out, "172.16.0.0/12") || !strings.Contains(errOut, "the defaults are in force") {
 		t.Errorf("missing file: %d %q\n%s", code, errOut, out)
 	}
 	// Errors.
@@ -197,5 +197,52 @@ func TestDaemonFlagsUnchanged(t *testing.T) {
 	errBuf.Reset()
 	if code := run([]string{"--version"}, &outBuf, &errBuf); code != 0 || !strings.Contains(outBuf.String(), "ip-masq-agent") || errBuf.Len() != 0 {
 		t.Errorf("--version: %d %q %q", code, outBuf.String(), errBuf.String())
+	}
+}
+
+// TestToolsReadTheAgentsFlags: in the agent's pod (the agent is process 1),
+// render, explain and diff take the ruleset flags they are not given from
+// the agent's command line; flags given win; --agent-pid=none ignores it;
+// a process 1 that is not the agent is ignored.
+func TestToolsReadTheAgentsFlags(t *testing.T) {
+	cfg := writeFile(t, "agent-config", "nonMasqueradeCIDRs: [10.0.0.0/8, fd00::/8]\n")
+	argv := []string{"/ip-masq-agent", "--config=" + cfg, "--enable-ipv6", "--http-address=127.0.0.1:9753", "--masq-chain", "IP-MASQ", "--v=2"}
+	old := procCmdline
+	t.Cleanup(func() { procCmdline = old })
+	procCmdline = func(pid int) ([]string, error) {
+		if pid != 1 {
+			return nil, os.ErrNotExist
+		}
+		return argv, nil
+	}
+	code, out, errOut := runCmd(t, "render")
+	if code != 0 || !strings.Contains(out, "fd00::/8") || !strings.Contains(out, "chain IP-MASQ {") {
+		t.Errorf("render in the agent's pod: %d %q\n%s", code, errOut, out)
+	}
+	if !strings.Contains(errOut, "note: with the running agent's flags (pid 1): --config="+cfg+" --enable-ipv6=true --masq-chain=IP-MASQ") {
+		t.Errorf("render does not say which flags it took: %q", errOut)
+	}
+	if code, out, _ := runCmd(t, "explain", "10.1.2.3"); code != 0 || !strings.Contains(out, "nonMasqueradeCIDRs[0] 10.0.0.0/8") {
+		t.Errorf("explain in the agent's pod: %d\n%s", code, out)
+	}
+	// Flags given win.
+	if code, out, _ := runCmd(t, "render", "--masq-chain=OTHER"); code != 0 || !strings.Contains(out, "fd00::/8") || !strings.Contains(out, "chain OTHER {") {
+		t.Errorf("render with flags given: %d\n%s", code, out)
+	}
+	if code, out, errOut := runCmd(t, "render", "--agent-pid=none"); code != 0 || strings.Contains(out, "IP-MASQ {") || strings.Contains(errOut, "running agent") {
+		t.Errorf("--agent-pid=none: %d %q\n%s", code, errOut, out)
+	}
+	if code, _, errOut := runCmd(t, "render", "--agent-pid=7"); code != 2 || !strings.Contains(errOut, "--agent-pid 7") {
+		t.Errorf("--agent-pid=7 (no such process): %d %q", code, errOut)
+	}
+	// Process 1 is not the agent (a node, a test machine): nothing is taken.
+	argv = []string{"/sbin/init", "splash"}
+	if code, out, errOut := runCmd(t, "render"); code != 0 || strings.Contains(out, "IP-MASQ {") || strings.Contains(errOut, "running agent") {
+		t.Errorf("process 1 is init: %d %q\n%s", code, errOut, out)
+	}
+	// Nor is the agent running a tool.
+	argv = []string{"/ip-masq-agent", "render", "--config=" + cfg}
+	if code, _, errOut := runCmd(t, "render"); code != 0 || strings.Contains(errOut, "running agent") {
+		t.Errorf("process 1 is a tool: %d %q", code, errOut)
 	}
 }

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -95,6 +97,21 @@ func parseToPorts(s string) ([]nft.PortRange, error) {
 		out = append(out, nft.PortRange{First: uint16(ports[0]), Last: uint16(ports[1])})
 	}
 	return out, nil
+}
+
+// resyncSeconds is Azure ip-masq-agent-v2's --resync-interval (an int of
+// seconds, Go's flag.Int syntax): the resync interval of a config that sets
+// no resyncInterval (Azure's config files have no such key). Azure's agent
+// slept that many seconds between syncs, not at all for 0 or less; here,
+// as for resyncInterval in the config, the interval is at least 1s.
+func resyncSeconds(n int) (time.Duration, string) {
+	if n < 1 {
+		return time.Second, fmt.Sprintf("--resync-interval=%d is not positive; using 1s (Azure's ip-masq-agent-v2 re-synced without pause)", n)
+	}
+	if maxSeconds := int64(time.Duration(math.MaxInt64) / time.Second); int64(n) > maxSeconds {
+		return time.Duration(maxSeconds) * time.Second, fmt.Sprintf("--resync-interval=%d is longer than Go's durations; using %ds", n, maxSeconds)
+	}
+	return time.Duration(n) * time.Second, ""
 }
 
 // logFlags are the logging flags the original agent's binary accepts: the

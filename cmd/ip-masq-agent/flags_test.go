@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
@@ -143,5 +146,98 @@ func TestToPorts(t *testing.T) {
 		if err != nil || !slices.Equal(got, tt.want) {
 			t.Errorf("parseToPorts(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}
+	}
+}
+
+// TestHelpKlogFlagsApart: --help lists the flags that mean something, and
+// the ignored klog flags apart from them, by name only.
+func TestHelpKlogFlagsApart(t *testing.T) {
+	_, code, done, out, _ := parseArgs(t, "--help")
+	if !done || code != 0 {
+		t.Fatalf("--help: done=%v code=%d", done, code)
+	}
+	real, ignored, ok := strings.Cut(out, "\nAccepted for the original agent's DaemonSet args, and ignored")
+	if !ok {
+		t.Fatalf("--help has no block of ignored flags:\n%s", out)
+	}
+	for _, name := range klogFlagNames {
+		inReal := strings.Contains(real, "\n  -"+name+" ") || strings.Contains(real, "\n  -"+name+"\n")
+		switch {
+		case name == "v" && !inReal:
+			t.Errorf("-v (it sets the log level) is not among the flags")
+		case name != "v" && inReal:
+			t.Errorf("the ignored klog flag -%s is listed among the real flags", name)
+		case name != "v" && !slices.Contains(strings.Fields(ignored), "--"+name):
+			t.Errorf("the ignored klog flag --%s is not in the ignored block:\n%s", name, ignored)
+		}
+	}
+	for _, name := range []string{"config", "http-address", "enable-ipv6", "masq-chain", "to-ports"} {
+		if !strings.Contains(real, "\n  -"+name) {
+			t.Errorf("--%s is not listed", name)
+		}
+	}
+}
+
+// TestEmptyHTTPAddressRefused: the probes need the endpoint, so the daemon
+// refuses an empty --http-address; --once and --cleanup serve nothing.
+func TestEmptyHTTPAddressRefused(t *testing.T) {
+	if _, code, done, _, errOut := parseArgs(t, "--http-address="); !done || code != 2 || !strings.Contains(errOut, "probes") {
+		t.Errorf("--http-address=: done=%v code=%d %q", done, code, errOut)
+	}
+	for _, extra := range []string{"--once", "--cleanup"} {
+		if _, code, done, _, errOut := parseArgs(t, "--http-address=", extra); done || code != 0 {
+			t.Errorf("--http-address= %s: done=%v code=%d %q", extra, done, code, errOut)
+		}
+	}
+}
+
+// Every flag of Azure/ip-masq-agent-v2 (cmd/ip-masq-agent-v2: its own four
+// and those of klog.InitFlags, klog v2.130.1, a subset of the original's)
+// is accepted; --resync-interval is honoured as the interval of a config
+// that sets none.
+func TestAzureFlagsAccepted(t *testing.T) {
+	args := []string{
+		"--masq-chain=IP-MASQ-AGENT", "--nomasq-all-reserved-ranges=false", "--enable-ipv6", "--resync-interval=30",
+		"--log_dir=/tmp", "--log_file=/tmp/x.log", "--log_file_max_size=10", "--logtostderr", "--alsologtostderr=false",
+		"--v=2", "--add_dir_header=false", "--skip_headers=false", "--one_output=false", "--skip_log_headers=false",
+		"--stderrthreshold=2", "--vmodule=", "--log_backtrace_at=",
+	}
+	d, code, done, out, errOut := parseArgs(t, args...)
+	if done || code != 0 || out != "" || errOut != "" {
+		t.Fatalf("parse: done=%v code=%d stdout %q stderr %q", done, code, out, errOut)
+	}
+	if d.flags.ResyncInterval != 30*time.Second || !d.flags.EnableIPv6 {
+		t.Errorf("parsed %+v", d.flags)
+	}
+	// Azure's agent masqueraded without --random-fully: the difference is warned about, once.
+	if !strings.Contains(d.resyncWarning, "unless --random-fully=false") {
+		t.Errorf("no warning about fully-random ports: %q", d.resyncWarning)
+	}
+	if d, _, _, _, _ := parseArgs(t, "--resync-interval=30", "--random-fully=false"); d.resyncWarning != "" || d.nft.RandomFully {
+		t.Errorf("--random-fully=false given: warning %q", d.resyncWarning)
+	}
+	if got := config.Default(d.flags).ResyncInterval; got != 30*time.Second {
+		t.Errorf("the default config's interval with --resync-interval=30: %s", got)
+	}
+	// A config's resyncInterval wins over the flag.
+	if c, _, err := config.Parse([]byte("resyncInterval: 5s\n"), d.flags); err != nil || c.ResyncInterval != 5*time.Second {
+		t.Errorf("config with resyncInterval: %s %v", c.ResyncInterval, err)
+	}
+	if c, _, err := config.Parse([]byte("nonMasqueradeCIDRs: [10.0.0.0/8]\n"), d.flags); err != nil || c.ResyncInterval != 30*time.Second {
+		t.Errorf("config without resyncInterval: %s %v", c.ResyncInterval, err)
+	}
+	// Not given: the config's default, 60s.
+	if d, _, _, _, _ := parseArgs(t, "--v=2"); d.flags.ResyncInterval != 0 || config.Default(d.flags).ResyncInterval != time.Minute {
+		t.Errorf("without the flag: %s", d.flags.ResyncInterval)
+	}
+	// Go's flag.Int syntax, as Azure's; 0 or less: 1s with one warning; not a number: refused.
+	for arg, want := range map[string]time.Duration{"-resync-interval=0x10": 16 * time.Second, "--resync-interval=0": time.Second, "--resync-interval=-5": time.Second} {
+		d, code, done, _, errOut := parseArgs(t, arg, "--random-fully")
+		if done || code != 0 || d.flags.ResyncInterval != want || (want == time.Second) != strings.Contains(d.resyncWarning, "--resync-interval=") {
+			t.Errorf("%s: %s warning %q (%d %q)", arg, d.flags.ResyncInterval, d.resyncWarning, code, errOut)
+		}
+	}
+	if _, code, done, _, errOut := parseArgs(t, "--resync-interval=1m"); !done || code != 2 || !strings.Contains(errOut, "resync-interval") {
+		t.Errorf("--resync-interval=1m: %d %q", code, errOut)
 	}
 }

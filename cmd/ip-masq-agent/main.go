@@ -39,6 +39,7 @@ type options struct {
 	rulesetFlags // --config and the flags that shape the ruleset (flags.go)
 	once         bool
 	ownTable     bool
+	release      bool
 	conntrack    conntrack.Mode
 	cleanup      bool
 	httpAddr     string
@@ -50,7 +51,8 @@ type daemonFlags struct {
 	logFormat, logLevel string
 	logFlags            logFlags               // the original agent's klog flags (flags.go)
 	logIgnored          string                 // the warning about those that have no effect, if any
-	visit               func(func(*flag.Flag)) // every flag, for the start line
+	resyncWarning       string                 // the warning about a --resync-interval below 1 s, if any
+	visit               func(func(*flag.Flag)) // the flags given, for the start line
 }
 
 // parseDaemonFlags parses the daemon's flags. --help and --version write
@@ -69,12 +71,15 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 	o.conntrack = conntrack.DefaultMode
 	fs.Var(&o.conntrack, "conntrack-cleanup", "after a change of decisions, delete the conntrack entries that keep the old one: udp (default), all (also breaks established TCP to the changed ranges) or none")
 	fs.BoolVar(&o.ownTable, "own-table", true, "own the table (Linux 6.9+): while the agent runs no other process can change it; false: verify and repair only")
-	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz; empty disables")
+	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz (HOST:PORT; the DaemonSet's probes need it, so it cannot be empty; :9753 or NODE_IP:9753 to let Prometheus scrape it)")
+	fs.BoolVar(&o.release, "release-on-exit", false, "at exit, leave the table unowned and not persistent (one transaction) rather than orphaned, so that saved rulesets (nft list ruleset) load with nft -f; --once then never owns it")
 	fs.StringVar(&d.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&d.logLevel, "log-level", "", "log level: debug, info, warn or error (overrides --v)")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
 	// The original agent's logging flags (klog's), -v among them.
 	d.logFlags.register(fs)
+	// Azure/ip-masq-agent-v2's own flag (its others are the original's).
+	resync := fs.Int("resync-interval", 60, "Azure ip-masq-agent-v2's flag: the resync interval in seconds of a config that sets no resyncInterval")
 	// A parse error goes to stderr with the usage; --help to stdout alone.
 	help := false
 	fs.Usage = func() {
@@ -107,11 +112,29 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 		return d, 0, true
 	}
 	d.logIgnored = d.logFlags.ignored(fs)
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if given["resync-interval"] {
+		o.flags.ResyncInterval, d.resyncWarning = resyncSeconds(*resync)
+		if !given["random-fully"] {
+			// An Azure ip-masq-agent-v2 command line: its MASQUERADE rule
+			// had no --random-fully.
+			d.resyncWarning = strings.TrimPrefix(d.resyncWarning+"; ", "; ") + "--resync-interval is Azure ip-masq-agent-v2's flag, whose agent masqueraded without fully-random source ports; " +
+				"this agent masquerades with them (the kubernetes-sigs agent's default) unless --random-fully=false"
+		}
+	}
 	if err := o.finish(); err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
 		return d, 2, true
 	}
-	d.visit = fs.VisitAll
+	// The probes of the shipped DaemonSet need /healthz and /readyz: an
+	// agent without the endpoint would be restarted forever. (--once and
+	// --cleanup serve nothing.)
+	if o.httpAddr == "" && !o.once && !o.cleanup {
+		fmt.Fprintf(stderr, "ip-masq-agent: --http-address is empty, but the DaemonSet's liveness and readiness probes need /healthz and /readyz there; keep the default %s (the node's loopback only), or give 127.0.0.1:0 for a port of no use to anyone\n", metrics.DefaultAddress)
+		return d, 2, true
+	}
+	d.visit = fs.Visit
 	return d, 0, false
 }
 
@@ -132,9 +155,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	attrs := []any{"version", version}
+	// The version, the config source and the flags that differ from
+	// their defaults: one short line.
+	attrs := []any{"version", version, "config", config.KindOf(o.configPath).String() + " " + o.configPath}
 	d.visit(func(f *flag.Flag) {
-		if f.Name != "version" {
+		if f.Name != "version" && f.Name != "config" && f.Value.String() != f.DefValue {
 			attrs = append(attrs, f.Name, f.Value.String())
 		}
 	})
@@ -142,9 +167,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if d.logIgnored != "" {
 		log.Warn(d.logIgnored)
 	}
+	if d.resyncWarning != "" {
+		log.Warn(d.resyncWarning)
+	}
 
 	slog.SetDefault(log)
-	k := &nft.Netlink{NoOwner: !o.ownTable}
+	// --once --release-on-exit: no owner to release; the table is written unowned.
+	k := &nft.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
 	defer k.Close()
 	m := metrics.New(version, func() ([]metrics.RuleCounter, error) {
 		cs, err := k.DecisionCounters(o.nft.Chain)
@@ -173,6 +202,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch {
 	case o.cleanup:
+		// Say which happened: read first (Delete does nothing without a table).
+		if t, _, err := k.Read(); err == nil && t == nil {
+			log.Info("there is no table inet " + nft.TableName + ": nothing to delete")
+			return 0
+		}
 		if err := k.Delete(); err != nil {
 			if errors.Is(err, nft.ErrOwnedByOther) {
 				log.Error("cleanup refused: a running agent owns the table and would put it back; delete its DaemonSet (or stop it) first", "err", err)
@@ -181,7 +215,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			return 1
 		}
-		log.Info("deleted table inet " + nft.TableName + " (or there was none)")
+		log.Info("deleted table inet " + nft.TableName)
 		return 0
 	case o.once:
 		if err := ag.Sync(time.Now()); err != nil {
@@ -221,6 +255,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Warn("the loop did not stop in time (a netlink request is slow); exiting anyway", "waited", stopTimeout)
 	}
 	// The rules stay: masquerade must survive a restart or a rolling update.
+	if o.release {
+		select {
+		case <-loopDone:
+			// The table, re-created unowned in one transaction: no
+			// moment without it.
+			switch released, err := k.Release(); {
+			case err != nil:
+				log.Error("cannot release the table at exit; it stays owned until this process exits, then orphaned", "err", agent.Hint(err))
+			case released:
+				log.Info("released table inet " + nft.TableName + ": it stays in place, unowned and not persistent")
+			}
+		default: // the loop still holds the socket's lock: exit without it
+		}
+	}
 	log.Info("stopping; the rules stay in place")
 	return 0
 }
@@ -255,10 +303,13 @@ func watchConfig(ctx context.Context, path string, log *slog.Logger) <-chan stru
 	onError := func(err error) { log.Warn("watching the config file", "err", err) }
 	var ch <-chan struct{}
 	var err error
-	if fi, serr := os.Stat(path); serr == nil && fi.IsDir() {
+	switch config.KindOf(path) {
+	case config.SourceNone:
+		return nil
+	case config.SourceDir:
 		// A directory of files (a projected volume of ConfigMaps): config.Loader merges them.
 		ch, err = filewatch.WatchDir(ctx, path, config.IsConfigName, debounce, onError)
-	} else {
+	default:
 		ch, err = filewatch.Watch(ctx, path, debounce, onError)
 	}
 	if err != nil {

@@ -261,6 +261,10 @@ func (s *suite) run() error {
 	if err := s.rollingUpdate(); err != nil {
 		return err
 	}
+	// docs/upgrade.md's roll back to the original, then the upgrade again.
+	if err := s.rollback(); err != nil {
+		return err
+	}
 	return s.uninstall()
 }
 
@@ -902,7 +906,7 @@ func (s *suite) uninstall() error {
 	// A node that still holds the original's rules too (as one does whose
 	// old agent stopped less than 2 x resyncInterval + 5 s before): written
 	// once now by the original's stand-in, with the machine's iptables-nft.
-	if _, err := run(s.ctx, time.Minute, "nsenter", "--net="+s.n.nodeNS, "--", s.n.path("bin", "original"), "-once", "-config="+s.n.path("operator", "config")); err != nil {
+	if _, err := run(s.ctx, time.Minute, "nsenter", "--net="+s.n.nodeNS, "--", s.n.path("bin", "original"), "-once", "-masq-chain="+originalChain, "-config="+s.n.path("operator", "config")); err != nil {
 		return err
 	}
 	h, jump := s.originalState(s.ctx)

@@ -40,9 +40,17 @@ resyncInterval: 10s
 
 const (
 	operatorResync = 10 * time.Second
-	originalChain  = "IP-MASQ-AGENT"
-	originalLabel  = "k8s-app=ip-masq-agent"
+	// originalChain is the old DaemonSet's --masq-chain, as in the
+	// Kubernetes addon manifest and on GKE: not this agent's default, and
+	// not copied into this agent's flags (README step 1 leaves it out here),
+	// so that the agent has to find the chain by what it is.
+	originalChain = "IP-MASQ"
+	originalLabel = "k8s-app=ip-masq-agent"
 )
+
+// originalArgs are the old DaemonSet's args: a custom chain, and IPv6 (its
+// rules in table ip6 nat too).
+var originalArgs = []string{"--masq-chain=" + originalChain, "--enable-ipv6"}
 
 // quietBound is how long the agent must see the original's chain
 // unchanged before it removes it: 2 x resyncInterval + 5 s.
@@ -57,15 +65,16 @@ func removalBound(resync time.Duration) time.Duration { return resync/4 + quietB
 // originalRules is what iptables-nft-save prints of the rules the original
 // writes for operatorConfig (in the order iptables-save prints matches).
 var originalRules = []string{
-	`-A POSTROUTING -m comment --comment "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom IP-MASQ-AGENT chain" -m addrtype ! --dst-type LOCAL -j IP-MASQ-AGENT`,
-	`-A IP-MASQ-AGENT -d 198.51.100.0/24 -m comment --comment "ip-masq-agent: local traffic is not subject to MASQUERADE" -j RETURN`,
-	`-A IP-MASQ-AGENT -d 172.16.0.0/12 -m comment --comment "ip-masq-agent: local traffic is not subject to MASQUERADE" -j RETURN`,
-	`-A IP-MASQ-AGENT -m comment --comment "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)" -j MASQUERADE --random-fully`,
+	`-A POSTROUTING -m comment --comment "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom IP-MASQ chain" -m addrtype ! --dst-type LOCAL -j IP-MASQ`,
+	`-A IP-MASQ -d 198.51.100.0/24 -m comment --comment "ip-masq-agent: local traffic is not subject to MASQUERADE" -j RETURN`,
+	`-A IP-MASQ -d 172.16.0.0/12 -m comment --comment "ip-masq-agent: local traffic is not subject to MASQUERADE" -j RETURN`,
+	`-A IP-MASQ -m comment --comment "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)" -j MASQUERADE --random-fully`,
 }
 
 // originalDaemonSet is the original's manifest (ip-masq-agent.yaml of
 // kubernetes-sigs/ip-masq-agent: hostNetwork, NET_ADMIN and NET_RAW, the
-// ConfigMap at /etc/config), with the stand-in's local image.
+// ConfigMap at /etc/config), with the stand-in's local image and the
+// addon manifest's --masq-chain=IP-MASQ, and --enable-ipv6.
 func originalDaemonSet() string {
 	return fmt.Sprintf(`apiVersion: apps/v1
 kind: DaemonSet
@@ -87,6 +96,7 @@ spec:
       - name: ip-masq-agent
         image: %s
         imagePullPolicy: Never
+        args: ["%s"]
         securityContext:
           privileged: false
           capabilities:
@@ -102,19 +112,24 @@ spec:
             items:
               - key: config
                 path: ip-masq-agent
-`, originalImage)
+`, originalImage, strings.Join(originalArgs, `", "`))
 }
 
 // savedOriginalRules returns the lines of iptables-nft-save -t nat in the
 // node that belong to the original (its chain, the jump to it).
 func (s *suite) savedOriginalRules() ([]string, error) {
-	out, err := run(s.ctx, 30*time.Second, "nsenter", "--net="+s.n.nodeNS, "--", "iptables-nft-save", "-t", "nat")
+	return s.savedOriginalRulesOf("iptables-nft-save")
+}
+
+// savedOriginalRulesOf is savedOriginalRules with ip6tables-nft-save too.
+func (s *suite) savedOriginalRulesOf(save string) ([]string, error) {
+	out, err := run(s.ctx, 30*time.Second, "nsenter", "--net="+s.n.nodeNS, "--", save, "-t", "nat")
 	if err != nil {
 		return nil, err
 	}
 	var rules []string
 	for _, l := range strings.Split(out, "\n") {
-		if strings.HasPrefix(l, "-A ") && strings.Contains(l, originalChain) {
+		if strings.HasPrefix(l, "-A ") && strings.Contains(l, "-j "+originalChain) || strings.HasPrefix(l, "-A "+originalChain+" ") {
 			rules = append(rules, l)
 		}
 	}
@@ -294,9 +309,14 @@ func (s *suite) upgrade() error {
 	w, stopWatch := s.watchOldRules(s.ctx)
 	defer stopWatch()
 
-	// Step 1.
+	// Step 1: what the old DaemonSet has. Its manifest is saved as
+	// docs/upgrade.md says, for the roll back later. Its flags are NOT
+	// copied: the agent must find the IP-MASQ chain by itself.
 	out, err := s.kubectl(30*time.Second, "-n", "kube-system", "get", "daemonset", "ip-masq-agent", "-o", "jsonpath={.spec.template.spec.containers[0].args}")
-	s.assert(err == nil && out == "", "step 1: the old DaemonSet's args %q: none to copy into deploy/daemonset.yaml (the original's manifest has none)", out)
+	s.assert(err == nil && out == `["`+strings.Join(originalArgs, `","`)+`"]`, "step 1: the old DaemonSet's args %s: deliberately not copied (the agent finds the old chain whatever its name)", out)
+	if err := s.saveOriginalManifest(); err != nil {
+		return err
+	}
 
 	// Step 2: kubectl apply -k deploy/ (with the local image), rollout status.
 	tInstall := time.Now()
@@ -328,6 +348,9 @@ func (s *suite) upgrade() error {
 	s.assert(goneAt.IsZero() && absent == 0 && !strings.Contains(logs, "removed the original ip-masq-agent's iptables rules") &&
 		strings.Contains(logs, "found the original ip-masq-agent's iptables rules") && strings.Contains(logs, "the original ip-masq-agent still runs"),
 		"while the original runs, the agent reports its rules (\"found ...\", \"... still runs\") and leaves them: chain and jump present at all %d polls every 200 ms", polls)
+	s.assert(strings.Contains(logs, `"original --masq-chain"=`+originalChain), "the agent, run without --masq-chain, names the chain it found and the old agent's --masq-chain (%s)", originalChain)
+	rules6, err := s.savedOriginalRulesOf("ip6tables-nft-save")
+	s.assert(err == nil && len(rules6) == 3, "the old agent's IPv6 rules are there too (ip6tables-nft-save: %d rules: %s)", len(rules6), strings.Join(rules6, "; "))
 
 	// Step 4.
 	tDel := time.Now()
@@ -353,6 +376,8 @@ func (s *suite) upgrade() error {
 		return errors.New("the original's rules were not removed")
 	}
 	after := goneAt.Sub(lastChange)
+	rules6, err = s.savedOriginalRulesOf("ip6tables-nft-save")
+	s.assert(err == nil && len(rules6) == 0, "step 5: and from table ip6 nat (ip6tables-nft-save: %s)", strings.Join(rules6, "; "))
 	s.assert(after <= bound+time.Second, "step 5: removed %s after the old agent's last resync (its last rewrite of the chain), within the README's 2.25 x resyncInterval + 5 s = %s (it saw the last rewrite up to a quarter interval late, then waited 2 x resyncInterval + 5 s)",
 		after.Round(100*time.Millisecond), bound)
 	var legacyRules string

@@ -17,7 +17,12 @@
 //     masqLinkLocal), the MASQUERADE rule (--random-fully), "COMMIT";
 //  5. sleeps resyncInterval.
 //
-// IPv6 (--enable-ipv6) likewise with ip6tables. Not implemented: --to-ports.
+// IPv6 (--enable-ipv6) likewise with ip6tables; --masq-chain names the
+// chain (the Kubernetes addon manifest's IP-MASQ, or anything else);
+// --to-ports adds, as the original's writeMasqToPortsRules, one MASQUERADE
+// rule per protocol (tcp, udp, sctp) and range before the last one, all
+// but the last range of each protocol behind "-m statistic --mode random
+// --probability" (each range's share of what is left).
 // -once does one resync and exits (the harness uses it to leave the
 // original's rules on a node, as a node whose old agent just stopped has).
 package main
@@ -33,6 +38,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -57,7 +64,50 @@ var (
 	randomFully = flag.Bool("random-fully", true, "Whether to add --random-fully to the masquerade rule.")
 	once        = flag.Bool("once", false, "one resync, then exit (not the original's)")
 	iptables    = flag.String("iptables", "iptables-nft", "the iptables binary (ip6tables: the same with ip6 for ip)")
+	toPorts     = flag.String("to-ports", "", `Masquerade to specified ports only, example: "1024-29999,32768-65535"; applicable to tcp, udp, sctp protocols.`)
 )
+
+// portRange is one range of --to-ports.
+type portRange struct{ first, last int }
+
+func (r portRange) size() int { return r.last - r.first + 1 }
+
+func (r portRange) String() string {
+	if r.first == r.last {
+		return strconv.Itoa(r.first)
+	}
+	return fmt.Sprintf("%d-%d", r.first, r.last)
+}
+
+// parsePorts is the original's interval.ParseIntervals: ports or FIRST-LAST
+// ranges separated by commas.
+func parsePorts(s string) ([]portRange, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []portRange
+	for _, part := range strings.Split(s, ",") {
+		f := strings.Split(part, "-")
+		if len(f) > 2 {
+			return nil, fmt.Errorf("invalid interval %q", part)
+		}
+		a, err := strconv.Atoi(f[0])
+		if err != nil {
+			return nil, err
+		}
+		b := a
+		if len(f) == 2 {
+			if b, err = strconv.Atoi(f[1]); err != nil {
+				return nil, err
+			}
+		}
+		if a > b {
+			return nil, fmt.Errorf("invalid interval %q", part)
+		}
+		out = append(out, portRange{a, b})
+	}
+	return out, nil
+}
 
 // duration is metav1.Duration's JSON form: a string for time.ParseDuration.
 type duration struct{ time.Duration }
@@ -97,6 +147,9 @@ func defaults() *masqConfig {
 
 func main() {
 	flag.Parse()
+	if _, err := parsePorts(*toPorts); err != nil {
+		log.Fatalf("Invalid --to-ports flag %q: %v", *toPorts, err)
+	}
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	// The pod's SIGTERM ends it at once (the original dies with it too).
 	sig := make(chan os.Signal, 1)
@@ -204,6 +257,21 @@ func Rules(family string, c *masqConfig) string {
 	masq := []string{"-A", *masqChain, masqRuleComment, "-j", "MASQUERADE"}
 	if *randomFully { // iptables >= 1.6.2 has it
 		masq = append(masq, "--random-fully")
+	}
+	ports, _ := parsePorts(*toPorts) // checked at start
+	for _, proto := range []string{"tcp", "udp", "sctp"} {
+		total := 0
+		for _, r := range ports {
+			total += r.size()
+		}
+		for _, r := range ports {
+			args := append(slices.Clone(masq), "-p", proto)
+			if total != r.size() {
+				args = append(args, "-m", "statistic", "--mode", "random", "--probability", strconv.FormatFloat(float64(r.size())/float64(total), 'f', -1, 64))
+			}
+			total -= r.size()
+			line(append(args, "--to-ports", r.String())...)
+		}
 	}
 	line(masq...)
 	line("COMMIT")

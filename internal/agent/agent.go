@@ -73,6 +73,7 @@ type Agent struct {
 	lastErr      string
 
 	configBad bool          // the last load of the config failed (not a partial directory)
+	notReady  string        // why the kernel's table is not the config's, though it was verified
 	orig      OriginalRules // nil: the kernel cannot look for the original's rules
 	original  originalState
 }
@@ -90,8 +91,11 @@ const (
 	rivalRepairs = 3
 	rivalWindow  = 10 * time.Second
 	// ownedRetry is how often an agent that finds the table owned by
-	// another process looks again (the owner's exit orphans it).
+	// another process looks again (the owner's exit orphans it). A look
+	// reads only the table's flags and owner.
 	ownedRetry = time.Second
+	// heartbeat is how often the loop turns at the least, for /healthz.
+	heartbeat = 10 * time.Second
 )
 
 // Run syncs now, then on every config change, every kernel event and
@@ -104,7 +108,8 @@ func (a *Agent) Run(ctx context.Context, fileChanged <-chan struct{}) {
 	a.deadline = time.Now().Add(a.interval())
 	a.Sync(time.Now())
 	for {
-		wait := time.Until(a.next())
+		a.metrics.Alive()
+		wait := min(time.Until(a.next()), heartbeat)
 		timer := time.NewTimer(max(wait, 0))
 		select {
 		case <-ctx.Done():
@@ -217,23 +222,32 @@ func (a *Agent) sync(now time.Time) error {
 		}
 		a.lastWarnings = warnings
 	}
+	a.notReady = ""
 	switch _, serr := os.Stat(a.opts.ConfigPath); {
 	case partial:
 		// Some files of a config directory are bad: the merge of the
 		// others with the bad ones' last good content is applied.
 		a.metrics.ConfigLoaded("error")
 		a.logError("config file not applied; its last good content stays in force with the other files", err)
+		a.notReady = "config not applied: " + err.Error() + "; its last good content stays in force with the other files"
 	case err != nil:
 		a.metrics.ConfigLoaded("error")
 		a.logError("config not applied; the rules in the kernel are unchanged", err)
 		a.failed(now, err)
+		if a.want == nil {
+			a.metrics.NotReady("no config applied yet: " + err.Error())
+			return err
+		}
 		// The last good table stays in force, and verified: a bad
-		// ConfigMap is no reason for the kubelet to restart the agent.
-		if a.want != nil {
-			start := time.Now()
-			if _, kerr := nft.Ensure(a.kernel, *a.want); kerr == nil {
-				a.metrics.SyncDone("success", time.Since(start))
-			}
+		// ConfigMap is no reason for the kubelet to restart the agent,
+		// but the kernel's table is not the config's: not ready.
+		a.notReady = "config not applied: " + err.Error() + "; the last good config's table stays in force"
+		start := time.Now()
+		if _, kerr := nft.EnsureBy(a.kernel, *a.want, a.retryBy(now)); kerr == nil {
+			a.metrics.SyncDone("success", time.Since(start))
+			a.metrics.NotReady(a.notReady)
+		} else {
+			a.kernelFailed(now, kerr, time.Since(start))
 		}
 		return err
 	case errors.Is(serr, fs.ErrNotExist):
@@ -241,9 +255,14 @@ func (a *Agent) sync(now time.Time) error {
 	default:
 		a.metrics.ConfigLoaded("success")
 	}
-	want := nft.Build(cfg, a.opts.NFT)
+	var want nft.Table
+	if a.cfg != nil && a.cfg.Equal(cfg) {
+		want = *a.want // a resync: 100,000 CIDRs take tens of ms to build
+	} else {
+		want = nft.Build(cfg, a.opts.NFT)
+	}
 	start := time.Now()
-	res, err := nft.Ensure(a.kernel, want)
+	res, err := nft.EnsureBy(a.kernel, want, a.retryBy(now))
 	took := time.Since(start)
 	if err != nil {
 		a.kernelFailed(now, err, took)
@@ -254,9 +273,11 @@ func (a *Agent) sync(now time.Time) error {
 		a.waiting = false
 		a.metrics.RivalWriter(false)
 	}
+	a.failures = 0
+	a.verified()
 	a.metrics.SyncDone("success", took)
-	a.metrics.SetStaleAfter(3 * cfg.ResyncInterval)
 	a.setElements(cfg, want)
+	a.metrics.ConfigApplied(cfg.Hash())
 	if !partial {
 		a.lastErr = ""
 	}
@@ -287,7 +308,6 @@ func (a *Agent) sync(now time.Time) error {
 		a.opts.Applied(*a.want, want)
 	}
 	a.cfg, a.want = &cfg, &want
-	a.failures = 0
 	a.deadline = now.Add(cfg.ResyncInterval)
 	return nil
 }
@@ -301,13 +321,14 @@ func (a *Agent) repair(now time.Time) {
 		return // nothing applied yet; the sync's retries take care
 	}
 	start := time.Now()
-	res, err := nft.Ensure(a.kernel, *a.want)
+	res, err := nft.EnsureBy(a.kernel, *a.want, a.retryBy(now))
 	if err != nil {
 		if errors.Is(err, nft.ErrOwnedByOther) {
 			a.ownedByOther(now)
 			return
 		}
 		a.logError("repair failed; retrying", err)
+		a.metrics.NotReady("repair failed: " + Hint(err).Error())
 		// Back off from the end of the failed attempt, which a slow
 		// kernel can make long, by the failures in a row.
 		if took := time.Since(start); took > time.Second {
@@ -318,6 +339,12 @@ func (a *Agent) repair(now time.Time) {
 		return
 	}
 	a.repairFailures = 0
+	if a.waiting {
+		a.log.Info("adopted table inet " + nft.TableName + ": its previous owner is gone")
+		a.waiting = false
+		a.metrics.RivalWriter(false)
+	}
+	a.verified()
 	if res.Unchanged {
 		a.log.Debug("verified the table after an nftables event: unchanged", "took", time.Since(start).Round(time.Microsecond))
 		return
@@ -360,9 +387,29 @@ func (a *Agent) ownedByOther(now time.Time) {
 		a.waiting = true
 	}
 	a.metrics.RivalWriter(true)
+	a.metrics.NotReady("another process owns table inet " + nft.TableName + " (another ip-masq-agent?); waiting for it to exit")
 	if a.want != nil {
 		a.repairAt = now.Add(ownedRetry)
 	}
+}
+
+// verified: the kernel was just found holding the last good config's table.
+func (a *Agent) verified() {
+	if a.failures > 0 {
+		return // the last sync failed: its reason stands until one succeeds
+	}
+	if a.notReady != "" {
+		a.metrics.NotReady(a.notReady)
+		return
+	}
+	a.metrics.Ready()
+}
+
+// retryBy bounds an Ensure's retries after stale reads and plans (a busy
+// node): the next resync, and nft.Patience at the most, so that the loop
+// keeps turning.
+func (a *Agent) retryBy(now time.Time) time.Time {
+	return now.Add(min(a.interval(), nft.Patience))
 }
 
 func (a *Agent) failed(now time.Time, err error) {
@@ -378,11 +425,14 @@ func (a *Agent) kernelFailed(now time.Time, err error, took time.Duration) {
 	a.metrics.SyncDone("error", took)
 	if errors.Is(err, nft.ErrOwnedByOther) {
 		a.ownedByOther(now)
-		a.metrics.SyncFailed(err.Error())
 		return
 	}
 	err = Hint(err)
-	a.metrics.SyncFailed(err.Error())
+	if a.want == nil {
+		a.metrics.NotReady("no config applied yet: last sync failed: " + err.Error())
+	} else {
+		a.metrics.NotReady("last sync failed: " + err.Error())
+	}
 	a.logError("sync failed; the kernel keeps its previous rules", err)
 }
 

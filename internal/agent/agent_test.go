@@ -114,8 +114,15 @@ func (h *harness) get(path string) (int, string) {
 	return rec.Code, rec.Body.String()
 }
 
+// healthy is liveness: the loop turns.
 func (h *harness) healthy() bool {
 	code, _ := h.get("/healthz")
+	return code == http.StatusOK
+}
+
+// ready is readiness: the kernel was last found holding the config's table.
+func (h *harness) ready() bool {
+	code, _ := h.get("/readyz")
 	return code == http.StatusOK
 }
 
@@ -163,6 +170,16 @@ func TestFirstSyncCreatesThenResyncSendsNothing(t *testing.T) {
 	}
 	if l := h.metric(`ip_masq_agent_config_loads_total{result="missing"}`); !strings.HasSuffix(l, " 1") {
 		t.Errorf("config loads: %q", l)
+	}
+	// A missing file is no silent default: one WARN naming the path.
+	if n := strings.Count(h.logs.String(), "level=WARN msg=\""+h.path+": does not exist: the defaults are in force"); n != 1 {
+		t.Errorf("%d warnings about the missing file, want 1:\n%s", n, h.logs.String())
+	}
+	if l := h.metric(`ip_masq_agent_config_last_reload_successful`); !strings.HasSuffix(l, " 1") {
+		t.Errorf("config_last_reload_successful: %q", l)
+	}
+	if l := h.metric(`ip_masq_agent_config_info{hash="` + config.Default(h.a.opts.Flags).Hash() + `"}`); !strings.HasSuffix(l, " 1") {
+		t.Errorf("config_info: %q", l)
 	}
 	if l := h.metric(`ip_masq_agent_intervals{family="ipv4",kind="nonmasquerade",set="nonmasq-v4"}`); !strings.HasSuffix(l, " 4") {
 		t.Errorf("intervals: %q", l)
@@ -249,6 +266,10 @@ func TestBadConfigKeepsKernelAndBacksOff(t *testing.T) {
 	}
 	if !h.healthy() {
 		t.Error("a bad config failed /healthz")
+	}
+	// But the kernel's table is not the config's: not ready, and why.
+	if _, body := h.get("/readyz"); h.ready() || !strings.Contains(body, "config not applied") || !strings.Contains(body, "last good config's table stays in force") {
+		t.Errorf("a bad config: /readyz %q", body)
 	}
 	if c := strings.Count(h.logs.String(), "level=ERROR msg=\"config not applied"); c != 1 {
 		t.Errorf("the same error logged %d times", c)
@@ -348,29 +369,29 @@ func TestRepairAfterFailedSyncKeepsHealthFailing(t *testing.T) {
 	h := newHarness(t, nil)
 	h.write("resyncInterval: 5s\n")
 	h.sync(t0)
-	if !h.healthy() {
-		t.Fatal("unhealthy after a good sync")
+	if !h.ready() {
+		t.Fatal("not ready after a good sync")
 	}
 	h.fake.ReadErr = errors.New("netlink broke")
 	h.a.Tick(at(5 * time.Second))
-	if h.healthy() || h.a.failures != 1 {
-		t.Fatalf("a failed sync: healthy %v, failures %d", h.healthy(), h.a.failures)
+	if h.ready() || !h.healthy() || h.a.failures != 1 {
+		t.Fatalf("a failed sync: ready %v, alive %v, failures %d", h.ready(), h.healthy(), h.a.failures)
 	}
-	_, body := h.get("/healthz")
-	if !strings.Contains(body, "netlink broke") {
-		t.Errorf("healthz: %q", body)
+	_, body := h.get("/readyz")
+	if !strings.Contains(body, "last sync failed") || !strings.Contains(body, "netlink broke") {
+		t.Errorf("readyz: %q", body)
 	}
 	h.fake.ReadErr = nil
 	h.fake.Tamper("flush set", dropNonMasq)
 	h.a.KernelEvent(nft.Event{What: "touch"}, at(5500*time.Millisecond))
 	h.holds(h.want("resyncInterval: 5s\n"), "repair")
-	if h.healthy() || h.a.failures != 1 || !h.a.retryAt.Equal(at(6*time.Second)) {
-		t.Errorf("after a repair: healthy %v, failures %d, retry at %v", h.healthy(), h.a.failures, h.a.retryAt)
+	if h.ready() || h.a.failures != 1 || !h.a.retryAt.Equal(at(6*time.Second)) {
+		t.Errorf("after a repair: ready %v, failures %d, retry at %v", h.ready(), h.a.failures, h.a.retryAt)
 	}
-	// The retry syncs: healthy again.
+	// The retry syncs: ready again.
 	h.a.Tick(h.a.next())
-	if !h.healthy() || h.a.failures != 0 {
-		t.Errorf("after the retry: healthy %v, failures %d", h.healthy(), h.a.failures)
+	if !h.ready() || h.a.failures != 0 {
+		t.Errorf("after the retry: ready %v, failures %d", h.ready(), h.a.failures)
 	}
 }
 
@@ -527,11 +548,11 @@ func TestSyncKernelErrorHint(t *testing.T) {
 	h := newHarness(t, nil)
 	h.fake.SendErr = errors.New("operation not permitted")
 	err := h.a.Sync(t0)
-	if err == nil || h.healthy() {
-		t.Fatalf("Sync: %v, healthy %v", err, h.healthy())
+	if err == nil || h.ready() || !h.healthy() {
+		t.Fatalf("Sync: %v, ready %v, alive %v", err, h.ready(), h.healthy())
 	}
-	if _, body := h.get("/healthz"); !strings.Contains(body, "CAP_NET_ADMIN") {
-		t.Errorf("healthz: %q", body)
+	if _, body := h.get("/readyz"); !strings.Contains(body, "CAP_NET_ADMIN") || !strings.Contains(body, "no config applied yet") {
+		t.Errorf("readyz: %q", body)
 	}
 	if got := Hint(os.ErrPermission); !strings.Contains(got.Error(), "CAP_NET_ADMIN") || !errors.Is(got, os.ErrPermission) {
 		t.Errorf("Hint: %v", got)
@@ -596,17 +617,69 @@ func TestRun(t *testing.T) {
 	}
 }
 
-// An agent that starts while another process owns the table adopts it
-// within ownedRetry of the owner's exit.
+// calls counts the reads and sends of a kernel, by the synthetic time of
+// the Tick that made them.
+type calls struct {
+	*nft.Fake
+	reads, sends int
+}
+
+func (c *calls) Read() (*nft.Table, uint32, error) { c.reads++; return c.Fake.Read() }
+
+func (c *calls) Send(p nft.Plan, gen uint32) (nft.Sent, error) { c.sends++; return c.Fake.Send(p, gen) }
+
+// An agent that starts while another process owns the table leaves it
+// alone (nothing sent, the owner's table unchanged), looks again once a
+// second, and adopts it within a second of the owner's exit: checked at
+// every tick, 100 ms apart.
 func TestOwnedByOtherAtStartRetriesEverySecond(t *testing.T) {
 	h := newHarness(t, nil)
-	h.fake.Tamper("other agent", func(t **nft.Table) { w := h.want(""); w.Owner = nft.OwnedByOther; *t = &w })
+	k := &calls{Fake: h.fake}
+	h.a = New(h.a.opts, k, h.a.log, h.m)
+	theirs := h.want("nonMasqueradeCIDRs: [192.0.2.0/24]\n") // the other agent's config
+	theirs.Owner, theirs.Persist = nft.OwnedByOther, true
+	h.fake.Tamper("other agent", func(t **nft.Table) { c := theirs.Clone(); *t = c })
+	want := h.want("")
 	h.a.Sync(t0)
-	for now := t0; now.Before(at(12 * time.Second)); now = now.Add(100 * time.Millisecond) {
-		if now.Equal(at(10 * time.Second)) {
-			h.fake.Tamper("owner exits", func(t **nft.Table) { (*t).Owner, (*t).Persist = nft.NotOwned, true })
+	exit := at(10 * time.Second)
+	looks := []time.Time{t0}
+	var adopted time.Time
+	for now := t0.Add(100 * time.Millisecond); now.Before(at(15 * time.Second)); now = now.Add(100 * time.Millisecond) {
+		if now.Equal(exit) {
+			h.fake.Tamper("owner exits", func(t **nft.Table) { (*t).Owner = nft.NotOwned })
 		}
+		reads := k.reads
 		h.a.Tick(now)
+		if k.reads > reads && now.Before(exit) {
+			looks = append(looks, now)
+		}
+		got := h.fake.Table()
+		switch {
+		case now.Before(exit):
+			if k.sends != 0 || got == nil || !got.Equal(theirs) {
+				t.Fatalf("at %s, while another process owns the table: %d transactions sent, the table:\n%s",
+					now.Sub(t0), k.sends, nft.Render(*got))
+			}
+		case adopted.IsZero() && got != nil && got.Equal(want):
+			adopted = now
+		case adopted.IsZero() && now.Sub(exit) >= time.Second:
+			t.Fatalf("not adopted %s after the owner's exit (want within %s); the table:\n%s", now.Sub(exit), time.Second, nft.Render(*got))
+		case !adopted.IsZero() && (got == nil || !got.Equal(want)):
+			t.Fatalf("at %s, after the adoption, the table is:\n%s", now.Sub(t0), nft.Render(*got))
+		}
 	}
-	h.holds(h.want(""), "adopted within a second of the owner's exit")
+	for i := 1; i < len(looks); i++ {
+		if gap := looks[i].Sub(looks[i-1]); gap != time.Second {
+			t.Errorf("looks at the owned table %s and %s after the start: %s apart, want %s", looks[i-1].Sub(t0), looks[i].Sub(t0), gap, time.Second)
+		}
+	}
+	if len(looks) < 10 {
+		t.Errorf("%d looks at the owned table in 10 s, want one a second", len(looks))
+	}
+	if n := strings.Count(h.logs.String(), "waiting for it to exit"); n != 1 {
+		t.Errorf("the wait logged %d times, want once:\n%s", n, h.logs)
+	}
+	if n := strings.Count(h.logs.String(), "its previous owner is gone"); n != 1 {
+		t.Errorf("the adoption logged %d times, want once:\n%s", n, h.logs)
+	}
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,18 +19,35 @@ import (
 //     every resync, which gives its rules new handles: the handles are a
 //     fingerprint.
 //   - While the fingerprint changes, the original runs: nothing is removed.
-//   - Once it has not changed for originalQuiet (twice the resync interval
-//     plus originalMargin: the original re-syncs every resyncInterval of the
-//     same ConfigMap, plus the time its iptables-restore takes), the rules
-//     are removed in one transaction that the kernel refuses if anything
-//     changed since they were read, and only if their fingerprint is still
-//     the one watched.
+//   - Once it has not changed for originalQuiet (twice the longest resync
+//     interval in force since the original's last rewrite, plus
+//     originalMargin: the original sleeps the interval of the config it
+//     read at its last rewrite, then re-syncs, which takes a while), the
+//     rules are removed in one transaction that the kernel refuses if
+//     anything changed since they were read, and only if their fingerprint
+//     is still the one watched.
 //   - Never while the config fails to load: the original skips its rewrite
 //     on a bad config too, so a quiet chain then proves nothing.
+//
+// The rules are found by what they are (nft.FindOriginal): the chain's
+// name is whatever the original's --masq-chain said, and need not be this
+// agent's. A chain of a well-known name that holds something else is
+// reported and left alone.
+//
+// "In force" counts every interval the agent had within configPropagation
+// before the rewrite was seen: the kubelet updates each pod's ConfigMap
+// volume in its own time, so the original may have read a config that
+// this agent had already replaced (a shortened resyncInterval), or not
+// yet received.
 
 // originalMargin is added to twice the resync interval: the original's
 // period is its resync interval plus the time of its sync.
 const originalMargin = 5 * time.Second
+
+// configPropagation bounds how much later (or earlier) than this agent
+// the original sees a change of the shared ConfigMap: the kubelet's sync
+// period (1 min) plus its ConfigMap cache's TTL (1 min).
+const configPropagation = 2 * time.Minute
 
 // originalState is what the agent knows of the original's rules.
 type originalState struct {
@@ -41,12 +59,44 @@ type originalState struct {
 	removeErr   string    // the last error of a removal
 	exemptions  string    // the exemptions last logged
 	legacy      string    // the legacy warning last logged
-	foreign     bool      // "not the original's, left alone" logged
+	foreign     string    // the foreign chains last logged
+	chains      string    // the chains last logged as found
+	// intervals are the resync intervals in force at each look within
+	// configPropagation before changed, and since; longest is the
+	// longest of those since changed - configPropagation.
+	intervals []seenInterval
+	longest   time.Duration
+}
+
+// seenInterval is the resync interval in force at a look.
+type seenInterval struct {
+	at time.Time
+	d  time.Duration
 }
 
 // originalQuiet is how long the original's rules must stay unchanged
-// before they are removed.
-func (a *Agent) originalQuiet() time.Duration { return 2*a.interval() + originalMargin }
+// before they are removed: twice the longest interval in force since the
+// original's last rewrite (and now), plus the margin.
+func (a *Agent) originalQuiet() time.Duration {
+	return 2*max(a.original.longest, a.interval()) + originalMargin
+}
+
+// noteInterval records the interval in force at a look, and keeps longest
+// the longest one since changed - configPropagation.
+func (st *originalState) noteInterval(now time.Time, d time.Duration) {
+	st.intervals = append(st.intervals, seenInterval{now, d})
+	from := st.changed.Add(-configPropagation)
+	// Keep the last look before from too: its interval was in force at from.
+	i := 0
+	for i+1 < len(st.intervals) && !st.intervals[i+1].at.After(from) {
+		i++
+	}
+	st.intervals = st.intervals[i:]
+	st.longest = 0
+	for _, x := range st.intervals {
+		st.longest = max(st.longest, x.d)
+	}
+}
 
 // originalLook is how often the agent looks at the original's rules while
 // they are there (a dump of the nat tables' few rules).
@@ -60,11 +110,8 @@ func (a *Agent) checkOriginal(now time.Time) {
 	}
 	st := &a.original
 	st.checkAt = time.Time{}
-	chain := a.opts.NFT.Chain
-	if chain == "" {
-		chain = nft.DefaultChain
-	}
-	o, err := a.orig.FindOriginal(chain)
+	// Found by what they are, whatever the chain's name.
+	o, err := a.orig.FindOriginal("")
 	if err != nil {
 		if err.Error() != st.lastErr {
 			a.log.Warn("cannot look for the original ip-masq-agent's iptables rules", "err", err)
@@ -75,46 +122,43 @@ func (a *Agent) checkOriginal(now time.Time) {
 	st.lastErr = ""
 	a.reportExemptions(o)
 	a.reportLegacy(o)
-	for _, f := range o.Families {
-		a.metrics.LegacyRules(f.MetricFamily(), f.Present())
-	}
-	if !o.Present() {
-		if st.fingerprint != "" {
-			a.log.Info("the original ip-masq-agent's iptables rules are gone (removed by someone else)", "chain", chain)
-		}
-		*st = originalState{exemptions: st.exemptions, legacy: st.legacy}
-		return
+	a.reportForeign(o)
+	for _, fam := range []nft.Family{4, 6} {
+		a.metrics.LegacyRules(nft.OriginalFamily{Family: fam}.MetricFamily(), o.Removes(fam))
 	}
 	fp := o.Fingerprint()
+	if fp == "" {
+		if st.fingerprint != "" {
+			a.log.Info("the original ip-masq-agent's iptables rules are gone (removed by someone else)", "chain", st.chains)
+		}
+		*st = originalState{exemptions: st.exemptions, legacy: st.legacy, foreign: st.foreign}
+		return
+	}
+	chains := strings.Join(o.RemovableChains(), ",")
 	switch {
 	case st.fingerprint == "":
-		attrs := []any{"chain", chain}
+		var attrs []any
 		for _, f := range o.Families {
-			if f.Present() {
-				attrs = append(attrs, f.MetricFamily(), f.Summary())
+			if o.Removable(f) {
+				attrs = append(attrs, f.MetricFamily()+" "+f.Chain, f.Summary())
 			}
 		}
 		a.log.Warn("found the original ip-masq-agent's iptables rules: they decide before this agent's table until they are removed; "+
-			"they are removed once the original agent is gone (its chain unchanged for "+a.originalQuiet().String()+")", attrs...)
+			"they are removed once the original agent is gone (its chains unchanged for "+a.originalQuiet().String()+")",
+			append([]any{"chain", chains, "original --masq-chain", originalMasqChain(o)}, attrs...)...)
 		st.changed = now
 	case fp != st.fingerprint:
 		st.changed = now
+		if chains != st.chains {
+			a.log.Info("the original ip-masq-agent's chains changed", "chain", chains, "original --masq-chain", originalMasqChain(o))
+		}
 		if !st.running {
-			a.log.Info("the original ip-masq-agent still runs (it rewrote its chain); leaving its rules alone until it stops", "chain", chain)
+			a.log.Info("the original ip-masq-agent still runs (it rewrote its chain); leaving its rules alone until it stops", "chain", chains)
 			st.running = true
 		}
 	}
-	st.fingerprint = fp
-	for _, f := range o.Families {
-		if f.Present() && !f.Recognised() {
-			if !st.foreign {
-				a.log.Warn("chain "+chain+" in table "+f.Table()+" is not the original ip-masq-agent's (no rule carries its comments); "+
-					"left alone: remove it with ip-masq-agent cleanup-iptables if it is", "found", f.Summary())
-				st.foreign = true
-			}
-			return
-		}
-	}
+	st.fingerprint, st.chains = fp, chains
+	st.noteInterval(now, a.interval())
 	deadline := st.changed.Add(a.originalQuiet())
 	if now.Before(deadline) {
 		// Look again before the deadline too: the original's last
@@ -129,12 +173,12 @@ func (a *Agent) checkOriginal(now time.Time) {
 		st.checkAt = now.Add(a.interval())
 		return
 	}
-	removed, err := a.orig.RemoveOriginal(chain, fp)
+	removed, err := a.orig.RemoveOriginal("", fp)
 	switch {
 	case errors.Is(err, nft.ErrOriginalChanged):
 		st.fingerprint, st.changed = removed.Fingerprint(), now
 		st.checkAt = now.Add(a.originalQuiet())
-		a.log.Info("the original ip-masq-agent's rules changed just before their removal; leaving them alone", "chain", chain)
+		a.log.Info("the original ip-masq-agent's rules changed just before their removal; leaving them alone", "chain", chains)
 	case err != nil:
 		if err.Error() != st.removeErr {
 			a.log.Error("cannot remove the original ip-masq-agent's iptables rules; trying again at the next resync", "err", Hint(err))
@@ -145,13 +189,54 @@ func (a *Agent) checkOriginal(now time.Time) {
 		for _, f := range removed.Families {
 			if f.Present() {
 				what = append(what, f.Summary())
-				a.metrics.LegacyRules(f.MetricFamily(), false)
 			}
 		}
+		for _, fam := range []nft.Family{4, 6} {
+			a.metrics.LegacyRules(nft.OriginalFamily{Family: fam}.MetricFamily(), false)
+		}
 		a.log.Info("removed the original ip-masq-agent's iptables rules: unchanged for "+now.Sub(st.changed).Round(time.Second).String()+", the original agent is gone",
-			"chain", chain, "removed", strings.Join(what, " | "))
-		*st = originalState{exemptions: st.exemptions, legacy: st.legacy}
+			"chain", chains, "removed", strings.Join(what, " | "))
+		*st = originalState{exemptions: st.exemptions, legacy: st.legacy, foreign: st.foreign}
 	}
+}
+
+// originalMasqChain says which --masq-chain the original agent ran with:
+// its chains' names, and the name its jump's comment gives when that
+// differs.
+func originalMasqChain(o nft.Original) string {
+	var w []string
+	for _, f := range o.Families {
+		if !o.Removable(f) {
+			continue
+		}
+		s := f.Chain
+		if f.CommentChain != "" && f.CommentChain != f.Chain {
+			s += " (its jump's comment names " + f.CommentChain + ")"
+		}
+		if !slices.Contains(w, s) {
+			w = append(w, s)
+		}
+	}
+	return strings.Join(w, ", ")
+}
+
+// reportForeign warns, once until they change, about chains of the
+// original's well-known names that are not the original's.
+func (a *Agent) reportForeign(o nft.Original) {
+	var found []string
+	for _, f := range o.Foreign() {
+		found = append(found, f.Summary())
+	}
+	s := strings.Join(found, " | ")
+	if s == a.original.foreign {
+		return
+	}
+	a.original.foreign = s
+	if s == "" {
+		return
+	}
+	a.log.Warn("a chain of the original ip-masq-agent's name is not the original ip-masq-agent's (no rule carries its comments); "+
+		"left alone: remove it with ip-masq-agent cleanup-iptables --masq-chain NAME if it is", "found", s)
 }
 
 // reportExemptions warns, once until they change, about rules in iptables'
@@ -179,9 +264,15 @@ func (a *Agent) reportExemptions(o nft.Original) {
 // reportLegacy warns, once, that a legacy (x_tables) nat table exists:
 // an original agent run with iptables-legacy wrote its rules there.
 func (a *Agent) reportLegacy(o nft.Original) {
+	// Rules there cannot be seen: name the chain this agent was given
+	// (the operator copies the original's --masq-chain).
+	chain := a.opts.NFT.Chain
+	if chain == "" {
+		chain = nft.DefaultChain
+	}
 	var cmds []string
 	for _, tool := range o.Legacy {
-		cmds = append(cmds, nft.LegacyCommands(o.Chain, tool)...)
+		cmds = append(cmds, nft.LegacyCommands(chain, tool)...)
 	}
 	s := strings.Join(cmds, "; ")
 	if s == a.original.legacy {

@@ -110,12 +110,84 @@ func TestOriginalCustomChain(t *testing.T) {
 		t.Error("the custom chain was not removed")
 	}
 
-	// The default chain name does not see it.
+	// An agent with the default --masq-chain finds it too, by what it
+	// is, says which --masq-chain the original used, and removes it.
 	h2 := newHarness(t, nil)
+	h2.write("resyncInterval: 1s\n")
 	h2.fake.SetOriginal(originalRules("IP-MASQ"))
 	h2.sync(at(0))
-	if strings.Contains(h2.logs.String(), "found the original") {
-		t.Error("a chain of another name was reported")
+	if !strings.Contains(h2.logs.String(), `found the original`) || !strings.Contains(h2.logs.String(), `chain=IP-MASQ "original --masq-chain"=IP-MASQ`) {
+		t.Errorf("a chain of another name was not reported with its name; log:\n%s", h2.logs)
+	}
+	if got := h2.metric(`ip_masq_agent_legacy_rules{family="ipv4"}`); !strings.HasSuffix(got, " 1") {
+		t.Errorf("gauge: %q, want 1", got)
+	}
+	h2.a.Tick(at(7 * time.Second))
+	if h2.originalPresent() {
+		t.Error("the chain of another name was not removed")
+	}
+	if got := h2.metric(`ip_masq_agent_legacy_rules{family="ipv4"}`); !strings.HasSuffix(got, " 0") {
+		t.Errorf("gauge after removal: %q, want 0", got)
+	}
+}
+
+// TestOriginalQuietCoversLongestInterval: the original sleeps the interval
+// of the config it read at its last rewrite; a config that shortens the
+// interval afterwards does not shorten the wait. Once the original has
+// rewritten under the short interval (and the propagation bound has
+// passed), the short interval counts.
+func TestOriginalQuietCoversLongestInterval(t *testing.T) {
+	h := newHarness(t, nil)
+	h.write("resyncInterval: 20s\n")
+	h.fake.SetOriginal(originalRules(nft.DefaultChain))
+	h.sync(at(0)) // the original's last rewrite under 20s: seen at 0
+	h.write("resyncInterval: 2s\n")
+	h.sync(at(time.Second))
+	if q := h.a.originalQuiet(); q != 45*time.Second {
+		t.Errorf("quiet after the interval was shortened: %s, want 2 × 20s + 5s", q)
+	}
+	// The original, still sleeping its 20s, is silent until 20s: nothing
+	// may go before 45s.
+	for s := 2; s < 20; s++ {
+		h.a.Tick(at(time.Duration(s) * time.Second))
+	}
+	if !h.originalPresent() {
+		t.Fatalf("removed while the original slept its old interval; log:\n%s", h.logs)
+	}
+	// It wakes, rewrites, and from then on rewrites every 2s.
+	for s := 20; s <= 200; s += 2 {
+		h.fake.RewriteOriginal()
+		h.a.Tick(at(time.Duration(s) * time.Second))
+		if !h.originalPresent() {
+			t.Fatalf("removed at %ds while the original ran", s)
+		}
+	}
+	// Long after the change, only the short interval is in force.
+	if q := h.a.originalQuiet(); q != 9*time.Second {
+		t.Errorf("quiet long after the change: %s, want 2 × 2s + 5s", q)
+	}
+	// It stops: gone 9s after its last rewrite.
+	h.a.Tick(at(205 * time.Second))
+	if !h.originalPresent() {
+		t.Fatal("removed before 2 × 2s + 5s")
+	}
+	h.a.Tick(at(209 * time.Second))
+	if h.originalPresent() {
+		t.Fatalf("not removed 9s after the last rewrite; log:\n%s", h.logs)
+	}
+}
+
+// TestOriginalQuietLengthened: a longer interval counts at once.
+func TestOriginalQuietLengthened(t *testing.T) {
+	h := newHarness(t, nil)
+	h.write("resyncInterval: 2s\n")
+	h.fake.SetOriginal(originalRules(nft.DefaultChain))
+	h.sync(at(0))
+	h.write("resyncInterval: 30s\n")
+	h.sync(at(time.Second))
+	h.a.Tick(at(20 * time.Second))
+	if !h.originalPresent() || h.a.originalQuiet() != 65*time.Second {
+		t.Fatalf("present %v quiet %s", h.originalPresent(), h.a.originalQuiet())
 	}
 }
 
@@ -219,6 +291,8 @@ func TestOriginalReports(t *testing.T) {
 	}
 	// Gone by someone else's hand.
 	h.fake.OriginalErr = nil
+	h.fake.SetOriginal(originalRules(nft.DefaultChain))
+	h.sync(at(32500 * time.Millisecond))
 	h.fake.SetOriginal(nft.Original{Chain: nft.DefaultChain, Families: []nft.OriginalFamily{{Family: 4, Chain: nft.DefaultChain}}})
 	h.sync(at(33 * time.Second))
 	if !strings.Contains(h.logs.String(), "are gone (removed by someone else)") {

@@ -4,10 +4,11 @@
 // other than GET or HEAD is 405.
 //
 // The agent's loop records what happens through an *Agent (SyncDone,
-// SyncFailed, ConfigLoaded, SetElements, Repaired), and main serves
-// Agent.Handler with Serve on --http-address (default 127.0.0.1:9753, the
-// node's loopback, where the DaemonSet's probes reach it with hostNetwork;
-// empty disables the endpoint).
+// Ready, NotReady, Alive, ConfigLoaded, ConfigApplied, SetElements,
+// Repaired), and main serves Agent.Handler with Serve on --http-address
+// (default 127.0.0.1:9753, the node's loopback, where the DaemonSet's
+// probes reach it with hostNetwork; main refuses an empty address, which
+// Serve would take as "no endpoint", since the probes need it).
 //
 // # Metrics
 //
@@ -20,6 +21,9 @@
 //	ip_masq_agent_sync_duration_seconds                                 histogram  every sync, 100µs .. 5s buckets
 //	ip_masq_agent_last_successful_sync_timestamp_seconds                gauge      Unix time; 0 before the first success
 //	ip_masq_agent_config_loads_total{result}                            counter    result: success, error, missing
+//	ip_masq_agent_config_last_reload_successful                         gauge      1 after success or missing, 0 after error
+//	ip_masq_agent_config_last_reload_success_timestamp_seconds          gauge      Unix time of the last good load
+//	ip_masq_agent_config_info{hash}                                     gauge      always 1; the hash of the config in force
 //	ip_masq_agent_cidrs{set,family,kind}                                gauge      CIDRs in a set; kind: masquerade, nonmasquerade
 //	ip_masq_agent_intervals{set,family,kind}                            gauge      intervals in the kernel set after merging
 //	ip_masq_agent_repairs_total{what}                                   counter    what: table-deleted, chain-changed, set-changed, other
@@ -28,8 +32,9 @@
 //	ip_masq_agent_rule_counters_read_errors_total                       counter    scrapes whose kernel read failed
 //
 // The rule counters' labels: family is ipv4 or ipv6; decision is masquerade
-// or return (left alone, not masqueraded); reason is masqueradeCIDRs,
-// nonMasqueradeCIDRs or outbound. They are read through the readCounters
+// or nonmasquerade (left alone), the same words as the kind of the cidrs and
+// intervals gauges; reason is cidrs (a CIDR of the decision's list) or
+// outbound (no list matched). They are read through the readCounters
 // func given to New, once per scrape and never concurrently with itself. If
 // it fails, that scrape has no rule_packets/rule_bytes series (Prometheus
 // marks them stale rather than reporting a wrong value), the read-error
@@ -40,28 +45,22 @@
 //
 // # Health
 //
-// /readyz is 200 "ok" once a sync has succeeded (the first good config is in
-// the kernel) and stays 200 from then on: the rules stay in force whatever
-// happens later, and a DaemonSet's readiness only paces its rollout.
-// Before that it is 503 "no config applied yet".
+// The two probes mean what the kubelet does with them.
 //
-// /healthz (liveness) is, in this order:
-//   - 503 "last sync failed: <reason>" when the last sync failed (SyncFailed,
-//     or SyncDone with a result other than success), until a sync succeeds;
-//   - before any sync result (start-up grace): 200 "ok: starting", unless no
-//     sync has completed for longer than the stale threshold since New:
-//     then 503 "no sync completed in <d> since start";
-//   - 503 "last successful sync <age> ago (stale after <d>)" when the last
-//     success is older than the stale threshold (SetStaleAfter; the agent
-//     sets 3 x its resync interval; 0, the default, never goes stale);
-//   - 200 "ok" otherwise.
+// /healthz (liveness: a failure restarts the container) is 200 "ok" while
+// the agent's loop turns (Alive, at least every 10 s), and 503 "the
+// agent's loop has not turned for <d> (stuck after <d>)" when it has not
+// for longer than StuckAfter (2 min; SetStuckAfter). Nothing a restart
+// cannot fix fails it: not a bad ConfigMap, not a kernel that refuses a
+// change, not another process owning the table. A pod restarted for those
+// would come back to the same node and the same answer, in CrashLoopBackOff.
 //
-// A bad config (ConfigLoaded("error")) does not touch health: the agent keeps
-// the rules it had in force and goes on syncing them, and restarting the pod
-// (which is what a failing liveness probe does) cannot fix a ConfigMap. A bad
-// ConfigMap rolled out to every node must not restart every agent; it shows
-// as ip_masq_agent_config_loads_total{result="error"} and in the logs. Only
-// the kernel state failing to sync, or syncs stopping, makes /healthz fail.
+// /readyz (readiness: shown as READY in kubectl get pods, paces a rollout)
+// is 200 "ok" while the agent last found the kernel holding the config's
+// table (Ready), and 503 with the reason otherwise (NotReady): "no config
+// applied yet", "last sync failed: <err>", "config <file> not applied: ...",
+// "another process owns table inet ip-masq-agent ...; waiting for it to
+// exit". The rules already in the kernel stay in force meanwhile.
 //
 // Every health body is one line of text/plain; charset=utf-8.
 package metrics

@@ -36,8 +36,8 @@ var syncBuckets = []float64{
 // labels).
 type RuleCounter struct {
 	Family         string // "ipv4" or "ipv6"
-	Decision       string // "masquerade" or "return" (not masqueraded)
-	Reason         string // "masqueradeCIDRs", "nonMasqueradeCIDRs", "outbound"
+	Decision       string // "masquerade" or "nonmasquerade" (left alone)
+	Reason         string // "cidrs" (a CIDR of the decision's list) or "outbound" (no list matched)
 	Packets, Bytes uint64
 }
 
@@ -55,6 +55,9 @@ type Agent struct {
 	syncSeconds prometheus.Histogram
 	lastSuccess prometheus.Gauge
 	configLoads *prometheus.CounterVec
+	configOK    prometheus.Gauge
+	configOKAt  prometheus.Gauge
+	configInfo  *prometheus.GaugeVec
 	cidrs       *prometheus.GaugeVec
 	intervals   *prometheus.GaugeVec
 	repairs     *prometheus.CounterVec
@@ -68,11 +71,11 @@ type Agent struct {
 
 // healthState is what /healthz and /readyz answer from; guarded by Agent.mu.
 type healthState struct {
-	start       time.Time     // New's time: the start-up grace counts from it
-	lastSuccess time.Time     // zero before the first successful sync
-	failing     bool          // the last sync failed
-	reason      string        // why, one line; set while failing
-	staleAfter  time.Duration // 0: never stale
+	start      time.Time     // New's time: the start-up grace counts from it
+	beat       time.Time     // the loop's last turn (Alive); zero before the first
+	stuckAfter time.Duration // the loop is stuck when it has not turned for longer; 0: never
+	verified   bool          // the kernel was found holding the config's table
+	notReady   string        // why not, one line; "" once verified
 }
 
 // New returns an Agent whose build_info carries version, and whose rule
@@ -107,6 +110,21 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 			Name:      "config_loads_total",
 			Help:      "Loads of the config file, by result (success, error: kept the previous config, missing: defaults).",
 		}, []string{"result"}),
+		configOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "config_last_reload_successful",
+			Help:      "1 when the last load of the config succeeded (a missing file counts: the defaults are in force), 0 when it failed and the previous rules stay in force.",
+		}),
+		configOKAt: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "config_last_reload_success_timestamp_seconds",
+			Help:      "Unix time of the last successful load of the config; 0 before the first one.",
+		}),
+		configInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "config_info",
+			Help:      "Always 1; hash is that of the config in force in the kernel (the same config and flags give the same hash on every node): count by (hash) shows how far a ConfigMap change has spread.",
+		}, []string{"hash"}),
 		cidrs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "cidrs",
@@ -139,6 +157,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 		}),
 	}
 	a.health.start = a.now()
+	a.health.stuckAfter = StuckAfter
 	a.rules = &ruleCollector{read: readCounters, log: a.log}
 	for _, r := range syncResults {
 		a.syncs.WithLabelValues(r)
@@ -161,7 +180,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	buildInfo.Set(1)
 	a.reg.MustRegister(
 		buildInfo,
-		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads,
+		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads, a.configOK, a.configOKAt, a.configInfo,
 		a.cidrs, a.intervals, a.repairs, a.rival, a.ctDeleted, a.legacyRules,
 		a.rules,
 		collectors.NewGoCollector(),
@@ -172,54 +191,83 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 }
 
 // SyncDone counts a sync and its duration. result is "success" or "error"
-// (anything but "success" is a failure). A success also sets the last
-// successful sync's time and makes /healthz and /readyz good; a failure
-// makes /healthz fail (with SyncFailed's reason if the agent gives one,
-// before or after this call).
+// (anything but "success" is a failure); a success also sets the last
+// successful sync's time. Health is the agent's to say (Ready, NotReady,
+// Alive).
 func (a *Agent) SyncDone(result string, took time.Duration) {
 	a.syncs.WithLabelValues(result).Inc()
 	a.syncSeconds.Observe(max(took, 0).Seconds())
-	now := a.now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	if result == "success" {
-		a.health.lastSuccess = now
-		a.health.failing = false
-		a.health.reason = ""
-		a.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
-		return
-	}
-	a.health.failing = true
-	if a.health.reason == "" {
-		a.health.reason = "last sync failed"
+		a.lastSuccess.Set(float64(a.now().UnixNano()) / 1e9)
 	}
 }
 
-// maxReason bounds /healthz's reason, in bytes.
+// StuckAfter is how long the loop may go without a turn before /healthz
+// fails. The loop turns at least every 10 s; one sync can take up to
+// about a minute on a slow node (stale retries are bounded by 30 s, a
+// kernel answer by 30 s).
+const StuckAfter = 2 * time.Minute
+
+// maxReason bounds a health body's reason, in bytes.
 const maxReason = 300
 
-// SyncFailed makes /healthz fail until the next successful sync, with reason
-// (e.g. err.Error()) in its body as "last sync failed: <reason>", on one
-// line. It counts nothing: the agent also calls SyncDone("error", took).
-func (a *Agent) SyncFailed(reason string) {
+// Ready makes /readyz good: the kernel was found holding the config's table.
+func (a *Agent) Ready() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.health.verified, a.health.notReady = true, ""
+}
+
+// NotReady makes /readyz fail with reason (one line): the kernel's table
+// is not known to be the config's (a failed sync, a config not applied,
+// another process owning the table).
+func (a *Agent) NotReady(reason string) {
 	reason = oneLine(reason, maxReason)
-	switch {
-	case reason == "":
-		reason = "last sync failed"
-	case !strings.HasPrefix(reason, "last sync failed"):
-		reason = oneLine("last sync failed: "+reason, maxReason)
+	if reason == "" {
+		reason = "not ready"
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.health.failing = true
-	a.health.reason = reason
+	a.health.verified, a.health.notReady = false, reason
+}
+
+// Alive records a turn of the agent's loop, which /healthz reports.
+func (a *Agent) Alive() {
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.health.beat = now
+}
+
+// SetStuckAfter makes /healthz fail when the loop has not turned (Alive)
+// for longer than d. 0 or less: never.
+func (a *Agent) SetStuckAfter(d time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.health.stuckAfter = max(d, 0)
 }
 
 // ConfigLoaded counts a load of the config file: result is "success",
 // "error" (the previous config stays in force) or "missing" (no file:
 // defaults). It does not touch health; see the package comment.
+//
+// It also sets config_last_reload_successful: 1 after "success" or
+// "missing", 0 after anything else.
 func (a *Agent) ConfigLoaded(result string) {
 	a.configLoads.WithLabelValues(result).Inc()
+	if result == "success" || result == "missing" {
+		a.configOK.Set(1)
+		a.configOKAt.Set(float64(a.now().UnixNano()) / 1e9)
+		return
+	}
+	a.configOK.Set(0)
+}
+
+// ConfigApplied says which config is in force in the kernel: config_info
+// then has one series, with hash.
+func (a *Agent) ConfigApplied(hash string) {
+	a.configInfo.Reset()
+	a.configInfo.WithLabelValues(hash).Set(1)
 }
 
 // SetElements sets the number of CIDRs in the config for a set and the
@@ -259,43 +307,35 @@ func (a *Agent) RivalWriter(yes bool) {
 	a.rival.Set(v)
 }
 
-// SetStaleAfter makes /healthz fail when no sync has succeeded for longer
-// than d (the agent sets 3 x its resync interval). 0 or less: never stale.
-func (a *Agent) SetStaleAfter(d time.Duration) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.health.staleAfter = max(d, 0)
-}
-
-// healthz returns /healthz's answer: whether healthy, and a one-line body.
+// healthz returns /healthz's answer (liveness: the loop turns), whether
+// healthy, and a one-line body.
 func (a *Agent) healthz() (bool, string) {
 	now := a.now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h := a.health
-	switch {
-	case h.failing:
-		return false, h.reason
-	case h.lastSuccess.IsZero():
-		if h.staleAfter > 0 && now.Sub(h.start) > h.staleAfter {
-			return false, fmt.Sprintf("no sync completed in %s since start", h.staleAfter)
-		}
-		return true, "ok: starting"
-	case h.staleAfter > 0 && now.Sub(h.lastSuccess) > h.staleAfter:
-		return false, fmt.Sprintf("last successful sync %s ago (stale after %s)",
-			now.Sub(h.lastSuccess).Round(time.Second), h.staleAfter)
+	last, what := h.beat, "the agent's loop has not turned for %s (stuck after %s)"
+	if last.IsZero() {
+		last, what = h.start, "the agent's loop has not started in %s (stuck after %s)"
+	}
+	if h.stuckAfter > 0 && now.Sub(last) > h.stuckAfter {
+		return false, fmt.Sprintf(what, now.Sub(last).Round(time.Second), h.stuckAfter)
 	}
 	return true, "ok"
 }
 
-// readyz returns /readyz's answer: ready once a sync has succeeded.
+// readyz returns /readyz's answer: ready while the kernel was last found
+// holding the config's table.
 func (a *Agent) readyz() (bool, string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.health.lastSuccess.IsZero() {
-		return false, "no config applied yet"
+	switch {
+	case a.health.verified:
+		return true, "ok"
+	case a.health.notReady != "":
+		return false, a.health.notReady
 	}
-	return true, "ok"
+	return false, "no config applied yet"
 }
 
 // oneLine folds s onto one line (each run of white space or control
@@ -330,11 +370,11 @@ type ruleCollector struct {
 var (
 	rulePacketsDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_packets_total"),
-		"Packets counted by the agent's rules in the kernel, by family, decision (masquerade or return) and reason.",
+		"Packets counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs or outbound).",
 		[]string{"family", "decision", "reason"}, nil)
 	ruleBytesDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_bytes_total"),
-		"Bytes counted by the agent's rules in the kernel, by family, decision (masquerade or return) and reason.",
+		"Bytes counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs or outbound).",
 		[]string{"family", "decision", "reason"}, nil)
 	readErrorsDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_counters_read_errors_total"),

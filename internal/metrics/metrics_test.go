@@ -205,11 +205,11 @@ func TestRuleCounters(t *testing.T) {
 	a, _ := newTestAgent(func() ([]RuleCounter, error) {
 		calls.Add(1)
 		return []RuleCounter{
-			{Family: "ipv4", Decision: "return", Reason: "nonMasqueradeCIDRs", Packets: 10, Bytes: 1000},
+			{Family: "ipv4", Decision: "nonmasquerade", Reason: "cidrs", Packets: 10, Bytes: 1000},
 			{Family: "ipv4", Decision: "masquerade", Reason: "outbound", Packets: 5, Bytes: 500},
 			// Two rules with the same labels add up.
-			{Family: "ipv4", Decision: "return", Reason: "nonMasqueradeCIDRs", Packets: 1, Bytes: 100},
-			{Family: "ipv6", Decision: "masquerade", Reason: "masqueradeCIDRs", Packets: 1 << 40, Bytes: 1 << 50},
+			{Family: "ipv4", Decision: "nonmasquerade", Reason: "cidrs", Packets: 1, Bytes: 100},
+			{Family: "ipv6", Decision: "masquerade", Reason: "cidrs", Packets: 1 << 40, Bytes: 1 << 50},
 		}, nil
 	})
 	code, _, body := get(t, a.Handler(), http.MethodGet, "/metrics")
@@ -220,12 +220,12 @@ func TestRuleCounters(t *testing.T) {
 		t.Errorf("readCounters called %d times for one scrape, want 1", n)
 	}
 	for _, line := range []string{
-		`ip_masq_agent_rule_packets_total{decision="return",family="ipv4",reason="nonMasqueradeCIDRs"} 11`,
-		`ip_masq_agent_rule_bytes_total{decision="return",family="ipv4",reason="nonMasqueradeCIDRs"} 1100`,
+		`ip_masq_agent_rule_packets_total{decision="nonmasquerade",family="ipv4",reason="cidrs"} 11`,
+		`ip_masq_agent_rule_bytes_total{decision="nonmasquerade",family="ipv4",reason="cidrs"} 1100`,
 		`ip_masq_agent_rule_packets_total{decision="masquerade",family="ipv4",reason="outbound"} 5`,
 		`ip_masq_agent_rule_bytes_total{decision="masquerade",family="ipv4",reason="outbound"} 500`,
-		`ip_masq_agent_rule_packets_total{decision="masquerade",family="ipv6",reason="masqueradeCIDRs"} 1.099511627776e+12`,
-		`ip_masq_agent_rule_bytes_total{decision="masquerade",family="ipv6",reason="masqueradeCIDRs"} 1.125899906842624e+15`,
+		`ip_masq_agent_rule_packets_total{decision="masquerade",family="ipv6",reason="cidrs"} 1.099511627776e+12`,
+		`ip_masq_agent_rule_bytes_total{decision="masquerade",family="ipv6",reason="cidrs"} 1.125899906842624e+15`,
 		`ip_masq_agent_rule_counters_read_errors_total 0`,
 		"# TYPE ip_masq_agent_rule_packets_total counter",
 		"# TYPE ip_masq_agent_rule_bytes_total counter",
@@ -319,7 +319,7 @@ func TestBadLabelValueIsNotAPanic(t *testing.T) {
 
 func TestHealth(t *testing.T) {
 	a, c := newTestAgent(nil)
-	a.SetStaleAfter(3 * time.Minute)
+	a.SetStuckAfter(2 * time.Minute)
 	h := a.Handler()
 	check := func(step, path string, wantCode int, wantBody string) {
 		t.Helper()
@@ -332,72 +332,55 @@ func TestHealth(t *testing.T) {
 		}
 	}
 
-	check("start", "/healthz", 200, "ok: starting")
+	// Liveness: the loop turns. Readiness: the kernel holds the config's table.
+	check("start", "/healthz", 200, "ok")
 	check("start", "/readyz", 503, "no config applied yet")
-	c.Add(3 * time.Minute)
-	check("3m without a sync", "/healthz", 200, "ok: starting")
+	c.Add(2 * time.Minute)
+	check("2m without a turn", "/healthz", 200, "ok")
 	c.Add(time.Second)
-	check("3m1s without a sync", "/healthz", 503, "no sync completed in 3m0s since start")
+	check("2m1s without a turn", "/healthz", 503, "the agent's loop has not started in 2m1s (stuck after 2m0s)")
+	a.Alive()
+	check("turned", "/healthz", 200, "ok")
 
-	// A bad config does not touch health.
+	// Nothing a restart cannot fix fails liveness.
+	a.NotReady("no config applied yet: /etc/config/ip-masq-agent:3: nonMasqueradeCIDRs[0]: invalid CIDR \"10.0.0.0/33\"")
 	a.ConfigLoaded("error")
-	check("bad config", "/healthz", 503, "no sync completed in 3m0s since start")
+	a.SyncDone("error", time.Millisecond)
+	check("bad first config", "/healthz", 200, "ok")
+	check("bad first config", "/readyz", 503, "no config applied yet: /etc/config/ip-masq-agent:3: nonMasqueradeCIDRs[0]: invalid CIDR \"10.0.0.0/33\"")
 
 	a.SyncDone("success", time.Millisecond)
+	a.Ready()
 	check("synced", "/healthz", 200, "ok")
 	check("synced", "/readyz", 200, "ok")
-	a.ConfigLoaded("error")
-	check("synced, bad config", "/healthz", 200, "ok")
 
-	// A failed sync: the reason, on one line.
-	c.Add(time.Minute)
-	a.SyncFailed("apply table inet ip-masq-agent:\n  operation not permitted")
-	a.SyncDone("error", time.Millisecond)
-	check("failed", "/healthz", 503, "last sync failed: apply table inet ip-masq-agent: operation not permitted")
-	check("failed", "/readyz", 200, "ok") // the rules stay in force
-	a.SyncDone("success", time.Millisecond)
-	check("recovered", "/healthz", 200, "ok")
+	// A failed sync: not ready, the reason on one line; alive.
+	a.NotReady("last sync failed: apply table inet ip-masq-agent:\n  operation not permitted")
+	check("failed", "/readyz", 503, "last sync failed: apply table inet ip-masq-agent: operation not permitted")
+	check("failed", "/healthz", 200, "ok")
+	a.NotReady("another process owns table inet ip-masq-agent (another ip-masq-agent?); waiting for it to exit")
+	check("waiting", "/readyz", 503, "another process owns table inet ip-masq-agent (another ip-masq-agent?); waiting for it to exit")
+	check("waiting", "/healthz", 200, "ok")
+	a.NotReady("")
+	check("empty reason", "/readyz", 503, "not ready")
+	a.Ready()
+	check("recovered", "/readyz", 200, "ok")
 
-	// SyncDone("error") alone, then its reason after it.
-	a.SyncDone("error", time.Millisecond)
-	check("failed without reason", "/healthz", 503, "last sync failed")
-	a.SyncFailed("last sync failed: netlink receive: no buffer space available")
-	check("reason after SyncDone", "/healthz", 503, "last sync failed: netlink receive: no buffer space available")
-	a.SyncDone("success", time.Millisecond)
-	a.SyncFailed("")
-	check("empty reason", "/healthz", 503, "last sync failed")
-	a.SyncDone("success", time.Millisecond)
-
-	// Stale: no success for longer than the threshold.
-	c.Add(3 * time.Minute)
-	check("3m after success", "/healthz", 200, "ok")
-	c.Add(90 * time.Second)
-	check("4m30s after success", "/healthz", 503, "last successful sync 4m30s ago (stale after 3m0s)")
-	check("stale", "/readyz", 200, "ok")
-	a.SetStaleAfter(0)
-	check("never stale", "/healthz", 200, "ok")
-	a.SetStaleAfter(10 * time.Minute)
-	check("longer threshold", "/healthz", 200, "ok")
-	a.SetStaleAfter(time.Minute)
-	a.SyncDone("success", time.Millisecond)
-	check("synced again", "/healthz", 200, "ok")
-}
-
-func TestHealthFirstSyncFails(t *testing.T) {
-	a, _ := newTestAgent(nil)
-	a.SyncFailed("apply: operation not permitted")
-	a.SyncDone("error", time.Millisecond)
-	if code, _, body := get(t, a.Handler(), http.MethodGet, "/healthz"); code != 503 || body != "last sync failed: apply: operation not permitted\n" {
-		t.Errorf("/healthz = %d %q", code, body)
-	}
-	if code, _, body := get(t, a.Handler(), http.MethodGet, "/readyz"); code != 503 || body != "no config applied yet\n" {
-		t.Errorf("/readyz = %d %q", code, body)
-	}
+	// A loop that stops turning fails liveness, whatever readiness says.
+	c.Add(2*time.Minute + 30*time.Second)
+	check("stuck", "/healthz", 503, "the agent's loop has not turned for 2m30s (stuck after 2m0s)")
+	check("stuck", "/readyz", 200, "ok")
+	a.SetStuckAfter(0)
+	check("never stuck", "/healthz", 200, "ok")
+	a.SetStuckAfter(time.Minute)
+	a.Alive()
+	check("turned again", "/healthz", 200, "ok")
 }
 
 func TestRoutes(t *testing.T) {
 	a, _ := newTestAgent(nil)
 	a.SyncDone("success", time.Millisecond)
+	a.Ready()
 	h := a.Handler()
 	for _, tc := range []struct {
 		method, path string
@@ -463,18 +446,18 @@ func TestOneLine(t *testing.T) {
 		}
 	}
 	a, _ := newTestAgent(nil)
-	a.SyncFailed(strings.Repeat("x", 10000))
-	if _, msg := a.healthz(); len(msg) > maxReason {
-		t.Errorf("healthz reason %d bytes long", len(msg))
+	a.NotReady(strings.Repeat("x", 10000))
+	if _, msg := a.readyz(); len(msg) > maxReason {
+		t.Errorf("readyz reason %d bytes long", len(msg))
 	}
 }
 
 // TestConcurrent records, scrapes and probes at once (for -race).
 func TestConcurrent(t *testing.T) {
 	a, _ := newTestAgent(func() ([]RuleCounter, error) {
-		return []RuleCounter{{Family: "ipv4", Decision: "return", Reason: "outbound", Packets: 1, Bytes: 1}}, nil
+		return []RuleCounter{{Family: "ipv4", Decision: "nonmasquerade", Reason: "outbound", Packets: 1, Bytes: 1}}, nil
 	})
-	a.SetStaleAfter(time.Minute)
+	a.SetStuckAfter(time.Minute)
 	srv := httptest.NewServer(a.Handler())
 	defer srv.Close()
 	var wg sync.WaitGroup
@@ -484,7 +467,9 @@ func TestConcurrent(t *testing.T) {
 				switch i {
 				case 0:
 					a.SyncDone("success", time.Duration(j)*time.Millisecond)
-					a.SyncFailed("x")
+					a.NotReady("x")
+					a.Ready()
+					a.Alive()
 				case 1:
 					a.ConfigLoaded("success")
 					a.SetElements("s", "ipv4", "masquerade", j, j)
@@ -545,6 +530,7 @@ func startServe(t *testing.T, ctx context.Context, h http.Handler) (string, chan
 func TestServe(t *testing.T) {
 	a, _ := newTestAgent(nil)
 	a.SyncDone("success", time.Millisecond)
+	a.Ready()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	addr, done := startServe(t, ctx, a.Handler())
@@ -631,5 +617,36 @@ func TestServeShutdownIsBounded(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Serve's shutdown was not bounded")
+	}
+}
+
+// TestConfigGauges: config_last_reload_successful follows the last load,
+// and config_info has one series, the hash of the config in force.
+func TestConfigGauges(t *testing.T) {
+	a, _ := newTestAgent(nil)
+	line := func(prefix string) string {
+		_, _, body := get(t, a.Handler(), "GET", "/metrics")
+		for _, l := range strings.Split(body, "\n") {
+			if strings.HasPrefix(l, prefix) {
+				return l
+			}
+		}
+		return ""
+	}
+	for _, step := range []struct{ result, want string }{
+		{"success", "1"}, {"error", "0"}, {"missing", "1"}, {"error", "0"}, {"success", "1"},
+	} {
+		a.ConfigLoaded(step.result)
+		if got := line("ip_masq_agent_config_last_reload_successful "); got != "ip_masq_agent_config_last_reload_successful "+step.want {
+			t.Errorf("after %s: %q, want %s", step.result, got, step.want)
+		}
+	}
+	a.ConfigApplied("aaaa")
+	a.ConfigApplied("bbbb")
+	if got := line(`ip_masq_agent_config_info{`); got != `ip_masq_agent_config_info{hash="bbbb"} 1` {
+		t.Errorf("config_info: %q", got)
+	}
+	if got := line(`ip_masq_agent_config_info{hash="aaaa"}`); got != "" {
+		t.Errorf("the old hash stays: %q", got)
 	}
 }

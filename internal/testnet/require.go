@@ -20,29 +20,59 @@ var (
 )
 
 // packages names the Debian package that installs each binary the tests,
-// the demo and the container test run. hack/deps.sh installs them all.
+// the demo and the container test run (checked against dpkg by
+// TestPackagesAreDebians, and against hack/deps.sh, which installs them
+// all, by TestPackagesInDeps). A binary that is not here cannot be
+// required, nor run through Exec or RunInNode: add it here first.
 var packages = map[string]string{
-	"ip":              "iproute2",
-	"nft":             "nftables",
-	"iptables-nft":    "iptables",
-	"iptables-legacy": "iptables",
-	"sysctl":          "procps",
-	"conntrack":       "conntrack",
-	"setpriv":         "util-linux",
-	"sh":              "dash",
-	"make":            "make",
-	"podman":          "podman",
-	"buildah":         "buildah",
-	"runc":            "runc",
+	"ip":                       "iproute2",
+	"nft":                      "nftables",
+	"iptables-nft":             "iptables",
+	"iptables-nft-restore":     "iptables",
+	"iptables-nft-save":        "iptables",
+	"ip6tables-nft":            "iptables",
+	"ip6tables-nft-restore":    "iptables",
+	"iptables-legacy":          "iptables",
+	"iptables-legacy-restore":  "iptables",
+	"ip6tables-legacy":         "iptables",
+	"ip6tables-legacy-restore": "iptables",
+	"sysctl":                   "procps",
+	"conntrack":                "conntrack",
+	"setpriv":                  "util-linux",
+	"unshare":                  "util-linux",
+	"grep":                     "grep",
+	"sleep":                    "coreutils",
+	"false":                    "coreutils",
+	"sh":                       "dash",
+	"make":                     "make",
+	"podman":                   "podman",
+	"buildah":                  "buildah",
+	"runc":                     "runc",
 }
 
-// Package returns the Debian package that installs binary (binary itself
-// when it is not one the tests know).
-func Package(binary string) string {
-	if p, ok := packages[binary]; ok {
-		return p
+// Package returns the Debian package that installs binary, and false when
+// the tests do not know the binary (it is not in packages).
+func Package(binary string) (string, bool) {
+	p, ok := packages[binary]
+	return p, ok
+}
+
+// undeclared says that binary is not in packages ("" when it is, or when it
+// is a path, such as the agent built by the tests).
+func undeclared(binary string) string {
+	if _, ok := packages[binary]; ok || strings.Contains(binary, "/") {
+		return ""
 	}
-	return binary
+	return fmt.Sprintf("the binary %s is not declared: add it and its Debian package to packages in internal/testnet/require.go", binary)
+}
+
+// declaredAndPresent says why binary cannot be run by a test: it is not
+// declared in packages, or it is missing (with its package); "" when it can.
+func declaredAndPresent(binary string) string {
+	if reason := undeclared(binary); reason != "" || strings.Contains(binary, "/") {
+		return reason
+	}
+	return MissingReason(binary)
 }
 
 // Missing returns the binaries that are not in PATH, in the order given.
@@ -66,7 +96,10 @@ func MissingReason(binaries ...string) string {
 	}
 	var pkgs []string
 	for _, b := range missing {
-		if p := Package(b); !slices.Contains(pkgs, p) {
+		if reason := undeclared(b); reason != "" {
+			return reason
+		}
+		if p, _ := Package(b); !slices.Contains(pkgs, p) {
 			pkgs = append(pkgs, p)
 		}
 	}
@@ -93,6 +126,12 @@ func MissingReason(binaries ...string) string {
 // nf_tables.
 func Require(t testing.TB, binaries ...string) {
 	t.Helper()
+	for _, b := range binaries {
+		if reason := undeclared(b); reason != "" {
+			t.Fatalf("testnet: %s", reason)
+			return
+		}
+	}
 	if os.Geteuid() != 0 {
 		reason := fmt.Sprintf("testnet: %s", notRootReason())
 		if os.Getenv("CI") == "true" {

@@ -819,8 +819,12 @@ func parseSeen(s string) (netip.AddrPort, error) {
 
 // Exec runs a command inside a namespace via `ip netns exec` (at most 60s),
 // returning combined output. The error, if any, wraps the command's error
-// and quotes the output.
+// and quotes the output. name must be declared in packages (or be a path),
+// and is named with its package when it is missing.
 func Exec(ns string, name string, args ...string) ([]byte, error) {
+	if reason := declaredAndPresent(name); reason != "" {
+		return nil, fmt.Errorf("testnet: %s", reason)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), execTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, name}, args...)...)
@@ -840,8 +844,12 @@ func (t *Topology) NFT(args ...string) (string, error) {
 }
 
 // RunInNode runs a command (e.g. the built agent binary) in the node ns and
-// returns combined output and error; ctx bounds it.
+// returns combined output and error; ctx bounds it. name must be declared
+// in packages (or be a path), as for Exec.
 func (t *Topology) RunInNode(ctx context.Context, name string, args ...string) ([]byte, error) {
+	if reason := declaredAndPresent(name); reason != "" {
+		return nil, fmt.Errorf("testnet: %s", reason)
+	}
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", t.NodeNS, name}, args...)...)
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()

@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -377,7 +379,7 @@ func TestThreadsStayHome(t *testing.T) {
 
 func TestExecAndRunInNode(t *testing.T) {
 	t.Parallel()
-	Require(t, "sysctl")
+	Require(t, "sysctl", "sleep", "false")
 	top := newTopology(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -400,14 +402,14 @@ func TestExecAndRunInNode(t *testing.T) {
 			t.Errorf("%s tentative addresses: %q, %v", n, out, err)
 		}
 	}
-	if _, err := Exec(top.NodeNS, "false"); err == nil {
-		t.Error("Exec of a failing command returned no error")
+	if _, err := Exec(top.NodeNS, "false"); err == nil || !strings.Contains(err.Error(), "exit status 1") {
+		t.Errorf("Exec of a failing command: %v, want its exit status", err)
 	}
 	short, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel2()
-	start := time.Now()
-	if _, err := top.RunInNode(short, "sleep", "30"); err == nil || time.Since(start) > 5*time.Second {
-		t.Errorf("RunInNode ignored its context: %v after %v", err, time.Since(start))
+	// Killed at the deadline: an error (sleep 30 would end without one).
+	if _, err := top.RunInNode(short, "sleep", "30"); err == nil || short.Err() == nil {
+		t.Errorf("RunInNode ignored its context: %v", err)
 	}
 }
 
@@ -459,25 +461,31 @@ func (f *fakeTB) Fatalf(format string, a ...any) { f.fatal = fmt.Sprintf(format,
 func (f *fakeTB) Skipf(format string, a ...any)  { f.skip = fmt.Sprintf(format, a...) }
 
 // Without root a kernel test skips (fails with CI=true); as root a missing
-// binary fails it, naming the package to install.
+// binary fails it, naming the package to install; a binary the tests do not
+// declare fails it everywhere.
 func TestRequire(t *testing.T) {
-	const missing = "testnet-no-such-binary"
 	t.Setenv("CI", "")
 	f := &fakeTB{TB: t}
-	Require(f, missing)
+	Require(f, "testnet-no-such-binary")
+	if want := "the binary testnet-no-such-binary is not declared"; f.skip != "" || !strings.Contains(f.fatal, want) {
+		t.Errorf("undeclared binary: fatal %q, skip %q; want a failure with %q", f.fatal, f.skip, want)
+	}
+	t.Setenv("PATH", t.TempDir()) // conntrack is declared, and missing
+	f = &fakeTB{TB: t}
+	Require(f, "conntrack")
 	if os.Geteuid() != 0 {
 		if f.fatal != "" || !strings.Contains(f.skip, "needs root") {
 			t.Errorf("not root, without CI: fatal %q, skip %q", f.fatal, f.skip)
 		}
 		t.Setenv("CI", "true")
 		f = &fakeTB{TB: t}
-		Require(f, missing)
+		Require(f, "conntrack")
 		if f.skip != "" || !strings.Contains(f.fatal, "needs root") || !strings.Contains(f.fatal, "CI=true") {
 			t.Errorf("not root, with CI=true: fatal %q, skip %q", f.fatal, f.skip)
 		}
 		return
 	}
-	want := "needs the " + missing + " binary: apt-get install " + missing + " (or make deps)"
+	want := "needs the binaries ip, nft, conntrack: apt-get install conntrack iproute2 nftables (or make deps)"
 	if f.skip != "" || !strings.Contains(f.fatal, want) {
 		t.Errorf("root: fatal %q, skip %q; want a failure with %q", f.fatal, f.skip, want)
 	}
@@ -495,9 +503,116 @@ func TestMissingReason(t *testing.T) {
 		{[]string{"nft"}, "needs the nft binary: apt-get install nftables (or make deps)"},
 		{[]string{"ip", "nft", "ip", "podman"}, "needs the binaries ip, nft, podman: apt-get install iproute2 nftables podman (or make deps)"},
 		{[]string{"sysctl", "conntrack"}, "needs the binaries sysctl, conntrack: apt-get install conntrack procps (or make deps)"},
+		{[]string{"iptables-nft-restore", "ip6tables-nft", "unshare", "grep"},
+			"needs the binaries iptables-nft-restore, ip6tables-nft, unshare, grep: apt-get install grep iptables util-linux (or make deps)"},
+		{[]string{"nft", "no-such-tool"}, "the binary no-such-tool is not declared: add it and its Debian package to packages in internal/testnet/require.go"},
 	} {
 		if got := MissingReason(tc.bins...); got != tc.want {
 			t.Errorf("MissingReason(%q) = %q, want %q", tc.bins, got, tc.want)
+		}
+	}
+	// Exec and RunInNode refuse an undeclared binary, and name the
+	// package of a missing one, before running anything.
+	if _, err := Exec("no-such-ns", "no-such-tool"); err == nil || !strings.Contains(err.Error(), "no-such-tool is not declared") {
+		t.Errorf("Exec of an undeclared binary: %v", err)
+	}
+	if _, err := (&Topology{NodeNS: "no-such-ns"}).RunInNode(context.Background(), "conntrack"); err == nil ||
+		!strings.Contains(err.Error(), "apt-get install conntrack") {
+		t.Errorf("RunInNode of a missing binary: %v", err)
+	}
+}
+
+// TestPackagesAreDebians: each binary's package in packages is the Debian
+// package that installs it, as dpkg says (following the symlinks, such as
+// iptables-save's alternatives, hop by hop), or for a binary not installed
+// here, a package apt knows. Without dpkg (not Debian) it skips, and says so.
+func TestPackagesAreDebians(t *testing.T) {
+	if _, err := exec.LookPath("dpkg-query"); err != nil {
+		t.Skip("needs dpkg-query (a Debian system) to check the package names")
+	}
+	paths := map[string][]string{} // binary: the paths on the way to its file
+	var all []string
+	for bin, pkg := range packages {
+		path, err := exec.LookPath(bin)
+		if err != nil {
+			if _, err := exec.LookPath("apt-cache"); err != nil {
+				continue
+			}
+			if out, err := exec.Command("apt-cache", "show", "--no-all-versions", pkg).CombinedOutput(); err != nil || !strings.Contains(string(out), "Package: "+pkg+"\n") {
+				t.Errorf("%s: apt does not know the package %s: %v %s", bin, pkg, err, out)
+			}
+			continue
+		}
+		paths[bin] = symlinkHops(path)
+		all = append(all, paths[bin]...)
+	}
+	// One dpkg-query for all the paths (it is slow to start); it fails
+	// for the paths no package has, and lists the others.
+	out, _ := exec.Command("dpkg-query", append([]string{"-S"}, all...)...).Output()
+	owners := map[string][]string{} // path: packages
+	for _, l := range strings.Split(string(out), "\n") {
+		if pkg, file, ok := strings.Cut(l, ": "); ok && !strings.HasPrefix(l, "diversion by") {
+			owners[file] = append(owners[file], strings.Split(pkg, ", ")...)
+		}
+	}
+	for bin, hops := range paths {
+		var found []string
+		for _, p := range hops {
+			found = append(found, owners[p]...)
+		}
+		if !slices.Contains(found, packages[bin]) {
+			t.Errorf("%s (%s) is installed by %q according to dpkg, not by %s", bin, hops[0], found, packages[bin])
+		}
+	}
+}
+
+// symlinkHops returns path and each symlink target on the way to its file,
+// each also without a leading /usr (on a merged /usr, dpkg knows /bin/ip,
+// not /usr/bin/ip).
+func symlinkHops(path string) []string {
+	var hops []string
+	for hop := 0; hop < 8; hop++ {
+		hops = append(hops, path)
+		if p := strings.TrimPrefix(path, "/usr"); p != path {
+			hops = append(hops, p)
+		}
+		next, err := os.Readlink(path)
+		if err != nil {
+			break
+		}
+		if !filepath.IsAbs(next) {
+			next = filepath.Join(filepath.Dir(path), next)
+		}
+		path = next
+	}
+	return hops
+}
+
+// TestPackagesInDeps: hack/deps.sh (make deps) installs each package the
+// tests name for a binary, for the same binary.
+func TestPackagesInDeps(t *testing.T) {
+	data, err := os.ReadFile("../../hack/deps.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, needs, ok := strings.Cut(string(data), "test_needs='")
+	needs, _, ok2 := strings.Cut(needs, "'")
+	if !ok || !ok2 {
+		t.Fatal("no test_needs='...' in hack/deps.sh")
+	}
+	deps := map[string]string{}
+	for _, l := range strings.Split(needs, "\n") {
+		f := strings.Fields(l)
+		if len(f) != 3 {
+			t.Fatalf("hack/deps.sh: test_needs line %q: want COMMAND DEBIAN FEDORA", l)
+		}
+		for _, c := range strings.Split(f[0], "|") {
+			deps[c] = f[1]
+		}
+	}
+	for bin, pkg := range packages {
+		if got, ok := deps[bin]; !ok || got != pkg {
+			t.Errorf("hack/deps.sh installs %q for %s, want a line \"%s %s ...\" in test_needs", got, bin, bin, pkg)
 		}
 	}
 }

@@ -1,0 +1,284 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// BusyRow is the agent on a busy node: under a CPU quota of QuotaPercent
+// of one CPU (the DaemonSet's limit, 100m, is 10), with a neighbour
+// committing to its own nftables table Rate times a second.
+type BusyRow struct {
+	N, Rate, QuotaPercent int
+	Owned                 bool
+	// From each one-CIDR ConfigMap change to the new element in the
+	// kernel (polled with `nft get element` every 20 ms).
+	Changes       []time.Duration
+	ChangesFailed int // not in the kernel within busyTimeout
+	FailedSyncs   int // log lines "sync failed" or "repair failed"
+	Probes        int // /healthz and /readyz answers, polled every 200 ms
+	ProbesBad     []string
+	Commits       int           // the neighbour's
+	Throttled     time.Duration // the quota kept the agent off the CPU this long
+	// CPU time (user+system) of the agent per unchanged resync, neighbour
+	// stopped: what a quiet resync costs.
+	ResyncCPU time.Duration
+	Resyncs   int
+}
+
+// BusyResults are the busy-node figures.
+type BusyResults struct {
+	Rows    []BusyRow
+	Changes int // per row
+}
+
+// busyTimeout bounds the wait for one change to reach the kernel.
+const busyTimeout = 30 * time.Second
+
+// RunBusy runs the agent under a CPU quota with a neighbour committing,
+// and measures how long a one-CIDR change takes to reach the kernel,
+// failed syncs, the health endpoints, and the CPU cost of an unchanged
+// resync.
+func RunBusy(ctx context.Context, cfg Config) (*BusyResults, error) {
+	if cfg.Agent == "" {
+		return nil, errors.New("no agent binary given")
+	}
+	res := &BusyResults{Changes: 3}
+	sizes, rates := []int{10_000, 100_000}, []int{1, 20}
+	if cfg.Quick {
+		sizes, rates, res.Changes = []int{1000}, []int{20}, 1
+	}
+	for _, n := range sizes {
+		for _, rate := range rates {
+			for _, owned := range []bool{true, false} {
+				if err := ctx.Err(); err != nil {
+					return res, err
+				}
+				row := BusyRow{N: n, Rate: rate, QuotaPercent: 10, Owned: owned}
+				cfg.logf("busy node: %d CIDRs, a neighbour committing %d/s, cpu quota %d%%, %s", n, rate, row.QuotaPercent, ownedName(owned))
+				err := withTopology("busy", func(topo *testnet.Topology) error {
+					return busyRow(ctx, cfg, topo, res.Changes, &row)
+				})
+				res.Rows = append(res.Rows, row)
+				if err != nil {
+					return res, fmt.Errorf("%d CIDRs, %d/s, %s: %w", n, rate, ownedName(owned), err)
+				}
+			}
+		}
+	}
+	return res, nil
+}
+
+func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes int, row *BusyRow) (err error) {
+	dir, err := os.MkdirTemp("", "ip-masq-agent-bench-busy-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	configOf := func(extra int) string {
+		c := config.Default(config.Flags{})
+		c.NonMasqueradeCIDRs = cidrList(4, 0, row.N)
+		for i := range extra {
+			c.NonMasqueradeCIDRs = append(c.NonMasqueradeCIDRs, cidrAt(4, 1, i))
+		}
+		c.CIDRLimit = row.N + changes
+		c.ResyncInterval = 2 * time.Second
+		return c.String()
+	}
+	cm, err := newConfigMapDir(dir, configOf(0))
+	if err != nil {
+		return err
+	}
+	group, err := testnet.NewCPUGroup("bench", row.QuotaPercent)
+	if err != nil {
+		return fmt.Errorf("a cgroup with a CPU quota: %w", err)
+	}
+	defer group.Close()
+	args := []string{"--config", cm.path(), "--v=2", fmt.Sprintf("--own-table=%v", row.Owned), "--http-address=127.0.0.1:9753"}
+	d, err := startDaemon(ctx, topo, cfg.Agent, args...)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if serr := d.stop(); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		if err != nil {
+			err = fmt.Errorf("%w\nagent log (end):\n%s", err, tail(d.output(), 2000))
+		}
+	}()
+	if err := os.WriteFile(group.Procs, []byte(strconv.Itoa(d.cmd.Process.Pid)), 0); err != nil {
+		return fmt.Errorf("move the agent into the cgroup: %w", err)
+	}
+	if _, _, err := waitLine(ctx, d, appliedMarker, cmdTimeout); err != nil {
+		return err
+	}
+	neighbour, err := testnet.NewNeighbour(topo.NodeHandle(), time.Second/time.Duration(row.Rate))
+	if err != nil {
+		return err
+	}
+	defer neighbour.Stop()
+	stopProbes := make(chan struct{})
+	probesDone := make(chan struct{})
+	go func() {
+		defer close(probesDone)
+		client := topo.NodeHTTPClient()
+		for {
+			for _, path := range []string{"/healthz", "/readyz"} {
+				code, body := 0, ""
+				if resp, err := client.Get("http://127.0.0.1:9753" + path); err != nil {
+					body = err.Error()
+				} else {
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					code, body = resp.StatusCode, strings.TrimSpace(string(b))
+				}
+				row.Probes++
+				if code != http.StatusOK {
+					row.ProbesBad = append(row.ProbesBad, fmt.Sprintf("%s %d %s", path, code, body))
+				}
+			}
+			select {
+			case <-stopProbes:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	sleepCtx(ctx, 3*time.Second) // a resync or so with the neighbour committing
+	for i := range changes {
+		swapped, err := cm.update(configOf(i + 1))
+		if err != nil {
+			return err
+		}
+		probe := cidrAt(4, 1, i).Addr().String()
+		landed := false
+		for time.Since(swapped) < busyTimeout && ctx.Err() == nil {
+			if out, err := topo.NFT("get", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ "+probe+" }"); err == nil && strings.Contains(out, probe) {
+				row.Changes = append(row.Changes, time.Since(swapped))
+				landed = true
+				break
+			}
+			sleepCtx(ctx, 20*time.Millisecond)
+		}
+		if !landed {
+			row.ChangesFailed++
+		}
+		sleepCtx(ctx, 2*time.Second)
+	}
+	close(stopProbes)
+	<-probesDone
+	row.Commits, _ = neighbour.Stop()
+	row.Throttled = group.Throttled()
+
+	// Quiet now: the CPU an unchanged resync costs, over about 10 s.
+	sleepCtx(ctx, time.Second)
+	before := strings.Count(d.output(), "resync: the table read back is the wanted one")
+	cpu0 := processCPU(d.cmd.Process.Pid)
+	sleepCtx(ctx, map[bool]time.Duration{false: 10 * time.Second, true: 2 * time.Second}[cfg.Quick])
+	row.Resyncs = strings.Count(d.output(), "resync: the table read back is the wanted one") - before
+	if row.Resyncs > 0 {
+		row.ResyncCPU = (processCPU(d.cmd.Process.Pid) - cpu0) / time.Duration(row.Resyncs)
+	}
+	logs := d.output()
+	row.FailedSyncs = strings.Count(logs, "sync failed") + strings.Count(logs, "repair failed")
+	return ctx.Err()
+}
+
+// processCPU is the CPU time all threads of process pid have used so far
+// (the first field of each thread's schedstat, in nanoseconds).
+func processCPU(pid int) time.Duration {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	for _, t := range tasks {
+		data, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(data)); len(f) > 0 {
+			n, _ := strconv.ParseInt(f[0], 10, 64)
+			sum += n
+		}
+	}
+	return time.Duration(sum)
+}
+
+func busyTargets(r *Results, add func(goal, measured string, met *bool)) {
+	if r.Busy == nil || len(r.Busy.Rows) == 0 {
+		add("busy node (issue 26)", "", nil)
+		return
+	}
+	for _, x := range r.Busy.Rows {
+		limit := time.Second
+		if x.N >= 100_000 {
+			limit = 3 * time.Second
+		}
+		goal := fmt.Sprintf("busy node, %s CIDRs, a neighbour committing %d/s, cpu quota %d%%, %s: 0 failed syncs, a one-CIDR change in the kernel under %s, /healthz and /readyz always 200 (issue 26)",
+			num(x.N), x.Rate, x.QuotaPercent, ownedName(x.Owned), fmtDur(limit))
+		worst := percentile(x.Changes, 100)
+		m := fmt.Sprintf("%d failed syncs; change to kernel %s (max of %d)", x.FailedSyncs, fmtDur(worst), len(x.Changes)+x.ChangesFailed)
+		if x.ChangesFailed > 0 {
+			m += fmt.Sprintf(", %d not in the kernel within %s", x.ChangesFailed, busyTimeout)
+		}
+		m += fmt.Sprintf("; %d of %d probe answers not 200", len(x.ProbesBad), x.Probes)
+		add(goal, m, ptr(x.FailedSyncs == 0 && x.ChangesFailed == 0 && len(x.Changes) > 0 && worst < limit && len(x.ProbesBad) == 0 && x.Probes > 0))
+	}
+	for _, x := range r.Busy.Rows {
+		if !x.Owned || x.Rate != 1 || x.N != 100_000 {
+			continue
+		}
+		add("the daemon's unchanged resync at 100,000 CIDRs under 10 ms of CPU when owned (issue 26)",
+			fmt.Sprintf("%s per resync over %d resyncs", fmtDur(x.ResyncCPU), x.Resyncs), ptr(x.Resyncs > 0 && x.ResyncCPU < 10*time.Millisecond))
+	}
+}
+
+func busyMarkdown(b *strings.Builder, r *Results) {
+	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	w("## Busy node (issue 26)\n\n")
+	br := r.Busy
+	if br == nil {
+		w("Not run.\n\n")
+		return
+	}
+	if r.BusyErr != nil {
+		w("**Incomplete:** %s\n\n", oneLine(r.BusyErr.Error()))
+	}
+	w("The agent as a daemon (`resyncInterval: 2s`, `--v=2`) in a cgroup whose CPU quota is 10%% of one CPU\n"+
+		"(`cpu.max` or `cpu.cfs_quota_us`: the DaemonSet's 100m limit), while a neighbour in the same network\n"+
+		"namespace commits to a table of its own (one element added and one deleted per transaction) at the\n"+
+		"rate given, as kube-proxy, a CNI or firewalld do. After a few seconds of that, %d ConfigMap updates\n"+
+		"(the kubelet's `..data` swap), each adding one CIDR; the time is from the swap until `nft get element`\n"+
+		"(polled every 20 ms) finds the new CIDR in the kernel. `/healthz` and `/readyz` are polled every 200 ms\n"+
+		"throughout. Failed syncs are the agent's `sync failed` and `repair failed` log lines. Then the neighbour\n"+
+		"stops, and the agent's CPU time (all threads' schedstat) over 10 s of unchanged resyncs is divided by\n"+
+		"their number.\n\n", br.Changes)
+	w("| CIDRs | neighbour | table | failed syncs | change to kernel: each | probes not 200 | neighbour commits | throttled | CPU per unchanged resync |\n| ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |\n")
+	for _, x := range br.Rows {
+		var each []string
+		for _, d := range x.Changes {
+			each = append(each, fmtDur(d))
+		}
+		for range x.ChangesFailed {
+			each = append(each, "timed out")
+		}
+		bad := fmt.Sprintf("%d of %d", len(x.ProbesBad), x.Probes)
+		if len(x.ProbesBad) > 0 {
+			bad += fmt.Sprintf(" (first: %s)", oneLine(x.ProbesBad[0]))
+		}
+		w("| %s | %d/s | %s | %d | %s | %s | %d | %s | %s (%d resyncs) |\n", num(x.N), x.Rate, ownedName(x.Owned), x.FailedSyncs,
+			strings.Join(each, ", "), bad, x.Commits, fmtDur(x.Throttled), fmtDur(x.ResyncCPU), x.Resyncs)
+	}
+	w("\n")
+}

@@ -1,0 +1,171 @@
+package nft
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+)
+
+// Kernel tests of the netlink side that need its insides; each in a
+// network namespace of its own (testnet.New).
+
+func kernelNetlink(t *testing.T) (*Netlink, *testnet.Topology) {
+	t.Helper()
+	testnet.Require(t, "ip", "nft")
+	name := strings.ReplaceAll(t.Name(), "/", "-")
+	topo, err := testnet.New(name[max(0, len(name)-12):])
+	if err != nil {
+		t.Fatalf("create namespaces: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := topo.Close(); err != nil {
+			t.Errorf("delete namespaces: %v", err)
+		}
+	})
+	n := &Netlink{NetNS: int(topo.NodeHandle())}
+	t.Cleanup(func() { n.Close() })
+	return n, topo
+}
+
+func defaultTable() Table {
+	return Build(config.Default(config.Flags{}), Options{Chain: DefaultChain, RandomFully: true})
+}
+
+// TestCountersFailureKeepsOwnership: a /metrics scrape whose counter read
+// fails must not close the socket that owns the table (that orphans the
+// table, writable by anyone, until the next sync).
+func TestCountersFailureKeepsOwnership(t *testing.T) {
+	n, topo := kernelNetlink(t)
+	if _, err := n.Apply(defaultTable()); err != nil {
+		t.Fatal(err)
+	}
+	if !n.Owns() {
+		t.Skip("this kernel cannot own a persistent table (Linux 6.9 or later): nothing to orphan")
+	}
+	if _, err := n.DecisionCounters(DefaultChain); err != nil {
+		t.Fatalf("counters: %v", err)
+	}
+	// Break the socket the counters are read on, as a failed read would.
+	n.cmu.Lock()
+	n.counters.Close()
+	n.cmu.Unlock()
+	if _, err := n.DecisionCounters(DefaultChain); err == nil {
+		t.Fatal("a read on a closed socket succeeded")
+	}
+	if n.conn == nil {
+		t.Fatal("a failed counters read closed the socket that owns the table")
+	}
+	head, err := readHead(n.conn)
+	if err != nil || head == nil || head.Owner != OwnedByUs {
+		t.Fatalf("after a failed counters read the table is %+v (%v), want owned by the agent's socket", head, err)
+	}
+	if out, err := topo.NFT("delete", "table", "inet", TableName); err == nil {
+		t.Errorf("nft deleted the table after a failed counters read: it was orphaned\n%s", out)
+	}
+	// And the next read works again, on a new socket.
+	if cs, err := n.DecisionCounters(DefaultChain); err != nil || len(cs) == 0 {
+		t.Errorf("counters after the failure: %v, %v", cs, err)
+	}
+}
+
+// TestFence: the fence is refused by every kernel, changes nothing and
+// notifies no one; the monitor sees commits to the agent's table by
+// others and not commits to other tables.
+func TestFence(t *testing.T) {
+	n, topo := kernelNetlink(t)
+	n.NoOwner = true
+	if _, err := n.Apply(defaultTable()); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := n.socket()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, err := generation(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon, err := n.monitor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon.take()
+	if err := fence(conn); err != nil {
+		t.Fatalf("fence: %v", err)
+	}
+	if after, err := generation(conn); err != nil || after != gen {
+		t.Errorf("the fence moved the generation %d -> %d (%v)", gen, after, err)
+	}
+	if touched, err := mon.take(); touched || err != nil {
+		t.Errorf("after a fence the monitor says touched=%v (%v)", touched, err)
+	}
+	// Another table: not a touch.
+	if out, err := topo.NFT("add", "table", "inet", "neighbour"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if err := fence(conn); err != nil {
+		t.Fatal(err)
+	}
+	if touched, err := mon.take(); touched || err != nil {
+		t.Errorf("a commit to another table counted as a touch of ours (%v)", err)
+	}
+	// A read now costs no dump: the last read stands.
+	last := n.last
+	if got, _, err := n.Read(); err != nil || got != last || last == nil {
+		t.Errorf("read after a commit to another table: %p %v, want the last read %p", got, err, last)
+	}
+	// Ours: a touch, and the next read reads again.
+	if out, err := topo.NFT("add", "element", "inet", TableName, SetNonMasqV4, "{ 198.51.100.0/24 }"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	got, _, err := n.Read()
+	if err != nil || got == last || got.Set(SetNonMasqV4) == nil || len(got.Set(SetNonMasqV4).Elements) != 5 {
+		t.Errorf("read after a foreign change: %v, %v", got, err)
+	}
+	if res, err := n.Apply(defaultTable()); err != nil || res.Unchanged {
+		t.Errorf("repair: %+v %v", res, err)
+	}
+}
+
+// TestReadStaleDuringForeignCommit: a transaction of another process that
+// touches the table while it is read makes the read stale (ErrStale),
+// never a torn table; one that touches another table does not.
+func TestReadStaleDuringForeignCommit(t *testing.T) {
+	n, topo := kernelNetlink(t)
+	n.NoOwner = true
+	if _, err := n.Apply(defaultTable()); err != nil {
+		t.Fatal(err)
+	}
+	nft := func(args ...string) {
+		if out, err := topo.NFT(args...); err != nil {
+			t.Fatalf("nft %v: %v\n%s", args, err, out)
+		}
+	}
+	n.afterDump = func() { nft("add", "table", "inet", "neighbour") }
+	if got, _, err := n.Read(); err != nil || got == nil {
+		t.Fatalf("a commit to another table during the read: %v", err)
+	}
+	n.afterDump = func() { nft("add", "element", "inet", TableName, SetNonMasqV4, "{ 198.51.100.0/24 }") }
+	n.last = nil
+	if _, _, err := n.Read(); !errors.Is(err, ErrStale) {
+		t.Fatalf("a commit to the table during the read: %v, want ErrStale", err)
+	}
+	n.afterDump = nil
+	got, _, err := n.Read()
+	if err != nil || len(got.Set(SetNonMasqV4).Elements) != 5 {
+		t.Fatalf("the read after: %v, %v", got, err)
+	}
+	// Ensure reads again by itself.
+	n.afterDump = func() {
+		n.afterDump = nil
+		nft("add", "element", "inet", TableName, SetNonMasqV4, "{ 192.0.2.0/24 }")
+	}
+	n.last = nil
+	res, err := n.Apply(defaultTable())
+	if err != nil || res.Stale != 1 || res.Found == nil || len(res.Found.Set(SetNonMasqV4).Elements) != 6 {
+		t.Errorf("Ensure with a commit during its first read: %+v, %v", res, err)
+	}
+}

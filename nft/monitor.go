@@ -1,0 +1,238 @@
+package nft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// monitor is the socket subscribed to the kernel's nftables notifications.
+// It answers one question for the read path: has a transaction of another
+// process touched table inet ip-masq-agent since the last time we asked?
+// Commits to other tables (kube-proxy's, a CNI's, firewalld's) do not
+// count: on a busy node they come every second or faster.
+//
+// The kernel sends a transaction's notifications before it releases its
+// commit lock, so after a fence (which takes that lock) every transaction
+// that started before it has its notifications queued here: draining the
+// socket then tells exactly which of them touched the table.
+type monitor struct {
+	mu      sync.Mutex
+	conn    *netlink.Conn
+	buf     []byte
+	touched bool     // a foreign transaction touched the table, or notifications were lost
+	what    []string // what the transaction under way did to the table
+	lastGen uint32   // the last transaction's generation; 0: unknown
+	skipped bool     // our own commit ran while paused: its generations were not seen
+	watched bool     // a Watch runs
+	events  []Event  // for the Watch, delivered outside mu
+}
+
+// watchBuffer is the monitor socket's receive buffer.
+const watchBuffer = 32 << 20
+
+func openMonitor(netns int) (*monitor, error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netns})
+	if err != nil {
+		return nil, fmt.Errorf("watch nftables: open netlink socket: %w", err)
+	}
+	if err := conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("watch nftables: join the nftables group: %w", err)
+	}
+	if err := setBuffer(conn, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, watchBuffer); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("watch nftables: set receive buffer: %w", err)
+	}
+	// Anything may have happened before the subscription.
+	return &monitor{conn: conn, buf: make([]byte, 64<<10), touched: true}, nil
+}
+
+// take drains what the kernel has queued and reports whether the table
+// was touched (or notifications lost) since the last take.
+func (m *monitor) take() (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	raw, err := m.conn.SyscallConn()
+	if err != nil {
+		return true, err
+	}
+	// Control, not Read: a running Watch may be parked in Read.
+	var derr error
+	if err := raw.Control(func(fd uintptr) { derr = m.drain(int(fd)) }); err != nil {
+		return true, err
+	}
+	// What a read finds first needs no event: the read it is part of
+	// compares the table with the wanted one.
+	m.events = nil
+	touched := m.touched
+	m.touched = false
+	return touched, derr
+}
+
+// pause leaves the notification group for the length of our own commit:
+// otherwise the kernel builds one notification per element of it for this
+// socket. Whatever happened meanwhile counts as a touch: the read after
+// our commit reads the whole table anyway.
+func (m *monitor) pause() (resume func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_ = m.conn.LeaveGroup(unix.NFNLGRP_NFTABLES)
+	return func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		_ = m.conn.JoinGroup(unix.NFNLGRP_NFTABLES)
+		m.touched, m.skipped = true, true
+	}
+}
+
+// drain reads every queued notification, without waiting; m.mu is held.
+func (m *monitor) drain(fd int) error {
+	for {
+		n, _, err := unix.Recvfrom(fd, m.buf, unix.MSG_DONTWAIT)
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			return nil
+		case errors.Is(err, unix.ENOBUFS):
+			// The kernel dropped notifications until the queue had
+			// room: anything may have happened.
+			m.what, m.lastGen, m.touched = nil, 0, true
+			m.emit(Event{What: "notifications lost (receive buffer overrun)", Lost: true})
+			continue
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			m.touched = true
+			return fmt.Errorf("watch nftables: receive: %w", err)
+		}
+		msgs, err := syscall.ParseNetlinkMessage(m.buf[:n])
+		if err != nil {
+			m.touched = true
+			return fmt.Errorf("watch nftables: parse: %w", err)
+		}
+		for _, msg := range msgs {
+			m.message(msg)
+		}
+	}
+}
+
+// message takes one notification; m.mu is held.
+func (m *monitor) message(msg syscall.NetlinkMessage) {
+	if msg.Header.Type>>8 != unix.NFNL_SUBSYS_NFTABLES {
+		return
+	}
+	typ := int(msg.Header.Type & 0xff)
+	if typ != unix.NFT_MSG_NEWGEN {
+		if touchesTable(typ, msg.Data) {
+			m.what = append(m.what, messageNames[typ])
+			m.touched = true
+		}
+		return
+	}
+	// The end of a transaction.
+	gen, ok := genID(msg.Data)
+	switch {
+	case len(m.what) > 0:
+		m.emit(Event{What: joinUnique(m.what)})
+	case ok && !m.skipped && m.lastGen != 0 && gen != m.lastGen+1:
+		m.touched = true
+		m.emit(Event{What: fmt.Sprintf("generation %d follows %d: notifications lost", gen, m.lastGen), Lost: true})
+	}
+	m.what, m.lastGen, m.skipped = nil, gen, false
+}
+
+func (m *monitor) emit(e Event) {
+	if m.watched {
+		m.events = append(m.events, e)
+	}
+}
+
+// watch calls notify for every foreign transaction that touches the table
+// and every loss of notifications, until ctx is done.
+func (m *monitor) watch(ctx context.Context, notify func(Event)) error {
+	m.mu.Lock()
+	if m.watched {
+		m.mu.Unlock()
+		return errors.New("watch nftables: already watching")
+	}
+	m.watched = true
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.watched, m.events = false, nil
+		m.mu.Unlock()
+	}()
+	raw, err := m.conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = m.conn.SetReadDeadline(aLongTimeAgo) })
+	defer stop()
+	defer m.conn.SetReadDeadline(noDeadline)
+	notify(Event{What: "watch started", Lost: true})
+	var derr error
+	err = raw.Read(func(fd uintptr) bool {
+		m.mu.Lock()
+		derr = m.drain(int(fd))
+		events := m.events
+		m.events = nil
+		m.mu.Unlock()
+		for _, e := range events {
+			notify(e) // without mu: notify may read the table
+		}
+		return derr != nil // false: wait until there is more to read
+	})
+	switch {
+	case ctx.Err() != nil:
+		return nil
+	case derr != nil:
+		return derr
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return errors.New("watch nftables: stopped")
+	}
+	return err
+}
+
+func (m *monitor) close() {
+	if m != nil {
+		m.conn.Close()
+	}
+}
+
+// fence waits until every transaction under way in the namespace has
+// finished: it sends a transaction that the kernel takes its commit lock
+// for and then refuses (it would delete a table whose name is longer than
+// any table's may be), so it changes nothing and notifies no one. Every
+// kernel from 4.19 on takes the lock before it looks at the messages.
+func fence(conn *netlink.Conn) error {
+	b := &batch{msgs: []netlink.Message{{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_DELTABLE), Flags: netlink.Request},
+		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), attrBytes(unix.NFTA_TABLE_NAME, cstring(fenceName))...),
+	}}, op: []int{0}}
+	failed, err := b.send(conn, 0)
+	switch {
+	case err == nil:
+		return errors.New("the kernel took a transaction that deletes a table with a name too long to exist")
+	case failed == 0:
+		return nil // refused as intended: the lock was taken and released
+	}
+	return fmt.Errorf("wait for the nftables commit lock: %w", err)
+}
+
+// fenceName is longer than NFT_NAME_MAXLEN (256): no table has it.
+var fenceName = strings.Repeat("ip-masq-agent-fence.", 16)
+
+var (
+	aLongTimeAgo = time.Unix(1, 0)
+	noDeadline   time.Time
+)
+
+func attrBytes(typ uint16, payload []byte) []byte { return appendAttr(nil, typ, payload) }

@@ -1,0 +1,183 @@
+package test
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+)
+
+// startDaemonLimited starts the agent in a cgroup whose CPU quota is
+// percent of one CPU, as the DaemonSet's limit (100m) is 10.
+func startDaemonLimited(t *testing.T, topo *testnet.Topology, percent int, args ...string) *daemon {
+	t.Helper()
+	g, err := testnet.NewCPUGroup(strings.ReplaceAll(t.Name(), "/", "-"), percent)
+	if err != nil {
+		t.Fatalf("a cgroup with a CPU quota (root, cgroup cpu controller): %v", err)
+	}
+	// The shell moves itself into the group before `ip netns exec`, whose
+	// own /sys has no cgroup mounts; the agent inherits the group.
+	argv := g.Wrap(append([]string{"ip", "netns", "exec", topo.NodeNS, agentBin, "--v=2"}, args...)...)
+	d := startCommand(t, argv, false) // sh and ip exec the agent: SIGTERM reaches it
+	t.Cleanup(func() {
+		d.stop(t)
+		t.Logf("throttled by the quota for %s", g.Throttled())
+		if err := g.Close(); err != nil {
+			t.Errorf("remove the cgroup: %v", err)
+		}
+	})
+	return d
+}
+
+// probes polls /healthz and /readyz from start until stop and remembers
+// every answer that was not 200.
+type probes struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	bad  []string
+	n    int
+}
+
+func watchProbes(topo *testnet.Topology, paths ...string) *probes {
+	p := &probes{stop: make(chan struct{})}
+	client := topo.NodeHTTPClient()
+	p.wg.Go(func() {
+		for {
+			for _, path := range paths {
+				code, body := 0, ""
+				resp, err := client.Get("http://127.0.0.1:9753" + path)
+				if err != nil {
+					body = err.Error()
+				} else {
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					code, body = resp.StatusCode, strings.TrimSpace(string(b))
+				}
+				p.mu.Lock()
+				p.n++
+				if code != 200 {
+					p.bad = append(p.bad, fmt.Sprintf("%s %d %s", path, code, body))
+				}
+				p.mu.Unlock()
+			}
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	})
+	return p
+}
+
+func (p *probes) done() (n int, bad []string) {
+	close(p.stop)
+	p.wg.Wait()
+	return p.n, p.bad
+}
+
+// TestBusyNode: the agent under the DaemonSet's CPU limit (10% of a CPU),
+// a large table, and a neighbour committing to its own table 20 times a
+// second. A one-CIDR config change reaches the kernel, no sync fails, and
+// /healthz and /readyz answer 200 throughout: commits to other tables are
+// no reason to read the table again, and a busy node is no reason for the
+// kubelet to restart the agent. Owned (the table cannot change behind the
+// agent's back) and not owned (kernels before 6.9: the agent learns from
+// the kernel's notifications what touched its table).
+func TestBusyNode(t *testing.T) {
+	n := 10000
+	if soakMode() {
+		n = 100000
+	}
+	for _, own := range []bool{true, false} {
+		t.Run(fmt.Sprintf("own-table=%v", own), func(t *testing.T) {
+			topo := newTopology(t)
+			cm := newConfigMapDir(t, "resyncInterval: 2s\n"+manyCIDRs(n))
+			d := startDaemonLimited(t, topo, 10, "--config", cm.path(), fmt.Sprintf("--own-table=%v", own))
+			eventually(t, "the first apply", func() bool { return strings.Contains(d.output(), "msg=\"applied config\"") })
+			neighbour, err := testnet.NewNeighbour(topo.NodeHandle(), 50*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer neighbour.Stop()
+			p := watchProbes(topo, "/healthz", "/readyz")
+			mark := len(d.output())
+			// Resyncs run meanwhile (every 2 s): wait for two with the
+			// neighbour committing, then change one CIDR.
+			eventually(t, "two resyncs with the neighbour committing", func() bool {
+				return strings.Count(d.output()[mark:], "resync: the table read back is the wanted one") >= 2
+			})
+			cm.update("resyncInterval: 2s\n" + manyCIDRs(n, "203.0.113.0/24"))
+			eventually(t, "the new CIDR in the kernel", func() bool {
+				out, err := topo.NFT("get", "element", "inet", "ip-masq-agent", "nonmasq-v4", "{ 203.0.113.7 }")
+				return err == nil && strings.Contains(out, "203.0.113.0/24")
+			})
+			eventually(t, "another resync after the change", func() bool {
+				after := d.output()[mark:]
+				i := strings.Index(after, "applied new config")
+				return i >= 0 && strings.Contains(after[i:], "resync: the table read back is the wanted one")
+			})
+			commits, err := neighbour.Stop()
+			probed, bad := p.done()
+			if err != nil || commits < 10 {
+				t.Errorf("the neighbour made %d commits (%v): not busy", commits, err)
+			}
+			logs := d.output()
+			for _, s := range []string{"sync failed", "repair failed", "level=ERROR"} {
+				if c := strings.Count(logs, s); c > 0 {
+					t.Errorf("%d lines with %q", c, s)
+				}
+			}
+			if len(bad) > 0 || probed == 0 {
+				t.Errorf("%d of %d probe answers were not 200, the first: %q", len(bad), probed, bad[:min(len(bad), 3)])
+			}
+			t.Logf("%d CIDRs, %d neighbour commits, %d probe answers", n, commits, probed)
+		})
+	}
+}
+
+// TestWaitingAgentHealth: a second agent while another owns the table is
+// alive (/healthz 200: a restart would find the same owner) and not ready
+// (/readyz 503, saying why), and it takes over when the owner exits.
+func TestWaitingAgentHealth(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	cfgA := "resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n"
+	cfgB := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"
+	first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=127.0.0.1:0")
+	eventually(t, "config A", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
+	second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=127.0.0.1:9753")
+	eventually(t, "the second agent to wait", func() bool { return strings.Contains(second.output(), "waiting for it to exit") })
+	if !strings.Contains(listTable(t, topo), "flags owner") {
+		t.Skip("this kernel cannot own a persistent table: nothing to wait for")
+	}
+	client := topo.NodeHTTPClient()
+	get := func(path string) (int, string) {
+		resp, err := client.Get("http://127.0.0.1:9753" + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	// Several looks at the owner (one a second) later, still so.
+	mark := strings.Count(second.output(), "is owned by another process; looking again")
+	eventually(t, "three more looks at the owner", func() bool {
+		return strings.Count(second.output(), "is owned by another process; looking again") >= mark+3
+	})
+	if code, body := get("/healthz"); code != 200 {
+		t.Errorf("the waiting agent's /healthz: %d %q, want 200 (alive)", code, body)
+	}
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "another process owns table inet ip-masq-agent") {
+		t.Errorf("the waiting agent's /readyz: %d %q, want 503 naming the owner", code, body)
+	}
+	first.stop(t)
+	eventually(t, "config B after the first agent exited", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+	eventually(t, "the second agent ready", func() bool { code, _ := get("/readyz"); return code == 200 })
+}

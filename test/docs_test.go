@@ -1,0 +1,189 @@
+package test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode"
+)
+
+// The documentation's links: every relative link of README.md and docs/
+// (and the other Markdown files at the top) names a file that exists, and
+// every #anchor a heading of the file it points into, as GitHub renders
+// them. Links to other sites are not fetched.
+
+var (
+	inlineLink = regexp.MustCompile(`\[[^\]]*\]\(([^()\s]+)(?:\s+"[^"]*")?\)`)
+	refLink    = regexp.MustCompile(`^\s{0,3}\[[^\]]+\]:\s*(\S+)`)
+	codeSpan   = regexp.MustCompile("`[^`]*`")
+	headingRE  = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*\s*$`)
+	htmlAnchor = regexp.MustCompile(`<a\s+(?:name|id)="([^"]+)"`)
+)
+
+// markdownFiles are the files whose links are checked.
+func markdownFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("../*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(files, docs...)
+}
+
+// githubAnchor is the anchor GitHub gives a heading: lower case, without
+// punctuation but hyphens and underscores, spaces as hyphens.
+func githubAnchor(heading string) string {
+	heading = strings.ReplaceAll(heading, "`", "")
+	// [text](link) in a heading anchors as text.
+	heading = inlineLink.ReplaceAllStringFunc(heading, func(m string) string {
+		return m[1:strings.Index(m, "](")]
+	})
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// markdownLines returns the lines of a Markdown file outside fenced code
+// blocks, with their numbers.
+func markdownLines(data string) (lines []string, numbers []int) {
+	fence := ""
+	for i, line := range strings.Split(data, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if fence != "" {
+			if strings.HasPrefix(trimmed, fence) {
+				fence = ""
+			}
+			continue
+		}
+		if strings.HasPrefix(trimmed, "```") || strings.HasPrefix(trimmed, "~~~") {
+			fence = trimmed[:3]
+			continue
+		}
+		lines = append(lines, line)
+		numbers = append(numbers, i+1)
+	}
+	return lines, numbers
+}
+
+// anchors returns the anchors of a Markdown file's headings (and explicit
+// <a name> or id anchors).
+func anchors(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	seen := map[string]int{}
+	lines, _ := markdownLines(string(data))
+	for _, line := range lines {
+		for _, m := range htmlAnchor.FindAllStringSubmatch(line, -1) {
+			out[m[1]] = true
+		}
+		m := headingRE.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		a := githubAnchor(m[1])
+		if n := seen[a]; n > 0 {
+			out[a+"-"+strconv.Itoa(n)] = true
+		} else {
+			out[a] = true
+		}
+		seen[a]++
+	}
+	return out
+}
+
+// checkLink checks one link target of the Markdown file from; "" if good.
+func checkLink(t *testing.T, from, target string) string {
+	t.Helper()
+	if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+		return ""
+	}
+	path, anchor, _ := strings.Cut(target, "#")
+	file := from
+	if path != "" {
+		file = filepath.Join(filepath.Dir(from), filepath.FromSlash(path))
+		if _, err := os.Stat(file); err != nil {
+			return "no such file"
+		}
+	}
+	if anchor == "" {
+		return ""
+	}
+	if !strings.HasSuffix(file, ".md") {
+		return "an anchor into a file that is not Markdown"
+	}
+	if !anchors(t, file)[anchor] {
+		return "no heading with anchor #" + anchor + " in " + filepath.Base(file)
+	}
+	return ""
+}
+
+// TestDocsLinks: every relative link and anchor of the Markdown files
+// resolves.
+func TestDocsLinks(t *testing.T) {
+	files := markdownFiles(t)
+	if len(files) < 2 {
+		t.Fatalf("found only %v", files)
+	}
+	checked := 0
+	for _, from := range files {
+		data, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, numbers := markdownLines(string(data))
+		for i, line := range lines {
+			var targets []string
+			if m := refLink.FindStringSubmatch(line); m != nil {
+				targets = append(targets, m[1])
+			}
+			for _, m := range inlineLink.FindAllStringSubmatch(codeSpan.ReplaceAllString(line, ""), -1) {
+				targets = append(targets, m[1])
+			}
+			for _, target := range targets {
+				checked++
+				if msg := checkLink(t, from, strings.Trim(target, "<>")); msg != "" {
+					t.Errorf("%s:%d: link %s: %s", strings.TrimPrefix(from, "../"), numbers[i], target, msg)
+				}
+			}
+		}
+	}
+	if checked == 0 {
+		t.Error("no link found: the parser is broken")
+	}
+}
+
+// TestDocsLinkChecker proves the checker fails on what it must.
+func TestDocsLinkChecker(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.md")
+	if err := os.WriteFile(a, []byte("# Title\n\n## The `table` is missing!\n\n```\n# not a heading\n```\n## Twice\n## Twice\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for target, bad := range map[string]bool{
+		"a.md": false, "#title": false, "#the-table-is-missing": false, "a.md#twice-1": false,
+		"b.md": true, "#not-a-heading": true, "a.md#nothing": true, "#twice-2": true,
+		"https://example.com/x#y": false,
+	} {
+		if msg := checkLink(t, a, target); (msg != "") != bad {
+			t.Errorf("%s: %q, want bad=%v", target, msg, bad)
+		}
+	}
+}
