@@ -35,6 +35,9 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 mkdir -p "$bin" "$cache/out"
+# The code measured: the commit, "+changes" when the tree differs from it.
+code=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- . ':!docs/kernels.tsv' ':!docs/kernels.md' 2>/dev/null || code="$code+changes"
 CGO_ENABLED=0 $GO build -trimpath -o "$bin/ip-masq-agent" ./cmd/ip-masq-agent
 CGO_ENABLED=0 $GO test -c -o "$bin/test.test" ./test/
 
@@ -117,10 +120,10 @@ EOT
 	if [ "${RECORD:-1}" = 1 ]; then
 		# docs/kernels.tsv: one line per kernel series, the last run's.
 		f=docs/kernels.tsv
-		[ -f "$f" ] || printf 'series\tkernel\tpackage\tmode\tpassed\tfailed\tskipped\tseconds\ttests\tskip\tdate\n' >"$f"
+		[ -f "$f" ] || printf 'series\tkernel\tpackage\tmode\tpassed\tfailed\tskipped\tseconds\ttests\tskip\tdate\tcommit\n' >"$f"
 		awk -F'\t' -v s="$series" 'NR == 1 || $1 != s' "$f" >"$f.new"
-		printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$series" "$uname" "$pkg" "$mode" "$passed" "$failed" "$skipped" \
-			"$took" "$tests" "${skip:--}" "$(date -u +%Y-%m-%d)" >>"$f.new"
+		printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$series" "$uname" "$pkg" "$mode" "$passed" "$failed" "$skipped" \
+			"$took" "$tests" "${skip:--}" "$(date -u +%Y-%m-%d)" "$code" >>"$f.new"
 		mv "$f.new" "$f"
 	fi
 done

@@ -65,7 +65,7 @@ func Table(tsv string) (string, error) {
 	for i, h := range head {
 		col[h] = i
 	}
-	for _, h := range []string{"series", "kernel", "package", "mode", "passed", "failed", "skipped", "seconds", "tests", "skip", "date"} {
+	for _, h := range []string{"series", "kernel", "package", "mode", "passed", "failed", "skipped", "seconds", "tests", "skip", "date", "commit"} {
 		if _, ok := col[h]; !ok {
 			return "", fmt.Errorf("kernels.tsv: no column %q", h)
 		}
@@ -85,8 +85,8 @@ func Table(tsv string) (string, error) {
 		}
 	}
 	var b strings.Builder
-	b.WriteString("| kernel | how | mode | passed | failed | skipped | tests | took | measured |\n")
-	b.WriteString("| --- | --- | --- | ---: | ---: | ---: | --- | ---: | --- |\n")
+	b.WriteString("| kernel | how | mode | passed | failed | skipped | tests | took | measured | code |\n")
+	b.WriteString("| --- | --- | --- | ---: | ---: | ---: | --- | ---: | --- | --- |\n")
 	for _, r := range rows {
 		how := "qemu guest, `" + r[col["package"]] + "`"
 		if r[col["package"]] == "-" {
@@ -100,8 +100,9 @@ func Table(tsv string) (string, error) {
 		if s := r[col["skip"]]; s != "-" && s != "" {
 			tests += " but `" + s + "`"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s s | %s |\n", r[col["kernel"]], how, mode,
-			r[col["passed"]], r[col["failed"]], r[col["skipped"]], strings.ReplaceAll(tests, "|", `\|`), r[col["seconds"]], r[col["date"]])
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s s | %s | %s |\n", r[col["kernel"]], how, mode,
+			r[col["passed"]], r[col["failed"]], r[col["skipped"]], strings.ReplaceAll(tests, "|", `\|`), r[col["seconds"]], r[col["date"]],
+			r[col["commit"]])
 	}
 	return b.String(), nil
 }

@@ -31,9 +31,9 @@ func TestDocMatchesMeasurements(t *testing.T) {
 }
 
 func TestTableOrderAndFields(t *testing.T) {
-	tsv := "series\tkernel\tpackage\tmode\tpassed\tfailed\tskipped\tseconds\ttests\tskip\tdate\n" +
-		"6.18\t6.18.1\t-\towned\t3\t0\t0\t9\tSmoke\t-\t2026-11-25\n" +
-		"5.10\t5.10.0-46-amd64\tlinux-image-5.10.0-46-amd64-unsigned\tverify-and-repair\t2\t1\t0\t90\t.\t^(A|B)\t2026-11-25\n"
+	tsv := "series\tkernel\tpackage\tmode\tpassed\tfailed\tskipped\tseconds\ttests\tskip\tdate\tcommit\n" +
+		"6.18\t6.18.1\t-\towned\t3\t0\t0\t9\tSmoke\t-\t2026-11-25\tabc1234\n" +
+		"5.10\t5.10.0-46-amd64\tlinux-image-5.10.0-46-amd64-unsigned\tverify-and-repair\t2\t1\t0\t90\t.\t^(A|B)\t2026-11-25\tabc1234+changes\n"
 	table, err := Table(tsv)
 	if err != nil {
 		t.Fatal(err)
