@@ -47,7 +47,7 @@ func TestKernelSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--enable-ipv6")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--enable-ipv6")
 
 	// Apply, and the decision per destination.
 	eventually(t, "the first config", func() bool { return strings.Contains(d.output(), `msg="applied config"`) })
