@@ -23,8 +23,8 @@ import (
 type BusyRow struct {
 	N, Rate, QuotaPercent int
 	Owned                 bool
-	// From each one-CIDR ConfigMap change to the new element in the
-	// kernel (polled with `nft get element` every 20 ms).
+	// From each one-CIDR ConfigMap change (the ..data swap) to the agent's
+	// commit that puts the new element in the kernel (its NEWGEN).
 	Changes       []time.Duration
 	ChangesFailed int // not in the kernel within busyTimeout
 	FailedSyncs   int // log lines "sync failed" or "repair failed"
@@ -158,22 +158,21 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 		}
 	}()
 	sleepCtx(ctx, 3*time.Second) // a resync or so with the neighbour committing
+	mon, err := newGenMonitor(int(topo.NodeHandle()))
+	if err != nil {
+		return err
+	}
+	defer mon.close()
 	for i := range changes {
+		mon.drain()
 		swapped, err := cm.update(configOf(i + 1))
 		if err != nil {
 			return err
 		}
-		probe := cidrAt(4, 1, i).Addr().String()
-		landed := false
-		for time.Since(swapped) < busyTimeout && ctx.Err() == nil {
-			if out, err := topo.NFT("get", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ "+probe+" }"); err == nil && strings.Contains(out, probe) {
-				row.Changes = append(row.Changes, time.Since(swapped))
-				landed = true
-				break
-			}
-			sleepCtx(ctx, 20*time.Millisecond)
-		}
-		if !landed {
+		// The agent's commit (its NEWGEN) puts the element in the kernel.
+		if at, ok := mon.waitAgent(ctx, swapped, busyTimeout); ok {
+			row.Changes = append(row.Changes, at.Sub(swapped))
+		} else {
 			row.ChangesFailed++
 		}
 		sleepCtx(ctx, 2*time.Second)
@@ -182,6 +181,14 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 	<-probesDone
 	row.Commits, _ = neighbour.Stop()
 	row.Throttled = group.Throttled()
+	// Checked with nft once the neighbour has stopped: nft restarts a dump
+	// that a commit interrupts (NLM_F_DUMP_INTR), and a large set's dump
+	// never ends while another process commits 20 times a second.
+	if out, err := topo.NFT("list", "set", "inet", nft.TableName, nft.SetNonMasqV4); err != nil {
+		return fmt.Errorf("nft list set: %w", err)
+	} else if last := cidrAt(4, 1, changes-1).String(); row.ChangesFailed == 0 && !strings.Contains(out, last) {
+		return fmt.Errorf("the last change's CIDR %s is not in the kernel's set", last)
+	}
 
 	// Quiet now: the CPU an unchanged resync costs, over about 10 s.
 	sleepCtx(ctx, time.Second)
@@ -259,8 +266,9 @@ func busyMarkdown(b *strings.Builder, r *Results) {
 		"(`cpu.max` or `cpu.cfs_quota_us`: the DaemonSet's 100m limit), while a neighbour in the same network\n"+
 		"namespace commits to a table of its own (one element added and one deleted per transaction) at the\n"+
 		"rate given, as kube-proxy, a CNI or firewalld do. After a few seconds of that, %d ConfigMap updates\n"+
-		"(the kubelet's `..data` swap), each adding one CIDR; the time is from the swap until `nft get element`\n"+
-		"(polled every 20 ms) finds the new CIDR in the kernel. `/healthz` and `/readyz` are polled every 200 ms\n"+
+		"(the kubelet's `..data` swap), each adding one CIDR; the time is from the swap to the agent's commit (its\n"+
+		"NEWGEN notification), which puts the new CIDR in the kernel; `nft list set` checks it once the neighbour has\n"+
+		"stopped (nft restarts a dump that a commit interrupts, and cannot list 100,000 CIDRs at 20 commits a second). `/healthz` and `/readyz` are polled every 200 ms\n"+
 		"throughout. Failed syncs are the agent's `sync failed` and `repair failed` log lines. Then the neighbour\n"+
 		"stops, and the agent's CPU time (all threads' schedstat) over 10 s of unchanged resyncs is divided by\n"+
 		"their number.\n\n", br.Changes)

@@ -28,8 +28,12 @@ const (
 	KindNone      = "no rules"
 	KindConntrack = "conntrack only"
 	KindAgent     = "agent (nft interval set)"
-	KindIPTNFT    = "iptables-nft chain"
-	KindIPTLegacy = "iptables-legacy chain"
+	// KindAgentNoMark is the agent's table with --conntrack-label=none:
+	// its masquerade rules do not set the conntrack label, the data-plane
+	// cost of which is the difference to KindAgent.
+	KindAgentNoMark = "agent, --conntrack-label=none"
+	KindIPTNFT      = "iptables-nft chain"
+	KindIPTLegacy   = "iptables-legacy chain"
 )
 
 // dataDst is the destination of every connection: an "internet" host in
@@ -129,6 +133,9 @@ func RunData(ctx context.Context, cfg Config) (_ *DataResults, err error) {
 			res.Points = append(res.Points, &DataPoint{Kind: kind, N: n})
 		}
 	}
+	// The cost of the conntrack mark: the agent's table without it, at
+	// the smallest list (where the mark's share of the cost is largest).
+	res.Points = append(res.Points, &DataPoint{Kind: KindAgentNoMark, N: ns[0]})
 	dir, err := os.MkdirTemp("", "ip-masq-agent-bench-")
 	if err != nil {
 		return nil, err
@@ -154,7 +161,7 @@ func RunData(ctx context.Context, cfg Config) (_ *DataResults, err error) {
 			if ctx.Err() != nil {
 				return res, ctx.Err()
 			}
-			if p.Kind == KindAgent || p.Kind == KindNone || p.Kind == KindConntrack {
+			if p.Kind == KindAgent || p.Kind == KindAgentNoMark || p.Kind == KindNone || p.Kind == KindConntrack {
 				return res, fmt.Errorf("%s: %w", p.Label(), err)
 			}
 			p.Skipped = oneLine(err.Error())
@@ -178,7 +185,7 @@ func RunData(ctx context.Context, cfg Config) (_ *DataResults, err error) {
 			}
 			last := len(p.Rates) - 1
 			cfg.logf("data plane: %-40s rep %d: %8.0f conn/s  %6.1f µs CPU/conn", p.Label(), rep+1, p.Rates[last], p.CPU[last]/1e3)
-			if p.Kind == KindIPTNFT || p.Kind == KindIPTLegacy || p.Kind == KindAgent {
+			if p.Kind == KindIPTNFT || p.Kind == KindIPTLegacy || p.Kind == KindAgent || p.Kind == KindAgentNoMark {
 				// Give conntrack's garbage collection room between points.
 				sleepCtx(ctx, 100*time.Millisecond)
 			}
@@ -214,11 +221,16 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 			"add rule inet bench-ct c ct state new counter"); err != nil {
 			return err
 		}
-	case KindAgent:
+	case KindAgent, KindAgentNoMark:
 		c := config.Default(config.Flags{})
 		c.NonMasqueradeCIDRs = cidrList(4, 0, p.N)
 		c.CIDRLimit = max(p.N, 64)
-		rs := nft.Build(c, nft.Options{Chain: nft.DefaultChain, RandomFully: true})
+		o := nft.Options{Chain: nft.DefaultChain, RandomFully: true}
+		if p.Kind == KindAgent {
+			bit := uint8(nft.DefaultConntrackLabel) // the daemon's default: as it ships
+			o.CtLabel = &bit
+		}
+		rs := nft.Build(c, o)
 		if _, err := (&nft.Netlink{NetNS: int(node), NoOwner: true}).Apply(rs); err != nil {
 			return err
 		}

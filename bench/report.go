@@ -116,6 +116,17 @@ func Targets(r *Results) []Target {
 		} else {
 			add(goal, "", nil)
 		}
+		if ns := d.Ns(); len(ns) > 0 {
+			marked, unmarked := d.Find(KindAgent, ns[0]), d.Find(KindAgentNoMark, ns[0])
+			goal := "data plane: the conntrack mark (--conntrack-label) costs under 2% of the new-connection rate"
+			if marked.Measured() && unmarked != nil && unmarked.Measured() {
+				diff := 1 - marked.Rate()/unmarked.Rate()
+				add(goal, fmt.Sprintf("%.0f conn/s with the mark vs %.0f without, at %s CIDR: %+.1f%%; CPU per connection %.1f vs %.1f µs",
+					marked.Rate(), unmarked.Rate(), num(ns[0]), -diff*100, marked.CPUns()/1e3, unmarked.CPUns()/1e3), ptr(diff < 0.02))
+			} else {
+				add(goal, "", nil)
+			}
+		}
 		a10 := d.Find(KindAgent, 10_000)
 		for _, kind := range []string{KindIPTNFT, KindIPTLegacy} {
 			goal := fmt.Sprintf("data plane: at 10,000 CIDRs, at least 10× the new-connection rate of the %s", kind)

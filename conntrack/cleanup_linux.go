@@ -27,7 +27,10 @@ import (
 // same for it, when its NAT state already is new's decision, and when it
 // is source-NATed to an address that is not the node's (another table's
 // SNAT). An entry is source-NATed when its status has IPS_SRC_NAT or its
-// reply goes to another address than the original source.
+// reply goes to another address than the original source. Without a mark
+// (see CleanupMarked), an entry masqueraded to a node address by another
+// table (kube-proxy's) for a destination whose decision changed from
+// masquerade to not is taken for the agent's and deleted.
 //
 // It dumps each family's table once over ctnetlink, judging the entries
 // as they stream in (only the stale ones are kept), then deletes those in
@@ -39,6 +42,15 @@ import (
 // changes is reported as an error after the entries it returned are
 // handled).
 func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
+	return CleanupMarked(ns, mode, old, new, -1)
+}
+
+// CleanupMarked is Cleanup when the old table's masquerade rules marked
+// the connections they masqueraded with conntrack label bit mark (-1: they
+// did not, which is Cleanup): an entry the new rules do not masquerade is
+// deleted when it carries the mark, and only then; entries masqueraded by
+// another chain (kube-proxy's, a CNI's) never carry it.
+func CleanupMarked(ns netns.NsHandle, mode Mode, old, new Decider, mark int) (Result, error) {
 	start := time.Now()
 	var res Result
 	if mode == "" {
@@ -52,6 +64,9 @@ func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
 	}
 	if old == nil || new == nil {
 		return res, errNilDecider
+	}
+	if mark > 127 {
+		return res, fmt.Errorf("conntrack: label bit %d: want 0-127", mark)
 	}
 	if ns == 0 {
 		ns = netns.None()
@@ -83,7 +98,7 @@ func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
 			if !ok {
 				return
 			}
-			if judge(e, mode, oldM.decide, newM.decide, locals.contains) == deleteStale {
+			if judge(e, mode, oldM.decide, newM.decide, locals.contains, mark) == deleteStale {
 				stale = append(stale, ref.request())
 			}
 		})

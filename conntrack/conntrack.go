@@ -12,6 +12,7 @@
 package conntrack
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -94,7 +95,17 @@ type entry struct {
 	proto              uint8
 	origSrc, origDst   netip.Addr
 	replySrc, replyDst netip.Addr
-	statusSNAT         bool // IPS_SRC_NAT in the entry's status
+	statusSNAT         bool   // IPS_SRC_NAT in the entry's status
+	labels             []byte // CTA_LABELS: the label bitmap (unsigned longs of the host), nil without labels
+}
+
+// hasLabel reports whether the entry carries the label bit (the kernel's
+// bitmap is of unsigned longs, in the host's byte order; 64-bit hosts).
+func (e entry) hasLabel(bit int) bool {
+	if bit < 0 || len(e.labels) < (bit/64+1)*8 {
+		return false
+	}
+	return binary.NativeEndian.Uint64(e.labels[bit/64*8:])&(1<<(bit%64)) != 0
 }
 
 // verdict is the outcome of judge: keep (for one of several reasons) or
@@ -110,11 +121,12 @@ const (
 	keepUnchanged                  // the decision for the destination did not change
 	keepAgrees                     // the entry's NAT state is the new decision already
 	keepForeignSNAT                // source-NATed to an address that is not the node's: another table's SNAT
+	keepUnmarked                   // source-NATed, but not by the agent's rule (no mark): another chain's masquerade
 	deleteStale                    // the decision changed and the entry disagrees with it
 )
 
 var verdictNames = [...]string{"keep: protocol", "keep: broken", "keep: local destination", "keep: local source",
-	"keep: unhandled", "keep: unchanged", "keep: agrees", "keep: foreign snat", "delete"}
+	"keep: unhandled", "keep: unchanged", "keep: agrees", "keep: foreign snat", "keep: unmarked", "delete"}
 
 func (v verdict) String() string {
 	if int(v) < len(verdictNames) {
@@ -126,9 +138,20 @@ func (v verdict) String() string {
 // judge decides one entry. The destination the agent's rule saw is the
 // reply tuple's source: the original destination after any DNAT (a
 // Service's backend), since the rule runs at postrouting; without DNAT the
-// two are equal. The entry was masqueraded when its reply goes to another
+// two are equal. The entry was source-NATed when its reply goes to another
 // address than the original source, or its status has IPS_SRC_NAT.
-func judge(e entry, mode Mode, old, new Decider, isLocal func(netip.Addr) bool) verdict {
+//
+// mark is the conntrack label bit with which the old table's masquerade
+// rules marked the connections they masqueraded, or -1 when they did not
+// (then an entry masqueraded to a local address is taken for the agent's,
+// as before marks). With a mark, an entry the new rules do not masquerade
+// is deleted when it carries the mark, whatever the old decision, and kept
+// when it does not: someone else (kube-proxy's KUBE-MARK-MASQ, a CNI)
+// masqueraded it, or no one did.
+//
+// An entry the new rules masquerade is deleted only when the decision for
+// its destination changed and no one source-NATed it.
+func judge(e entry, mode Mode, old, new Decider, isLocal func(netip.Addr) bool, mark int) verdict {
 	if mode == ModeNone || (mode != ModeAll && e.proto != unix.IPPROTO_UDP) {
 		return keepProtocol
 	}
@@ -147,12 +170,21 @@ func judge(e entry, mode Mode, old, new Decider, isLocal func(netip.Addr) bool) 
 	if !handled {
 		return keepUnhandled
 	}
+	snat := e.statusSNAT || e.replyDst != e.origSrc
+	if !masq && mark >= 0 {
+		switch {
+		case e.hasLabel(mark):
+			return deleteStale
+		case snat:
+			return keepUnmarked
+		}
+		return keepAgrees
+	}
 	was, wasHandled := old(dst)
 	if wasHandled && was == masq || !wasHandled && !masq {
 		// Not handled before is "not masqueraded by the agent".
 		return keepUnchanged
 	}
-	snat := e.statusSNAT || e.replyDst != e.origSrc
 	if snat == masq {
 		return keepAgrees
 	}

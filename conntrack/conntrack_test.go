@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"testing"
 
@@ -125,7 +126,41 @@ func TestConntrackJudge(t *testing.T) {
 		{"mixed families", udp(pod, ext, ext6, node), ModeUDP, masq, nomasq, keepBroken},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := judge(tc.e, tc.mode, tc.old, tc.new, locals.contains); got != tc.want {
+			if got := judge(tc.e, tc.mode, tc.old, tc.new, locals.contains, -1); got != tc.want {
+				t.Errorf("judge = %s, want %s", got, tc.want)
+			}
+		})
+	}
+	// With the mark (label bit 20): only the agent's masquerade is undone.
+	const bit = 20
+	marked := func(e entry, bits ...int) entry {
+		e.labels = make([]byte, 16)
+		for _, b := range bits {
+			binary.NativeEndian.PutUint64(e.labels[b/64*8:], binary.NativeEndian.Uint64(e.labels[b/64*8:])|1<<(b%64))
+		}
+		return e
+	}
+	for _, tc := range []struct {
+		name     string
+		e        entry
+		mode     Mode
+		old, new Decider
+		want     verdict
+	}{
+		{"marked: masq to nomasq deleted", marked(udp(pod, ext, ext, node), bit), ModeUDP, masq, nomasq, deleteStale},
+		{"marked: other label bits only: kept", marked(udp(pod, ext, ext, node), 0, 21, 100), ModeUDP, masq, nomasq, keepUnmarked},
+		{"marked: kube-proxy's masquerade (no labels) kept", udp(pod, ext, ext, node), ModeUDP, masq, nomasq, keepUnmarked},
+		{"marked: kube-proxy's masquerade kept with all", tcp(pod, ext, ext, node), ModeAll, masq, nomasq, keepUnmarked},
+		{"marked: TCP still left alone with udp", marked(tcp(pod, ext, ext, node), bit), ModeUDP, masq, nomasq, keepProtocol},
+		{"marked: old table said return, entry marked by an older one: deleted", marked(udp(pod, ext, ext, node), bit), ModeUDP, nomasq, nomasq, deleteStale},
+		{"marked: unmasqueraded entry agrees", udp(pod, ext, ext, pod), ModeUDP, masq, nomasq, keepAgrees},
+		{"marked: nomasq to masq: unNATed entry deleted", udp(pod, ext, ext, pod), ModeUDP, nomasq, masq, deleteStale},
+		{"marked: nomasq to masq: someone's masquerade kept", udp(pod, ext, ext, node), ModeUDP, nomasq, masq, keepAgrees},
+		{"marked: high bit", marked(udp(pod, ext, ext, node), 100), ModeUDP, masq, nomasq, keepUnmarked},
+		{"marked: local destination", marked(udp(pod, "10.244.1.1", "10.244.1.1", node), bit), ModeUDP, masq, nomasq, keepLocalDst},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := judge(tc.e, tc.mode, tc.old, tc.new, locals.contains, bit); got != tc.want {
 				t.Errorf("judge = %s, want %s", got, tc.want)
 			}
 		})

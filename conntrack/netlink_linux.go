@@ -21,6 +21,7 @@ const (
 	ctaStatus     = 3
 	ctaID         = 12
 	ctaZone       = 18
+	ctaLabels     = 22 // CTA_LABELS: the label bitmap, when the entry has labels
 
 	ctaTupleIP    = 1
 	ctaTupleProto = 2
@@ -258,6 +259,8 @@ func parseEntry(msg []byte) (e entry, ref entryRef, ok bool) {
 			if len(val) >= 4 {
 				e.statusSNAT = binary.BigEndian.Uint32(val)&ipsSrcNAT != 0
 			}
+		case ctaLabels:
+			e.labels = val
 		case ctaZone:
 			ref.zone = raw
 		case ctaID:

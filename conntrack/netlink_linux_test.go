@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net/netip"
+	"reflect"
 	"testing"
 
 	"github.com/vishvananda/netlink/nl"
@@ -41,7 +42,7 @@ func TestConntrackParseEntry(t *testing.T) {
 	}
 	e, ref, ok := parseEntry(msg)
 	want := entry{proto: unix.IPPROTO_UDP, origSrc: pod, origDst: ext, replySrc: ext, replyDst: node, statusSNAT: true}
-	if !ok || e != want {
+	if !ok || !reflect.DeepEqual(e, want) {
 		t.Fatalf("parseEntry = %+v, %v; want %+v", e, ok, want)
 	}
 	wantReq := append(append(orig.Serialize(), zone.Serialize()...), id.Serialize()...)
@@ -55,7 +56,7 @@ func TestConntrackParseEntry(t *testing.T) {
 		msg6 = append(msg6, a.Serialize()...)
 	}
 	e, _, ok = parseEntry(msg6)
-	if want := (entry{proto: unix.IPPROTO_TCP, origSrc: pod6, origDst: ext6, replySrc: ext6, replyDst: pod6}); !ok || e != want {
+	if want := (entry{proto: unix.IPPROTO_TCP, origSrc: pod6, origDst: ext6, replySrc: ext6, replyDst: pod6}); !ok || !reflect.DeepEqual(e, want) {
 		t.Errorf("IPv6: parseEntry = %+v, %v; want %+v", e, ok, want)
 	}
 

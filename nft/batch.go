@@ -396,8 +396,14 @@ func receive(conn *netlink.Conn, buf []byte) ([]syscall.NetlinkMessage, error) {
 	var n int
 	var rerr error
 	if err := raw.Read(func(fd uintptr) bool {
-		n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
-		return rerr != unix.EAGAIN
+		for {
+			var from unix.Sockaddr
+			n, from, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			if rerr == nil && !fromKernel(from) {
+				continue // another process's datagram to our port: not an answer
+			}
+			return rerr != unix.EAGAIN
+		}
 	}); err != nil {
 		return nil, err
 	}
@@ -409,6 +415,15 @@ func receive(conn *netlink.Conn, buf []byte) ([]syscall.NetlinkMessage, error) {
 		return nil, fmt.Errorf("parse: %w", err)
 	}
 	return msgs, nil
+}
+
+// fromKernel reports whether a datagram came from the kernel (port id 0):
+// any root process can send to a netlink socket's port or to the
+// nftables group, and what it sends is neither an answer nor a
+// notification.
+func fromKernel(from unix.Sockaddr) bool {
+	sa, ok := from.(*unix.SockaddrNetlink)
+	return ok && sa.Pid == 0
 }
 
 // setBuffer sets a socket buffer size, past the system's limit (net.core.

@@ -97,7 +97,7 @@ func masqRules(o Options) []Rule {
 			remaining += p.size()
 		}
 		for i, p := range o.ToPorts {
-			r := Rule{L4Proto: proto, Verdict: Masquerade, Ports: &p, FullyRandom: o.RandomFully,
+			r := Rule{L4Proto: proto, CtLabel: o.CtLabel, Verdict: Masquerade, Ports: &p, FullyRandom: o.RandomFully,
 				Comment: commentMasq + ", ports " + p.String()}
 			if i < len(o.ToPorts)-1 {
 				r.Share = &Share{Below: p.size(), Of: remaining}
@@ -106,5 +106,5 @@ func masqRules(o Options) []Rule {
 			rules = append(rules, r)
 		}
 	}
-	return append(rules, Rule{Verdict: Masquerade, FullyRandom: o.RandomFully, Comment: commentMasq})
+	return append(rules, Rule{CtLabel: o.CtLabel, Verdict: Masquerade, FullyRandom: o.RandomFully, Comment: commentMasq})
 }

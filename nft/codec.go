@@ -149,6 +149,78 @@ var clauses = []struct {
 			return fmt.Sprintf("numgen random mod %d < %d", r.Share.Of, r.Share.Below)
 		},
 	},
+	{ // ct label set BIT: the label bitmap (128 bits, the kernel's unsigned
+		// longs) in register 1, then ct set label; the kernel ORs it in
+		encode: func(r Rule) []expr.Any {
+			if r.CtLabel == nil {
+				return nil
+			}
+			return []expr.Any{&expr.Immediate{Register: 1, Data: LabelBits(int(*r.CtLabel))}, &ctSetLabel}
+		},
+		decode: func(d *decoder, r *Rule) bool {
+			im, ok := d.peek().(*expr.Immediate)
+			if !ok || len(im.Data) != labelBytes {
+				return true // a masquerade's port range, or not the agent's: the counter check decides
+			}
+			d.i++
+			c, ok := d.peek().(*expr.Ct)
+			bit := labelBit(im.Data)
+			// google/nftables v0.3.0 decodes no NFTA_CT_SREG: the set
+			// reads back as key labels without a register, and
+			// sameEncoding (read.go) checks the kernel's attributes,
+			// register 1 among them.
+			if !ok || im.Register != 1 || (*c != ctSetLabel && *c != (expr.Ct{Key: expr.CtKeyLABELS})) || bit < 0 {
+				return false
+			}
+			d.i++
+			b := uint8(bit)
+			r.CtLabel = &b
+			return true
+		},
+		render: func(r Rule) string {
+			if r.CtLabel == nil {
+				return ""
+			}
+			return fmt.Sprintf("ct label set %d", *r.CtLabel)
+		},
+	},
+}
+
+// labelBytes is the size of a conntrack label bitmap (XT_CONNLABEL_MAXBIT + 1 bits).
+const labelBytes = 16
+
+var ctSetLabel = expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyLABELS}
+
+// LabelBits returns the conntrack label bitmap with only bit set, as the
+// kernel lays it out (unsigned longs of the host's byte order), as ct set
+// label takes it and ctnetlink's CTA_LABELS carries it.
+func LabelBits(bit int) []byte {
+	b := make([]byte, labelBytes)
+	copy(b[bit/64*8:], binaryutil.NativeEndian.PutUint64(1<<(bit%64))) // 64-bit hosts
+	return b
+}
+
+// labelBit returns the one bit set in a label bitmap, or -1 when not
+// exactly one is.
+func labelBit(b []byte) int {
+	bit := -1
+	for i := 0; i < 128; i++ {
+		if hasLabel(b, i) {
+			if bit >= 0 {
+				return -1
+			}
+			bit = i
+		}
+	}
+	return bit
+}
+
+// hasLabel reports whether the label bitmap b has bit set.
+func hasLabel(b []byte, bit int) bool {
+	if bit < 0 || len(b) < (bit/64+1)*8 {
+		return false
+	}
+	return binaryutil.NativeEndian.Uint64(b[bit/64*8:])&(1<<(bit%64)) != 0
 }
 
 var (

@@ -141,17 +141,11 @@ func ExplainTable(t *Table, addr netip.Addr, isLocal func(netip.Addr) bool) Expl
 	ev := &evaluator{t: t, addr: addr, local: isLocal != nil && isLocal(addr)}
 	base := BaseChainName
 	e := Explanation{Addr: addr}
-	var bases []*Chain
-	for i := range t.Chains {
-		if h := t.Chains[i].Hook; h != nil && h.Type == "nat" && h.Hook == "postrouting" {
-			bases = append(bases, &t.Chains[i])
-		}
-	}
+	bases := t.natPostrouting()
 	if len(bases) == 0 {
 		e.Reason = "the table has no chain hooked at nat postrouting: it masquerades nothing"
 		return e
 	}
-	sort.SliceStable(bases, func(i, j int) bool { return bases[i].Hook.Priority < bases[j].Hook.Priority })
 	last := result{}
 	for _, c := range bases {
 		res := ev.chain(c, 0, nil)
@@ -176,6 +170,19 @@ func ExplainTable(t *Table, addr netip.Addr, isLocal func(netip.Addr) bool) Expl
 	}
 	e.Reason, e.Rule = ev.reason(last, base)
 	return e
+}
+
+// natPostrouting returns the base chains hooked at nat postrouting, in
+// the order the kernel runs them (by priority).
+func (t *Table) natPostrouting() []*Chain {
+	var bases []*Chain
+	for i := range t.Chains {
+		if h := t.Chains[i].Hook; h != nil && h.Type == "nat" && h.Hook == "postrouting" {
+			bases = append(bases, &t.Chains[i])
+		}
+	}
+	sort.SliceStable(bases, func(i, j int) bool { return bases[i].Hook.Priority < bases[j].Hook.Priority })
+	return bases
 }
 
 type outcome uint8
@@ -208,6 +215,10 @@ type evaluator struct {
 	t     *Table
 	addr  netip.Addr
 	local bool
+	quiet bool // no rule texts, no steps (Decide)
+
+	regs      map[uint32][]byte // reused by match
+	addrBytes []byte
 }
 
 const maxDepth = 16 // nft refuses deeper jumps too
@@ -221,7 +232,10 @@ func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
 	var maybeMasq []step // rules that masquerade for some packets only
 	for i, r := range c.Rules {
 		m, s := ev.match(r)
-		s.chain, s.index, s.text, s.verdict = c.Name, i+1, RenderRule(r), ruleVerdict(r)
+		s.chain, s.index, s.verdict = c.Name, i+1, ruleVerdict(r)
+		if !ev.quiet {
+			s.text = RenderRule(r)
+		}
 		switch {
 		case m == matchNo || s.verdict == "":
 			continue
@@ -232,7 +246,10 @@ func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
 			return result{outcome: outUndetermined, steps: append(path, s),
 				why: fmt.Sprintf("rule %d of chain %s matches on more than the destination", s.index, c.Name)}
 		}
-		steps := append(slices.Clone(path), s)
+		var steps []step
+		if !ev.quiet {
+			steps = append(slices.Clone(path), s)
+		}
 		var res result
 		switch s.verdict {
 		case "masquerade":
@@ -312,7 +329,11 @@ const (
 // ev.addr. The step it returns records the set element a lookup matched.
 func (ev *evaluator) match(r Rule) (match, step) {
 	var s step
-	regs := map[uint32][]byte{} // a missing register is unknown
+	if ev.regs == nil {
+		ev.regs, ev.addrBytes = map[uint32][]byte{}, ev.addr.AsSlice()
+	}
+	regs := ev.regs // a missing register is unknown
+	clear(regs)
 	unknown := false
 	for _, e := range r.expressions() {
 		switch e := e.(type) {
@@ -329,7 +350,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 			// The destination address, or part of it (iptables-nft loads
 			// only the bytes a prefix covers).
 			delete(regs, e.DestRegister)
-			addr, daddr := ev.addr.AsSlice(), 16
+			addr, daddr := ev.addrBytes, 16
 			if ev.addr.Is6() {
 				daddr = 24
 			}
@@ -360,7 +381,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 				if ev.local {
 					typ = unix.RTN_LOCAL
 				}
-				regs[e.Register] = binaryutil.NativeEndian.PutUint32(typ)
+				regs[e.Register] = rtnType[typ]
 			}
 		case *expr.Bitwise:
 			v, ok := regs[e.SourceRegister]
@@ -381,8 +402,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 				continue
 			}
 			c := bytes.Compare(v, e.Data)
-			if !map[expr.CmpOp]bool{expr.CmpOpEq: c == 0, expr.CmpOpNeq: c != 0, expr.CmpOpLt: c < 0,
-				expr.CmpOpLte: c <= 0, expr.CmpOpGt: c > 0, expr.CmpOpGte: c >= 0}[e.Op] {
+			if !cmpHolds(e.Op, c) {
 				return matchNo, s
 			}
 		case *expr.Range:
@@ -425,6 +445,31 @@ func (ev *evaluator) match(r Rule) (match, step) {
 		return matchUnknown, s
 	}
 	return matchYes, s
+}
+
+// rtnType is fib's address type results as registers hold them.
+var rtnType = map[uint32][]byte{
+	unix.RTN_UNICAST: binaryutil.NativeEndian.PutUint32(unix.RTN_UNICAST),
+	unix.RTN_LOCAL:   binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL),
+}
+
+// cmpHolds says whether a cmp with op holds for a comparison result c.
+func cmpHolds(op expr.CmpOp, c int) bool {
+	switch op {
+	case expr.CmpOpEq:
+		return c == 0
+	case expr.CmpOpNeq:
+		return c != 0
+	case expr.CmpOpLt:
+		return c < 0
+	case expr.CmpOpLte:
+		return c <= 0
+	case expr.CmpOpGt:
+		return c > 0
+	case expr.CmpOpGte:
+		return c >= 0
+	}
+	return false
 }
 
 // destRegister returns the register an expression loads, for the
@@ -475,12 +520,35 @@ func (r Rule) target() string {
 	return ""
 }
 
-// Decide says what the table's decision chain does with a new connection
-// to addr: masquerade or not, and whether the table handles addr's family
-// at all (IPv6 without --enable-ipv6 is not). It is Explain without the
-// reasons, for many addresses (the conntrack cleanup): sets are looked up
-// by binary search.
+// Decide says what the table does with a new connection from a pod to
+// addr, as the kernel evaluates it: masquerade or not, and whether the
+// table handles addr's family at all (IPv6 without --enable-ipv6 is not;
+// neither is anything when there is no table). It is for the conntrack
+// cleanup, which asks it of the wanted table and of the table the kernel
+// held before: the base chains hooked at nat postrouting in priority
+// order (with their policy), the jumps, the rules, foreign ones included,
+// a dormant table (which decides nothing), as ExplainTable evaluates them
+// without the reasons; sets are looked up by binary search. A destination
+// whose outcome is undetermined (a foreign rule matches on more than the
+// destination) is not handled: the cleanup then keeps its entries.
 func (t Table) Decide(addr netip.Addr) (masquerade, handled bool) {
+	return t.decide(addr)
+}
+
+// Decider returns Decide for many addresses: the rules' expressions are
+// encoded once (a table read back has them already).
+func (t Table) Decider() func(netip.Addr) (masquerade, handled bool) {
+	c := t.Clone()
+	for i := range c.Chains {
+		for j := range c.Chains[i].Rules {
+			r := &c.Chains[i].Rules[j]
+			r.exprs = r.expressions()
+		}
+	}
+	return c.decide
+}
+
+func (t *Table) decide(addr netip.Addr) (masquerade, handled bool) {
 	addr = addr.Unmap()
 	fam := Family(4)
 	if addr.Is6() {
@@ -491,25 +559,24 @@ func (t Table) Decide(addr netip.Addr) (masquerade, handled bool) {
 		return false, false
 	}
 	for _, r := range c.Rules {
-		if r.Foreign != "" || (r.Family != 0 && r.Family != fam) {
-			continue
+		if r.Foreign != "" || r.Family == 0 || r.Family == fam {
+			handled = true
+			break
 		}
-		handled = true
-		if r.DaddrSet != "" {
-			s := t.Set(r.DaddrSet)
-			if s == nil {
-				continue
-			}
-			if _, ok := lookup(s.Elements, addr); !ok {
-				continue
-			}
-		}
-		switch {
-		case r.Verdict == Goto && r.Target == MasqChainName, r.Verdict == Masquerade:
+	}
+	if !handled || t.Dormant {
+		return false, handled
+	}
+	ev := &evaluator{t: t, addr: addr, quiet: true}
+	for _, b := range t.natPostrouting() {
+		switch res := ev.chain(b, 0, nil); {
+		case res.outcome == outMasquerade:
 			return true, true
-		case r.Verdict == Return:
+		case res.outcome == outUndetermined:
+			return false, false
+		case res.outcome == outDrop, res.outcome == outReturn && b.Hook.Policy == "drop":
 			return false, true
 		}
 	}
-	return false, handled
+	return false, true
 }

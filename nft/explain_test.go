@@ -56,22 +56,54 @@ func TestDecodeRuleRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		ports, _ := ParsePorts(tc.ports)
-		want := Build(cfg, Options{Chain: DefaultChain, EnableIPv6: tc.flags.EnableIPv6, RandomFully: !tc.noRF, ToPorts: ports})
-		tbl := kernelTable(t, want)
-		for i, c := range want.Chains {
-			for j, r := range c.Rules {
-				kr := tbl.Chains[i].Rules[j]
-				if kr.Foreign != "" || !kr.equal(r) || RenderRule(kr) != RenderRule(r) || kr.exprs == nil {
-					t.Errorf("%s: %q read back as %+v, %q", tc.name, RenderRule(r), kr, RenderRule(kr))
+		for _, label := range []*uint8{nil, ptrTo[uint8](0), ptrTo[uint8](20), ptrTo[uint8](127)} {
+			want := Build(cfg, Options{Chain: DefaultChain, EnableIPv6: tc.flags.EnableIPv6, RandomFully: !tc.noRF, ToPorts: ports, CtLabel: label})
+			tbl := kernelTable(t, want)
+			for i, c := range want.Chains {
+				for j, r := range c.Rules {
+					kr := tbl.Chains[i].Rules[j]
+					if kr.Foreign != "" || !kr.equal(r) || RenderRule(kr) != RenderRule(r) || kr.exprs == nil {
+						t.Errorf("%s: %q read back as %+v, %q", tc.name, RenderRule(r), kr, RenderRule(kr))
+					}
+					n++
 				}
-				n++
 			}
-		}
-		if !want.Equal(*tbl) {
-			t.Errorf("%s: the table read back differs from the wanted one:\n%s", tc.name, DiffPlan(tbl, want))
+			if !want.Equal(*tbl) {
+				t.Errorf("%s: the table read back differs from the wanted one:\n%s", tc.name, DiffPlan(tbl, want))
+			}
+			if got, want := tbl.MarkLabel(), want.MarkLabel(); got != want {
+				t.Errorf("%s: read back, MarkLabel %d, want %d", tc.name, got, want)
+			}
 		}
 	}
 	t.Logf("%d rules", n)
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// A ct label statement is the agent's only as the agent encodes it: one
+// bit, from register 1, with a set (not a load).
+func TestDecodeLabelForeign(t *testing.T) {
+	twoBits := LabelBits(20)
+	twoBits[0] |= 1
+	for name, exprs := range map[string][]expr.Any{
+		"two bits":                  {&expr.Immediate{Register: 1, Data: twoBits}, &ctSetLabel},
+		"no bit":                    {&expr.Immediate{Register: 1, Data: make([]byte, 16)}, &ctSetLabel},
+		"register 2":                {&expr.Immediate{Register: 2, Data: LabelBits(20)}, &expr.Ct{Register: 2, SourceRegister: true, Key: expr.CtKeyLABELS}},
+		"set from another register": {&expr.Immediate{Register: 1, Data: LabelBits(20)}, &expr.Ct{Register: 2, SourceRegister: true, Key: expr.CtKeyLABELS}},
+		"a load":                    {&expr.Immediate{Register: 1, Data: LabelBits(20)}, &expr.Ct{Register: 1, Key: expr.CtKeyLABELS}},
+		"the ct mark":               {&expr.Immediate{Register: 1, Data: LabelBits(20)}, &expr.Ct{Register: 1, SourceRegister: true, Key: expr.CtKeyMARK}},
+	} {
+		r := Rule{exprs: append(exprs, &expr.Counter{}, &expr.Masq{})}
+		if got := decodeMessage(t, MasqChainName, r); got.Foreign == "" {
+			t.Errorf("%s: read back as the agent's %q", name, RenderRule(got))
+		}
+	}
+	// The agent's own reads back as its own.
+	b := uint8(20)
+	if got := decodeMessage(t, MasqChainName, Rule{CtLabel: &b, Verdict: Masquerade}); got.Foreign != "" || got.CtLabel == nil || *got.CtLabel != 20 {
+		t.Errorf("the agent's label rule read back as %+v", got)
+	}
 }
 
 func TestDecodeRuleForeign(t *testing.T) {
@@ -420,6 +452,7 @@ func TestDecideAgreesWithExplain(t *testing.T) {
 		}
 		o := Options{Chain: DefaultChain, EnableIPv6: tc.flags.EnableIPv6, RandomFully: true}
 		tab := Build(cfg, o)
+		decider := tab.Decider()
 		addrs := []netip.Addr{netip.MustParseAddr("8.8.8.8"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("::ffff:10.1.2.3")}
 		for _, s := range tab.Sets {
 			for _, r := range s.Elements {
@@ -431,10 +464,93 @@ func TestDecideAgreesWithExplain(t *testing.T) {
 				continue
 			}
 			masq, handled := tab.Decide(a)
+			if m, h := decider(a); m != masq || h != handled {
+				t.Errorf("%s: %s: Decider %v (handled %v), Decide %v (handled %v)", tc.name, a, m, h, masq, handled)
+			}
 			e := Explain(cfg, o, a)
 			if masq != e.Masquerade || handled != (a.Unmap().Is4() || o.EnableIPv6) {
 				t.Errorf("%s: %s: Decide %v (handled %v), Explain %s (%s)", tc.name, a, masq, handled, e.Verdict(), e.Reason)
 			}
 		}
+	}
+}
+
+// Decide evaluates a table found in the kernel as the kernel does: the
+// base chain's hook and policy, the jump, a dormant table, foreign rules
+// in the agent's chains (the conntrack cleanup compares against it).
+func TestDecideFoundTable(t *testing.T) {
+	want := Build(config.Default(config.Flags{}), Options{Chain: DefaultChain, RandomFully: true})
+	ext, other := netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("198.51.100.10")
+	foreign := func(text string, exprs ...expr.Any) Rule { return Rule{Foreign: text, exprs: exprs} }
+	// ip daddr 203.0.113.0/24 return, as nft encodes it: 3 bytes loaded
+	ipDaddr24Return := foreign("ip daddr 203.0.113.0/24 return",
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 3},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{203, 0, 113}}, &expr.Verdict{Kind: expr.VerdictReturn})
+	hook := func(t *Table) *Hook { // a copy of the base chain's hook, to change
+		c := t.Chain(BaseChainName)
+		h := *c.Hook
+		c.Hook = &h
+		return &h
+	}
+	markReturn := foreign("meta mark 0x1 return", &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1, 0, 0, 0}}, &expr.Verdict{Kind: expr.VerdictReturn})
+	for _, tc := range []struct {
+		name          string
+		change        func(*Table)
+		addr          netip.Addr
+		masq, handled bool
+	}{
+		{"as built", func(*Table) {}, ext, true, true},
+		{"no table", func(t *Table) { *t = Table{} }, ext, false, false},
+		{"dormant", func(t *Table) { t.Dormant = true }, ext, false, true},
+		{"jump deleted", func(t *Table) { t.Chain(BaseChainName).Rules = nil }, ext, false, true},
+		{"hooked at filter", func(t *Table) { hook(t).Type = "filter" }, ext, false, true},
+		{"hooked at prerouting", func(t *Table) { hook(t).Hook = "prerouting" }, ext, false, true},
+		{"jump deleted, policy drop", func(t *Table) { hook(t).Policy, t.Chain(BaseChainName).Rules = "drop", nil }, ext, false, true},
+		{"masquerade chain emptied", func(t *Table) { t.Chain(MasqChainName).Rules = nil }, ext, false, true},
+		{"foreign return at the top", func(t *Table) {
+			c := t.Chain(DefaultChain)
+			c.Rules = append([]Rule{ipDaddr24Return}, c.Rules...)
+		}, ext, false, true},
+		{"foreign return at the top, other destination", func(t *Table) {
+			c := t.Chain(DefaultChain)
+			c.Rules = append([]Rule{ipDaddr24Return}, c.Rules...)
+		}, other, true, true},
+		{"foreign rule on the packet mark: undetermined", func(t *Table) {
+			c := t.Chain(DefaultChain)
+			c.Rules = append([]Rule{markReturn}, c.Rules...)
+		}, ext, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			found := want.Clone()
+			tc.change(found)
+			if masq, handled := found.Decider()(tc.addr); masq != tc.masq || handled != tc.handled {
+				t.Errorf("Decider(%s) = %v (handled %v), want %v (handled %v)", tc.addr, masq, handled, tc.masq, tc.handled)
+			}
+			if masq, handled := found.Decide(tc.addr); masq != tc.masq || handled != tc.handled {
+				t.Errorf("Decide(%s) = %v (handled %v), want %v (handled %v)", tc.addr, masq, handled, tc.masq, tc.handled)
+			}
+		})
+	}
+}
+
+// MarkLabel names the bit only when every masquerade rule sets it.
+func TestMarkLabel(t *testing.T) {
+	bit := uint8(20)
+	cfg := config.Default(config.Flags{})
+	if got := Build(cfg, Options{Chain: DefaultChain, CtLabel: &bit, ToPorts: []PortRange{{1024, 65535}}}); got.MarkLabel() != 20 {
+		t.Errorf("marked table: MarkLabel %d", got.MarkLabel())
+	}
+	if got := Build(cfg, Options{Chain: DefaultChain}); got.MarkLabel() != -1 {
+		t.Errorf("unmarked table: MarkLabel %d", got.MarkLabel())
+	}
+	partly := Build(cfg, Options{Chain: DefaultChain, CtLabel: &bit, ToPorts: []PortRange{{1024, 65535}}})
+	partly.Chain(MasqChainName).Rules[0].CtLabel = nil
+	if partly.MarkLabel() != -1 {
+		t.Errorf("a masquerade rule without the mark: MarkLabel %d", partly.MarkLabel())
+	}
+	if (&Table{}).MarkLabel() != -1 {
+		t.Error("no table: marked")
 	}
 }

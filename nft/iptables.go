@@ -343,28 +343,28 @@ func (n *Netlink) FindOriginal(chain string) (Original, error) {
 }
 
 func (n *Netlink) findOriginal(chain string) (Original, error) {
-	conn, err := n.socket()
+	conn, err := n.reader()
 	if err != nil {
 		return Original{}, err
 	}
 	for attempt := 1; ; attempt++ {
 		before, err := generation(conn)
 		if err != nil {
-			n.broken()
+			n.brokenReader()
 			return Original{}, fmt.Errorf("read the nftables generation: %w", err)
 		}
 		o := Original{Chain: chain, Gen: before}
 		for _, fam := range []Family{4, 6} {
 			fs, err := readOriginalFamily(conn, fam, chain)
 			if err != nil {
-				n.broken()
+				n.brokenReader()
 				return Original{}, fmt.Errorf("read table %s: %w", OriginalFamily{Family: fam}.Table(), err)
 			}
 			o.Families = append(o.Families, fs...)
 		}
 		after, err := generation(conn)
 		if err != nil {
-			n.broken()
+			n.brokenReader()
 			return Original{}, fmt.Errorf("read the nftables generation: %w", err)
 		}
 		if before == after {

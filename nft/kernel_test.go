@@ -58,7 +58,7 @@ func TestCountersFailureKeepsOwnership(t *testing.T) {
 	if n.conn == nil {
 		t.Fatal("a failed counters read closed the socket that owns the table")
 	}
-	head, err := readHead(n.conn)
+	head, err := readHead(n.conn, n.conn.PID())
 	if err != nil || head == nil || head.Owner != OwnedByUs {
 		t.Fatalf("after a failed counters read the table is %+v (%v), want owned by the agent's socket", head, err)
 	}
@@ -99,8 +99,8 @@ func TestFence(t *testing.T) {
 	if after, err := generation(conn); err != nil || after != gen {
 		t.Errorf("the fence moved the generation %d -> %d (%v)", gen, after, err)
 	}
-	if touched, err := mon.take(); touched || err != nil {
-		t.Errorf("after a fence the monitor says touched=%v (%v)", touched, err)
+	if touched, lost, err := mon.take(); touched || lost || err != nil {
+		t.Errorf("after a fence the monitor says touched=%v lost=%v (%v)", touched, lost, err)
 	}
 	// Another table: not a touch.
 	if out, err := topo.NFT("add", "table", "inet", "neighbour"); err != nil {
@@ -109,8 +109,8 @@ func TestFence(t *testing.T) {
 	if err := fence(conn); err != nil {
 		t.Fatal(err)
 	}
-	if touched, err := mon.take(); touched || err != nil {
-		t.Errorf("a commit to another table counted as a touch of ours (%v)", err)
+	if touched, lost, err := mon.take(); touched || lost || err != nil {
+		t.Errorf("a commit to another table counted as a touch of ours (%v %v)", lost, err)
 	}
 	// A read now costs no dump: the last read stands.
 	last := n.last

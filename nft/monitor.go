@@ -28,7 +28,8 @@ type monitor struct {
 	mu      sync.Mutex
 	conn    *netlink.Conn
 	buf     []byte
-	touched bool     // a foreign transaction touched the table, or notifications were lost
+	touched bool     // a foreign transaction touched the table
+	lost    bool     // notifications were lost: anything may have happened
 	what    []string // what the transaction under way did to the table
 	lastGen uint32   // the last transaction's generation; 0: unknown
 	skipped bool     // our own commit ran while paused: its generations were not seen
@@ -53,29 +54,30 @@ func openMonitor(netns int) (*monitor, error) {
 		return nil, fmt.Errorf("watch nftables: set receive buffer: %w", err)
 	}
 	// Anything may have happened before the subscription.
-	return &monitor{conn: conn, buf: make([]byte, 64<<10), touched: true}, nil
+	return &monitor{conn: conn, buf: make([]byte, 64<<10), lost: true}, nil
 }
 
 // take drains what the kernel has queued and reports whether the table
-// was touched (or notifications lost) since the last take.
-func (m *monitor) take() (bool, error) {
+// was touched, and whether notifications were lost (so that it may have
+// been), since the last take.
+func (m *monitor) take() (touched, lost bool, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	raw, err := m.conn.SyscallConn()
 	if err != nil {
-		return true, err
+		return false, true, err
 	}
 	// Control, not Read: a running Watch may be parked in Read.
 	var derr error
 	if err := raw.Control(func(fd uintptr) { derr = m.drain(int(fd)) }); err != nil {
-		return true, err
+		return false, true, err
 	}
 	// What a read finds first needs no event: the read it is part of
 	// compares the table with the wanted one.
 	m.events = nil
-	touched := m.touched
-	m.touched = false
-	return touched, derr
+	touched, lost = m.touched, m.lost
+	m.touched, m.lost = false, false
+	return touched, lost, derr
 }
 
 // pause leaves the notification group for the length of our own commit:
@@ -90,33 +92,35 @@ func (m *monitor) pause() (resume func()) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		_ = m.conn.JoinGroup(unix.NFNLGRP_NFTABLES)
-		m.touched, m.skipped = true, true
+		m.lost, m.skipped = true, true
 	}
 }
 
 // drain reads every queued notification, without waiting; m.mu is held.
 func (m *monitor) drain(fd int) error {
 	for {
-		n, _, err := unix.Recvfrom(fd, m.buf, unix.MSG_DONTWAIT)
+		n, from, err := unix.Recvfrom(fd, m.buf, unix.MSG_DONTWAIT)
 		switch {
+		case err == nil && !fromKernel(from):
+			continue // another process's datagram: no notification
 		case errors.Is(err, unix.EAGAIN):
 			return nil
 		case errors.Is(err, unix.ENOBUFS):
 			// The kernel dropped notifications until the queue had
 			// room: anything may have happened.
-			m.what, m.lastGen, m.touched = nil, 0, true
+			m.what, m.lastGen, m.lost = nil, 0, true
 			m.emit(Event{What: "notifications lost (receive buffer overrun)", Lost: true})
 			continue
 		case errors.Is(err, unix.EINTR):
 			continue
 		case err != nil:
-			m.touched = true
+			m.lost = true
 			return fmt.Errorf("watch nftables: receive: %w", err)
 		}
 		msgs, err := syscall.ParseNetlinkMessage(m.buf[:n])
 		if err != nil {
-			m.touched = true
-			return fmt.Errorf("watch nftables: parse: %w", err)
+			m.lost = true // the kernel's, yet unreadable: skipped
+			continue
 		}
 		for _, msg := range msgs {
 			m.message(msg)
@@ -143,7 +147,7 @@ func (m *monitor) message(msg syscall.NetlinkMessage) {
 	case len(m.what) > 0:
 		m.emit(Event{What: joinUnique(m.what)})
 	case ok && !m.skipped && m.lastGen != 0 && gen != m.lastGen+1:
-		m.touched = true
+		m.lost = true
 		m.emit(Event{What: fmt.Sprintf("generation %d follows %d: notifications lost", gen, m.lastGen), Lost: true})
 	}
 	m.what, m.lastGen, m.skipped = nil, gen, false

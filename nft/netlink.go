@@ -51,9 +51,10 @@ type Netlink struct {
 	NoOwner bool
 
 	mu          sync.Mutex
-	conn        *netlink.Conn
-	unsupported bool     // the kernel refused owner+persist flags
-	mon         *monitor // notifications: who touched the table (monitor.go)
+	conn        *netlink.Conn // commits; it owns the table
+	rconn       *netlink.Conn // reads: a read that fails never closes the owner
+	unsupported bool          // the kernel refused owner+persist flags
+	mon         *monitor      // notifications: who touched the table (monitor.go)
 	cmu         sync.Mutex
 	counters    *netlink.Conn // DecisionCounters' socket; guarded by cmu
 
@@ -64,6 +65,7 @@ type Netlink struct {
 	lastAt time.Time
 
 	afterDump func() // tests: a commit by another process during a read
+	lostRead  *Table // the last read thrown away for lost notifications only
 }
 
 // maxReuse bounds how long a read may be answered from the last one: a
@@ -87,6 +89,10 @@ func (n *Netlink) Close() error {
 	defer n.mu.Unlock()
 	n.mon.close()
 	n.mon = nil
+	if n.rconn != nil {
+		n.rconn.Close()
+		n.rconn = nil
+	}
 	n.cmu.Lock()
 	if n.counters != nil {
 		n.counters.Close()
@@ -142,11 +148,42 @@ func (n *Netlink) monitor() (*monitor, error) {
 	return n.mon, nil
 }
 
-// broken drops a socket that may be out of step (a reply not read).
+// reader returns the lasting socket for reads, dialing it first if needed.
+func (n *Netlink) reader() (*netlink.Conn, error) {
+	if n.rconn == nil {
+		c, err := dial(n.NetNS)
+		if err != nil {
+			return nil, err
+		}
+		n.rconn = c
+	}
+	return n.rconn, nil
+}
+
+// ownerPort is the port id that owns the table when it is ours (0: we
+// have no commit socket, so no table is ours).
+func (n *Netlink) ownerPort() uint32 {
+	if n.conn == nil {
+		return 0
+	}
+	return n.conn.PID()
+}
+
+// broken drops the commit socket, which may be out of step (a reply not
+// read): an owned table is orphaned, and adopted again by the next sync.
 func (n *Netlink) broken() {
 	if n.conn != nil {
 		n.conn.Close()
 		n.conn = nil
+	}
+	n.last = nil
+}
+
+// brokenReader drops the read socket after a failed read.
+func (n *Netlink) brokenReader() {
+	if n.rconn != nil {
+		n.rconn.Close()
+		n.rconn = nil
 	}
 	n.last = nil
 }
@@ -252,18 +289,19 @@ func (n *Netlink) read(all bool) (*Table, uint32, error) {
 	defer n.mu.Unlock()
 	t, gen, err := n.readLocked(all)
 	if err != nil && !errors.Is(err, ErrStale) {
-		n.broken()
+		n.brokenReader()
 		return nil, 0, fmt.Errorf("read table inet %s: %w", TableName, err)
 	}
 	return t, gen, err
 }
 
 func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
-	conn, err := n.socket()
+	conn, err := n.reader()
 	if err != nil {
 		return nil, 0, err
 	}
-	head, err := readHead(conn)
+	ours := n.ownerPort()
+	head, err := readHead(conn, ours)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -308,15 +346,15 @@ func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
 	if err := fence(conn); err != nil {
 		return nil, 0, err
 	}
-	touched, err := mon.take()
+	touched, lost, err := mon.take()
 	if err != nil {
 		return nil, 0, err
 	}
-	if !touched && fresh {
+	if !touched && !lost && fresh {
 		return n.last, gen, nil
 	}
 	n.last = nil
-	t, err := readTable(conn)
+	t, err := readTable(conn, ours)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -328,21 +366,46 @@ func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
 	if err := fence(conn); err != nil {
 		return nil, 0, err
 	}
-	if touched, err = mon.take(); err != nil {
+	if touched, lost, err = mon.take(); err != nil {
 		return nil, 0, err
 	}
-	if touched {
+	switch {
+	case touched:
+		n.lostRead = nil
 		return nil, 0, fmt.Errorf("%w: another process changed table inet %s while it was read", ErrStale, TableName)
+	case lost && (n.lostRead == nil || !sameRead(t, n.lostRead)):
+		// Notifications were lost during the read (a neighbour's rule
+		// too large for a notification makes the kernel report a loss to
+		// every listener at each of its commits): the read stands once
+		// the next one, fenced alike, finds the same.
+		n.lostRead = t
+		if t == nil {
+			n.lostRead = noTable
+		}
+		return nil, 0, fmt.Errorf("%w: nftables notifications were lost while table inet %s was read", ErrStale, TableName)
 	}
+	n.lostRead = nil
 	if t != nil && t.Owner == NotOwned {
 		n.last, n.lastAt = t, time.Now()
 	}
 	return t, gen, nil
 }
 
+// noTable stands for a read that found no table, in lostRead.
+var noTable = &Table{}
+
+// sameRead reports whether a read found what the last one did.
+func sameRead(t, last *Table) bool {
+	if t == nil || last == noTable {
+		return t == nil && last == noTable
+	}
+	return t.Persist == last.Persist && t.use == last.use && t.Equal(*last) && last.Equal(*t)
+}
+
 // readTable reads table inet ip-masq-agent, all of it: nil if there is none.
-func readTable(conn *netlink.Conn) (*Table, error) {
-	head, err := readHead(conn)
+// ours is the port id whose ownership makes it OwnedByUs.
+func readTable(conn *netlink.Conn, ours uint32) (*Table, error) {
+	head, err := readHead(conn, ours)
 	if err != nil || head == nil {
 		return head, err
 	}
@@ -351,7 +414,7 @@ func readTable(conn *netlink.Conn) (*Table, error) {
 
 // readContents reads the sets, chains and objects of the table head.
 func readContents(conn *netlink.Conn, head *Table) (*Table, error) {
-	t := &Table{Owner: head.Owner, Dormant: head.Dormant, Persist: head.Persist}
+	t := &Table{Owner: head.Owner, Dormant: head.Dormant, Persist: head.Persist, use: head.use}
 	if err := readSets(conn, t); err != nil {
 		return nil, err
 	}
@@ -361,11 +424,19 @@ func readContents(conn *netlink.Conn, head *Table) (*Table, error) {
 	if err := readObjects(conn, t); err != nil {
 		return nil, err
 	}
+	// The chain and object dumps walk every inet table and resume by an
+	// index over all of them: a neighbour's commit between two parts can
+	// skip one of ours or list it twice, and the kernel does not always
+	// flag it (NLM_F_DUMP_INTR; not within the last part). The table's own
+	// count of what it holds says whether the read is whole.
+	if n := len(t.Sets) + len(t.Chains) + len(t.Objects); uint32(n) != t.use {
+		return nil, fmt.Errorf("%w: read %d sets, chains and objects of table inet %s, which holds %d", ErrStale, n, TableName, t.use)
+	}
 	return t, nil
 }
 
 // readHead reads the table's flags and owner: nil if there is no table.
-func readHead(conn *netlink.Conn) (*Table, error) {
+func readHead(conn *netlink.Conn, ours uint32) (*Table, error) {
 	msgs, err := request(conn, unix.NFT_MSG_GETTABLE, false, attr(unix.NFTA_TABLE_NAME, cstring(TableName)))
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -383,6 +454,8 @@ func readHead(conn *netlink.Conn) (*Table, error) {
 				flags = ad.Uint32()
 			case tableAttrOwner:
 				owner = ad.Uint32()
+			case unix.NFTA_TABLE_USE:
+				t.use = ad.Uint32()
 			}
 		})
 		if err != nil {
@@ -393,9 +466,9 @@ func readHead(conn *netlink.Conn) (*Table, error) {
 		switch {
 		case flags&tableFlagOwner == 0:
 			t.Owner = NotOwned
-		case owner == conn.PID():
+		case ours != 0 && owner == ours:
 			// Port ids are unique among a namespace's open sockets, and
-			// this one is open: the kernel says the table is ours.
+			// our commit socket is open: the kernel says the table is ours.
 			t.Owner = OwnedByUs
 		default:
 			t.Owner = OwnedByOther
@@ -547,7 +620,7 @@ func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
 func readChains(conn *netlink.Conn, t *Table) error {
 	// The chain dump cannot be filtered by table: every inet chain comes,
 	// and only the agent's are kept.
-	msgs, err := requestKeep(conn, unix.NFPROTO_INET, unix.NFT_MSG_GETCHAIN, true, func(b []byte) bool {
+	msgs, err := requestWhole(conn, unix.NFT_MSG_GETCHAIN, func(b []byte) bool {
 		ours := false
 		walkAttrs(b, func(typ uint16, v []byte) bool {
 			if typ == unix.NFTA_CHAIN_TABLE {
@@ -663,7 +736,7 @@ func readRules(conn *netlink.Conn) (map[string][]Rule, error) {
 }
 
 func readObjects(conn *netlink.Conn, t *Table) error {
-	msgs, err := request(conn, unix.NFT_MSG_GETOBJ, true, attr(unix.NFTA_OBJ_TABLE, cstring(TableName)))
+	msgs, err := requestWhole(conn, unix.NFT_MSG_GETOBJ, nil, attr(unix.NFTA_OBJ_TABLE, cstring(TableName)))
 	if err != nil {
 		return fmt.Errorf("list objects: %w", err)
 	}
@@ -693,7 +766,7 @@ func readObjects(conn *netlink.Conn, t *Table) error {
 			t.Objects = append(t.Objects, o)
 		}
 	}
-	msgs, err = request(conn, unix.NFT_MSG_GETFLOWTABLE, true, attr(flowtableAttrTable, cstring(TableName)))
+	msgs, err = requestWhole(conn, unix.NFT_MSG_GETFLOWTABLE, nil, attr(flowtableAttrTable, cstring(TableName)))
 	if err != nil {
 		return fmt.Errorf("list flowtables: %w", err)
 	}
@@ -738,9 +811,37 @@ func requestFamily(conn *netlink.Conn, family uint8, typ int, dump bool, attrs .
 // (its argument: the payload after nfgenmsg), before copying them: the
 // chain dump holds every chain of the family, the agent's or not.
 func requestKeep(conn *netlink.Conn, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	msgs, _, err := requestIntr(conn, family, typ, dump, keep, attrs...)
+	return msgs, err
+}
+
+// errDumpInterrupted: a dump that walks other tables' objects too was
+// interrupted by a commit (NLM_F_DUMP_INTR).
+var errDumpInterrupted = fmt.Errorf("%w: a dump was interrupted by a commit", ErrStale)
+
+// requestWhole is requestKeep for a dump the kernel resumes by an index
+// over every table of the family (chains, objects, flowtables): a
+// neighbour's commit between two parts shifts that index, and one of our
+// objects would be skipped or listed twice. The kernel flags such a dump
+// (NLM_F_DUMP_INTR); it is taken again, a few times, then stale.
+func requestWhole(conn *netlink.Conn, typ int, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	for try := 1; ; try++ {
+		msgs, intr, err := requestIntr(conn, unix.NFPROTO_INET, typ, true, keep, attrs...)
+		if err != nil || !intr {
+			return msgs, err
+		}
+		if try == 10 {
+			return nil, errDumpInterrupted
+		}
+	}
+}
+
+// requestIntr is requestKeep that also says whether the kernel flagged
+// the dump as interrupted by a commit.
+func requestIntr(conn *netlink.Conn, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, bool, error) {
 	data, err := netlink.MarshalAttributes(attrs)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	flags := netlink.Request
 	if dump {
@@ -751,33 +852,35 @@ func requestKeep(conn *netlink.Conn, family uint8, typ int, dump bool, keep func
 		Data:   append(nfgenmsg(family, 0), data...),
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := conn.SetReadDeadline(time.Now().Add(replyTimeout)); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer conn.SetReadDeadline(time.Time{})
 	buf := make([]byte, 64<<10)
 	var out []netlink.Message
+	intr := false
 	for {
 		msgs, err := receive(conn, buf)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		for _, m := range msgs {
 			if m.Header.Seq != req.Header.Sequence {
 				continue // an answer to an earlier request that timed out
 			}
+			intr = intr || m.Header.Flags&unix.NLM_F_DUMP_INTR != 0
 			switch m.Header.Type {
 			case unix.NLMSG_DONE:
-				return out, nil
+				return out, intr, nil
 			case unix.NLMSG_ERROR:
 				if len(m.Data) >= 4 {
 					if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
-						return nil, syscall.Errno(-code)
+						return nil, false, syscall.Errno(-code)
 					}
 				}
-				return out, nil
+				return out, intr, nil
 			}
 			if len(m.Data) >= 4 && (keep == nil || keep(m.Data[4:])) {
 				out = append(out, netlink.Message{
@@ -787,7 +890,7 @@ func requestKeep(conn *netlink.Conn, family uint8, typ int, dump bool, keep func
 				})
 			}
 			if !dump {
-				return out, nil
+				return out, intr, nil
 			}
 		}
 	}

@@ -44,6 +44,12 @@ const (
 	// they did with the original agent. The first NAT chain to masquerade a
 	// connection wins; a return here leaves the decision to later chains.
 	Priority = 110
+
+	// DefaultConntrackLabel is the default of --conntrack-label: the
+	// conntrack label bit the masquerade rules set. kube-proxy, Flannel,
+	// kindnet, Calico and Cilium set no conntrack labels (they use packet
+	// marks, Calico and Istio also conntrack marks); docs/conntrack.md.
+	DefaultConntrackLabel = 20
 )
 
 // Family is an IP version: 4 or 6; 0 means both.
@@ -84,6 +90,8 @@ type Table struct {
 	Sets    []Set
 	Chains  []Chain  // Build's order: base, decision, masquerade
 	Objects []Object // found only: stateful objects and flowtables, which the agent never makes
+
+	use uint32 // found only: how many chains, sets, objects and flowtables the kernel counts in it
 }
 
 // Set is an interval set of destination addresses of one family.
@@ -126,6 +134,7 @@ type Rule struct {
 	DaddrSet    string     // ip/ip6 daddr @set
 	L4Proto     uint8      // meta l4proto
 	Share       *Share     // numgen random mod Of < Below
+	CtLabel     *uint8     // ct label set BIT: marks the connections the rule masquerades
 	Verdict     Verdict    // Return, Jump, Goto or Masquerade
 	Target      string     // chain for Jump and Goto
 	Ports       *PortRange // masquerade to :First-Last
@@ -240,7 +249,7 @@ func (c Chain) equal(found Chain) bool {
 
 func (r Rule) equal(o Rule) bool {
 	return r.NotLocal == o.NotLocal && r.Family == o.Family && r.DaddrSet == o.DaddrSet && r.L4Proto == o.L4Proto &&
-		ptrEqual(r.Share, o.Share) && r.Verdict == o.Verdict && r.Target == o.Target &&
+		ptrEqual(r.Share, o.Share) && ptrEqual(r.CtLabel, o.CtLabel) && r.Verdict == o.Verdict && r.Target == o.Target &&
 		ptrEqual(r.Ports, o.Ports) && r.FullyRandom == o.FullyRandom && r.Comment == o.Comment && r.Foreign == o.Foreign
 }
 
@@ -252,6 +261,29 @@ type Options struct {
 	EnableIPv6  bool        // --enable-ipv6
 	RandomFully bool        // --random-fully
 	ToPorts     []PortRange // --to-ports
+	// CtLabel is --conntrack-label: the conntrack label bit that the
+	// masquerade rules set on the connections they masquerade, so that
+	// the conntrack cleanup knows them from those another component
+	// masquerades; nil: none.
+	CtLabel *uint8
+}
+
+// MarkLabel returns the conntrack label bit with which the table's
+// masquerade chain marks every connection it masquerades, or -1 when a
+// masquerade rule of that chain does not mark (or the table has none).
+func (t *Table) MarkLabel() int {
+	c := t.Chain(MasqChainName)
+	if c == nil {
+		return -1
+	}
+	bit := -1
+	for _, r := range c.Rules {
+		if r.Foreign != "" || r.Verdict != Masquerade || r.CtLabel == nil || (bit >= 0 && int(*r.CtLabel) != bit) {
+			return -1
+		}
+		bit = int(*r.CtLabel)
+	}
+	return bit
 }
 
 var chainNameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,63}$`)

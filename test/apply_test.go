@@ -7,10 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/vishvananda/netns"
 	"go4.org/netipx"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
@@ -64,6 +66,8 @@ func TestRenderMatchesKernel(t *testing.T) {
 			nft.Options{Chain: "MY-CHAIN", EnableIPv6: true, RandomFully: true}},
 		{"to-ports", "", nft.Options{Chain: nft.DefaultChain, ToPorts: []nft.PortRange{{First: 1024, Last: 29999}, {First: 32768, Last: 65535}}, RandomFully: true}},
 		{"not fully random", "", nft.Options{Chain: nft.DefaultChain, ToPorts: []nft.PortRange{{First: 32768, Last: 65535}}}},
+		{"conntrack label", "", nft.Options{Chain: nft.DefaultChain, RandomFully: true, CtLabel: labelBit(20)}},
+		{"conntrack label, high bit, to-ports", "", nft.Options{Chain: nft.DefaultChain, ToPorts: []nft.PortRange{{First: 1024, Last: 29999}, {First: 32768, Last: 65535}}, CtLabel: labelBit(100)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, _, err := config.Parse([]byte(tc.config), config.Flags{EnableIPv6: tc.opts.EnableIPv6})
@@ -90,9 +94,26 @@ func TestRenderMatchesKernel(t *testing.T) {
 			if got, want := withoutCounters(listTable(t, topo)), withoutCounters(string(fromNFT)); got != want {
 				t.Errorf("applied over netlink, nft lists:\n%s\nloaded with nft -f, it lists:\n%s", got, want)
 			}
+			// The rules nft -f wrote read back as the agent's own.
+			ext, err := netns.GetFromName(topo.ExtNS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ext.Close()
+			found, _, err := (&nft.Netlink{NetNS: int(ext), NoOwner: true}).Read()
+			if err != nil || found == nil {
+				t.Fatalf("read what nft -f wrote: %v", err)
+			}
+			for _, c := range rs.Chains {
+				if f := found.Chain(c.Name); f == nil || !slices.EqualFunc(c.Rules, f.Rules, func(a, b nft.Rule) bool { return nft.RenderRule(a) == nft.RenderRule(b) && b.Foreign == "" }) {
+					t.Errorf("chain %s that nft -f wrote reads back as another:\n%s", c.Name, nft.Render(*found))
+				}
+			}
 		})
 	}
 }
+
+func labelBit(b uint8) *uint8 { return &b }
 
 var tableHandleRE = regexp.MustCompile(`table inet ip-masq-agent \{ # handle (\d+)`)
 

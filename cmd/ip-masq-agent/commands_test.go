@@ -101,12 +101,13 @@ func TestRenderCommand(t *testing.T) {
 	cfgText := "nonMasqueradeCIDRs: [10.0.0.0/8, \"fd00::/8\"]\nmasqueradeCIDRs: [10.10.10.10/32]\n"
 	path := writeFile(t, "ip-masq-agent", cfgText)
 	code, out, errOut := runCmd(t, "render", "--config", path, "--enable-ipv6", "--to-ports", "1024-65535", "--masq-chain", "X")
+	label := uint8(nft.DefaultConntrackLabel)
 	cfg, _, err := config.Parse([]byte(cfgText), config.Flags{EnableIPv6: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := "table inet ip-masq-agent\ndelete table inet ip-masq-agent\n" + nft.Render(nft.Build(cfg, nft.Options{
-		Chain: "X", EnableIPv6: true, RandomFully: true, ToPorts: []nft.PortRange{{First: 1024, Last: 65535}}}))
+		Chain: "X", EnableIPv6: true, RandomFully: true, ToPorts: []nft.PortRange{{First: 1024, Last: 65535}}, CtLabel: &label}))
 	// The only note: the original agent ignores masqueradeCIDRs.
 	wantErr := "warning: " + path + ": masqueradeCIDRs: an extension of this agent (from Baidu CCE): the original agent ignores this key"
 	if code != 0 || out != want || !strings.HasPrefix(errOut, wantErr) || strings.Count(errOut, "\n") != 1 {

@@ -32,6 +32,36 @@ func (r *rulesetFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&r.nft.RandomFully, "random-fully", true, "whether to masquerade with fully-random source ports")
 	fs.StringVar(&r.toPorts, "to-ports", "", `masquerade to these source ports only, e.g. "1024-29999,32768-65535"; applies to tcp, udp and sctp`)
 	fs.StringVar(&r.nft.Chain, "masq-chain", nft.DefaultChain, "name of the nft chain that holds the masquerade decisions")
+	r.nft.CtLabel = labelFlag{&r.nft.CtLabel}.defaultBit()
+	fs.Var(labelFlag{&r.nft.CtLabel}, "conntrack-label",
+		"conntrack label bit (0-127) set on the connections the agent masquerades, so that the conntrack cleanup undoes only its own masquerade; none: no mark (the cleanup then takes every masquerade to a node address for the agent's)")
+}
+
+// labelFlag is --conntrack-label: a label bit 0-127, or "none" (or -1).
+type labelFlag struct{ p **uint8 }
+
+func (labelFlag) defaultBit() *uint8 { b := uint8(nft.DefaultConntrackLabel); return &b }
+
+func (l labelFlag) String() string {
+	if l.p == nil || *l.p == nil {
+		return "none"
+	}
+	return strconv.Itoa(int(**l.p))
+}
+
+func (l labelFlag) Set(s string) error {
+	s = strings.TrimSpace(s)
+	if strings.EqualFold(s, "none") || s == "-1" {
+		*l.p = nil
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > 127 {
+		return fmt.Errorf("--conntrack-label %q: want a label bit 0-127, or none", s)
+	}
+	b := uint8(n)
+	*l.p = &b
+	return nil
 }
 
 // registerValidation defines the flags that change what a config means

@@ -187,6 +187,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// process (possible when the table is not owned) is verified and
 	// repaired at once rather than at the next resync.
 	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once}
+	if o.conntrack != conntrack.ModeNone && o.nft.CtLabel == nil {
+		log.Warn("conntrack cleanup without a mark (--conntrack-label=none): a change from masquerade to no masquerade also deletes the entries that another component (kube-proxy, a CNI) masqueraded to a node address", "mode", o.conntrack)
+	}
 	if o.conntrack != conntrack.ModeNone {
 		ao.Applied = func(old, new nft.Table) { cleanConntrack(o.conntrack, old, new, log, m) }
 	}
@@ -279,17 +282,30 @@ const stopTimeout = 10 * time.Second
 
 // cleanConntrack deletes the conntrack entries whose decision the new
 // table made wrong; it runs after the new rules are in force.
+//
+// old is what the kernel held before (an empty table when there was none:
+// nothing masqueraded). When old's masquerade rules marked the connections
+// they masqueraded (--conntrack-label), only marked entries are undone;
+// otherwise (no table before, an agent without the mark, a foreign rule
+// in its masquerade chain, --conntrack-label=none) every entry
+// masqueraded to a node address counts as the agent's, and the cleanup's
+// log line says so (marked=false).
 func cleanConntrack(mode conntrack.Mode, old, new nft.Table, log *slog.Logger, m *metrics.Agent) {
-	res, err := conntrack.Cleanup(netns.None(), mode, old.Decide, new.Decide)
+	mark := old.MarkLabel()
+	res, err := conntrack.CleanupMarked(netns.None(), mode, old.Decider(), new.Decider(), mark)
 	m.ConntrackDeleted(res.Deleted)
+	attrs := []any{"mode", mode, "marked", mark >= 0}
+	if mark >= 0 {
+		attrs = append(attrs, "label", mark)
+	}
 	if err != nil {
-		log.Error("conntrack cleanup failed; running flows keep their old decision", "err", err, "mode", mode)
+		log.Error("conntrack cleanup failed; running flows keep their old decision", append(attrs, "err", err)...)
 		return
 	}
 	if res.Deleted > 0 || res.Failed > 0 {
-		log.Info("conntrack cleanup: "+res.String(), "mode", mode)
+		log.Info("conntrack cleanup: "+res.String(), attrs...)
 	} else {
-		log.Debug("conntrack cleanup: "+res.String(), "mode", mode)
+		log.Debug("conntrack cleanup: "+res.String(), attrs...)
 	}
 }
 

@@ -243,9 +243,12 @@ func (a *Agent) sync(now time.Time) error {
 		// but the kernel's table is not the config's: not ready.
 		a.notReady = "config not applied: " + err.Error() + "; the last good config's table stays in force"
 		start := time.Now()
-		if _, kerr := nft.EnsureBy(a.kernel, *a.want, a.retryBy(now)); kerr == nil {
+		if res, kerr := nft.EnsureBy(a.kernel, *a.want, a.retryBy(now)); kerr == nil {
 			a.metrics.SyncDone("success", time.Since(start))
 			a.metrics.NotReady(a.notReady)
+			if a.opts.Applied != nil && !res.Unchanged {
+				a.opts.Applied(found(res), *a.want)
+			}
 		} else {
 			a.kernelFailed(now, kerr, time.Since(start))
 		}
@@ -304,8 +307,8 @@ func (a *Agent) sync(now time.Time) error {
 	if a.cfg == nil || !a.cfg.Equal(cfg) {
 		a.log.Debug("table", "nft", nft.Render(want))
 	}
-	if a.opts.Applied != nil && a.want != nil && !res.Unchanged {
-		a.opts.Applied(*a.want, want)
+	if a.opts.Applied != nil && !res.Unchanged {
+		a.opts.Applied(found(res), want)
 	}
 	a.cfg, a.want = &cfg, &want
 	a.deadline = now.Add(cfg.ResyncInterval)
@@ -350,9 +353,18 @@ func (a *Agent) repair(now time.Time) {
 		return
 	}
 	a.reportRepair(res, now, "repair")
-	if a.opts.Applied != nil && res.Found != nil {
-		a.opts.Applied(*res.Found, *a.want)
+	if a.opts.Applied != nil {
+		a.opts.Applied(found(res), *a.want)
 	}
+}
+
+// found is what the kernel held before an Ensure: the decisions that
+// running flows were made with (no table: nothing masqueraded).
+func found(res nft.Result) nft.Table {
+	if res.Found == nil {
+		return nft.Table{}
+	}
+	return *res.Found
 }
 
 // reportRepair logs and counts a write that undid someone else's change,

@@ -191,8 +191,10 @@ func TestFirstSyncCreatesThenResyncSendsNothing(t *testing.T) {
 	if h.sent() != 1 || !h.a.deadline.Equal(at(2*time.Minute)) {
 		t.Errorf("resync: %d plans sent, deadline %v", h.sent(), h.a.deadline)
 	}
-	if len(h.applied) != 0 {
-		t.Errorf("Applied called %d times without a change", len(h.applied))
+	// Once, at the first sync, against no table (nothing masqueraded
+	// before); never for a resync that changed nothing.
+	if len(h.applied) != 1 || len(h.applied[0][0].Chains) != 0 {
+		t.Errorf("Applied called %d times, want once, against no table", len(h.applied))
 	}
 	if !strings.Contains(h.logs.String(), "nothing sent") {
 		t.Errorf("logs:\n%s", h.logs)
@@ -220,7 +222,7 @@ func TestConfigChangeApplies(t *testing.T) {
 	if !h.a.deadline.Equal(at(6 * time.Second)) {
 		t.Errorf("deadline %v: want the new interval from the sync", h.a.deadline)
 	}
-	if len(h.applied) != 1 || !unowned(h.want("")).Equal(unowned(h.applied[0][0])) || !unowned(h.want(yaml)).Equal(unowned(h.applied[0][1])) {
+	if len(h.applied) != 2 || !unowned(h.want("")).Equal(unowned(h.applied[1][0])) || !unowned(h.want(yaml)).Equal(unowned(h.applied[1][1])) {
 		t.Fatalf("Applied: %d calls", len(h.applied))
 	}
 	if !strings.Contains(h.logs.String(), "applied new config") {
@@ -316,7 +318,7 @@ func TestTamperRepairedWithoutMovingDeadline(t *testing.T) {
 	if l := h.metric(`ip_masq_agent_repairs_total{what="set-changed"}`); !strings.HasSuffix(l, " 1") {
 		t.Errorf("repairs: %q", l)
 	}
-	if len(h.applied) != 1 || len(h.applied[0][0].Set(nft.SetNonMasqV4).Elements) != 0 {
+	if len(h.applied) != 2 || len(h.applied[1][0].Set(nft.SetNonMasqV4).Elements) != 0 {
 		t.Errorf("Applied after a repair: %d calls", len(h.applied))
 	}
 	// An event that finds the table right: nothing sent.
@@ -681,5 +683,18 @@ func TestOwnedByOtherAtStartRetriesEverySecond(t *testing.T) {
 	}
 	if n := strings.Count(h.logs.String(), "its previous owner is gone"); n != 1 {
 		t.Errorf("the adoption logged %d times, want once:\n%s", n, h.logs)
+	}
+}
+
+// The first sync cleans against the table it found: a previous agent's
+// with another config (the ConfigMap changed while no agent ran).
+func TestFirstSyncAppliedAgainstFoundTable(t *testing.T) {
+	h := newHarness(t, nil)
+	const before = "nonMasqueradeCIDRs: [203.0.113.0/24]\n"
+	previous := h.want(before)
+	h.fake.Tamper("previous agent", func(t **nft.Table) { *t = previous.Clone() })
+	h.sync(t0)
+	if len(h.applied) != 1 || !unowned(previous).Equal(unowned(h.applied[0][0])) || !unowned(h.want("")).Equal(unowned(h.applied[0][1])) {
+		t.Fatalf("Applied: %d calls, want one from the found table to the config's", len(h.applied))
 	}
 }
