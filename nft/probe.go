@@ -1,7 +1,6 @@
 package nft
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/google/nftables"
@@ -85,20 +84,20 @@ func (n *Netlink) Probe() error {
 	if err != nil {
 		return err
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	conn, err := n.socket()
+	// A socket of its own, closed after: the probe leaves the Netlink's
+	// sockets (commit, read, notifications) as they were.
+	conn, err := dial(n.NetNS)
 	if err != nil {
 		return err
 	}
+	defer conn.Close()
 	failed, err := b.send(conn, 0)
-	if errors.Is(err, errNoAnswer) {
-		n.broken()
-	}
 	if failed >= 0 && failed < len(b.op) && b.op[failed] == probeOwned {
 		// Not essential: the table is verified and repaired instead,
 		// from the first sync on (not after a refused transaction).
+		n.mu.Lock()
 		n.unsupported = true
+		n.mu.Unlock()
 		cannotOwn(err)
 		return nil
 	}
