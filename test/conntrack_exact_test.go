@@ -43,7 +43,7 @@ func TestConntrackChangeWhileStopped(t *testing.T) {
 			}
 			src := map[bool]netip.Addr{true: topo.NodeUplink4, false: topo.Pod4}
 			cm := newConfigMapDir(t, tc.from)
-			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 			waitStarted(t, d)
 			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: tc.masqFrom}))
 			s := startUDPStream(t, topo, internet1)
@@ -51,7 +51,7 @@ func TestConntrackChangeWhileStopped(t *testing.T) {
 			d.stop(t)
 			cm.update(tc.to)
 			s.expectOnly(t, before, 4) // nothing changes while no agent runs
-			d2 := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+			d2 := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 			s.waitFor(t, src[!tc.masqFrom])
 			eventually(t, "the cleanup's log line", func() bool { return strings.Contains(d2.output(), "conntrack cleanup: examined") })
 		})
@@ -80,7 +80,7 @@ func TestConntrackAfterRepair(t *testing.T) {
 				t.Fatal(err)
 			}
 			cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--own-table=false")
+			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 			waitStarted(t, d)
 			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
 			mark := len(d.output())
@@ -152,7 +152,7 @@ func TestConntrackKeepsOthersMasquerade(t *testing.T) {
 		}
 		loadKubeProxyLike(t, topo)
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=")
+		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 		waitStarted(t, d)
 		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internetSame24: true}))
 		theirs := startUDPStream(t, topo, internet1)
@@ -174,7 +174,7 @@ func TestConntrackKeepsOthersMasquerade(t *testing.T) {
 		}
 		loadKubeProxyLike(t, topo)
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=", "--conntrack-cleanup=all")
+		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--conntrack-cleanup=all")
 		waitStarted(t, d)
 		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internetSame24: true}))
 		theirs, theirR := connectTCP(t, topo, internet1, topo.NodeUplink4)
