@@ -194,15 +194,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ao.Applied = func(old, new nft.Table) { cleanConntrack(o.conntrack, old, new, log, m) }
 	}
 	ag := agent.New(ao, k, log, m)
-	// A kernel that lacks what the table needs (nft.Netlink.Probe asks it,
-	// in a transaction that never commits): one line naming what, and the
-	// oldest kernel that has it, rather than failed syncs forever.
-	if !o.cleanup {
-		if err := k.Probe(); err != nil {
-			log.Error("this kernel cannot run ip-masq-agent", "err", err)
-			return 1
-		}
-	}
 	switch {
 	case o.cleanup:
 		// Say which happened: read first (Delete does nothing without a table).
