@@ -5,7 +5,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all help deps deps-e2e build test test-unit demo bench fuzz clean
+.PHONY: all help deps deps-e2e deps-kernels test-kernels build test test-unit demo bench fuzz clean
 .PHONY: image image-multiarch push push-multiarch manifests test-deploy
 
 all: build
@@ -24,6 +24,20 @@ deps:
 ## deps-e2e: deps, and what e2e-cluster needs (containerd, CNI plugins)
 deps-e2e:
 	@GO='$(GO)' sh hack/deps.sh e2e
+
+## deps-kernels: deps, and what test-kernels needs (qemu-system-x86,
+## busybox-static, cpio, kmod, xz-utils)
+deps-kernels:
+	@GO='$(GO)' sh hack/deps.sh kernels
+
+## test-kernels: kernel tests and the smoke test on 5.10, 6.1, 6.12, host
+## (root; each kernel from Debian's packages, cached in .cache/kernels/,
+## booted in its own qemu guest over the host's root; the host's kernel
+## directly). One summary line per kernel; records docs/kernels.tsv and the
+## table in docs/kernels.md. KERNELS="5.10 6.1" for some; KERNEL_TESTS=regexp
+## for some tests (hack/kernels/run.sh). The full run takes about an hour
+test-kernels: deps-kernels
+	GO='$(GO)' sh hack/kernels/run.sh $(KERNELS)
 
 ## build: the static agent binary in bin/
 build:

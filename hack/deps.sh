@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the packages that are missing for `make demo` and `make test`
 # (deps.sh test, the default) or, in addition, for `make e2e-cluster`
-# (deps.sh e2e). Quick and quiet when nothing is missing.
+# (deps.sh e2e) or `make test-kernels` (deps.sh kernels). Quick and quiet when nothing is missing.
 #
 # As root: apt-get on Debian and Ubuntu (apt-get update once, then install
 # without recommends), dnf on Fedora and RHEL-likes, otherwise one line that
@@ -56,11 +56,24 @@ mount mount util-linux
 /usr/lib/cni/host-local containernetworking-plugins containernetworking-plugins
 /usr/lib/cni/loopback containernetworking-plugins containernetworking-plugins'
 
+# make test-kernels (hack/kernels/run.sh): qemu guests with a busybox
+# initramfs, the kernel packages' modules.
+kernels_needs='qemu-system-x86_64 qemu-system-x86 qemu-system-x86
+busybox busybox-static busybox
+cpio cpio cpio
+depmod kmod kmod
+modprobe kmod kmod
+xz xz-utils xz
+dpkg-deb dpkg dpkg
+timeout coreutils coreutils'
+
 case $what in
 test) needs=$test_needs ;;
+kernels) needs="$test_needs
+$kernels_needs" ;;
 e2e) needs="$test_needs
 $e2e_needs" ;;
-*) echo "usage: $0 [test|e2e]" >&2; exit 2 ;;
+*) echo "usage: $0 [test|e2e|kernels]" >&2; exit 2 ;;
 esac
 
 if ! command -v "$GO" >/dev/null 2>&1; then

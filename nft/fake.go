@@ -3,6 +3,7 @@ package nft
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 )
@@ -12,6 +13,11 @@ import (
 // change its table behind the agent's back with Tamper.
 type Fake struct {
 	NoOwner bool
+	// OwnerRefusal, if set, is the error with which the fake kernel
+	// refuses the creation of an owned table, as a kernel before 6.9 does
+	// (6.1: EOPNOTSUPP, 5.10: EINVAL). As Netlink does, the fake then
+	// stops owning (Owns reports false) and Send answers ErrStale.
+	OwnerRefusal error
 	// Refuse, if set, is asked about every operation of every plan; an
 	// error refuses the whole transaction, as the kernel would.
 	Refuse func(Op) error
@@ -21,18 +27,23 @@ type Fake struct {
 	// every RemoveOriginal that would remove something.
 	OriginalErr, RemoveErr error
 
-	mu     sync.Mutex
-	table  *Table
-	gen    uint32
-	sent   []Plan
-	events chan Event
+	mu          sync.Mutex
+	unsupported bool // OwnerRefusal was answered
+	table       *Table
+	gen         uint32
+	sent        []Plan
+	events      chan Event
 
 	original Original // the original agent's rules (iptables-nft), see SetOriginal
 	handle   uint64
 	removals int
 }
 
-func (f *Fake) Owns() bool { return !f.NoOwner }
+func (f *Fake) Owns() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.NoOwner && !f.unsupported
+}
 
 // Read returns a copy of the table and the generation.
 func (f *Fake) Read() (*Table, uint32, error) {
@@ -58,10 +69,19 @@ func (f *Fake) Send(p Plan, gen uint32) (Sent, error) {
 		return Sent{}, errors.New("operation not permitted")
 	}
 	for _, op := range p.Ops {
-		if f.Refuse != nil {
-			if err := f.Refuse(op); err != nil {
-				return Sent{}, err
-			}
+		var err error
+		if f.OwnerRefusal != nil && op.Kind == KindTable && op.Verb == Add && op.Owned {
+			err = f.OwnerRefusal
+		} else if f.Refuse != nil {
+			err = f.Refuse(op)
+		}
+		switch {
+		case err != nil && refusesOwnership(op, err):
+			// What Netlink concludes from the same refusal.
+			f.unsupported = true
+			return Sent{}, cannotOwn(fmt.Errorf("%s: %w", op, err))
+		case err != nil:
+			return Sent{}, err
 		}
 	}
 	t, err := ExecPlan(f.table, p)

@@ -215,15 +215,12 @@ func (n *Netlink) Send(p Plan, gen uint32) (Sent, error) {
 	switch {
 	case errors.Is(err, unix.ERESTART):
 		return sent, fmt.Errorf("%w: %w", ErrStale, err)
-	case err != nil && failed >= 0 && p.Ops[b.op[failed]].Kind == KindTable && p.Ops[b.op[failed]].Owned &&
-		errors.Is(err, unix.EOPNOTSUPP) && p.Ops[b.op[failed]].Verb == Add:
-		// Before Linux 6.9 a table cannot be owned and persist: without
-		// persist, the table would vanish whenever the agent restarts.
-		n.unsupported = true
-		return sent, fmt.Errorf("%w: the kernel cannot own a persistent table (Linux 6.9 or later): %w", ErrStale, err)
 	case err != nil && failed >= 0 && p.Ops[b.op[failed]].Kind == KindTable && p.Ops[b.op[failed]].Exclusive &&
 		errors.Is(err, unix.EEXIST):
 		return sent, fmt.Errorf("%w: the table appeared since it was read: %w", ErrStale, err)
+	case err != nil && failed >= 0 && refusesOwnership(p.Ops[b.op[failed]], err):
+		n.unsupported = true
+		return sent, cannotOwn(err)
 	case errors.Is(err, errNoAnswer):
 		n.broken()
 	}

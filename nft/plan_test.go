@@ -605,6 +605,60 @@ func TestEnsure(t *testing.T) {
 		}
 	})
 
+	// A kernel before 6.9 refuses the owned create, each in its own words
+	// (6.1: EOPNOTSUPP; 5.10: EINVAL, for any table flag but dormant): the
+	// same Ensure creates the table without ownership, and from then on
+	// the Kernel does not ask for it.
+	for _, refusal := range []error{syscall.EOPNOTSUPP, syscall.EINVAL, syscall.EPERM} {
+		t.Run("ownership refused with "+refusal.Error()+": created without", func(t *testing.T) {
+			f := &Fake{OwnerRefusal: refusal}
+			res := ensure(t, f, f, owned)
+			if f.Owns() {
+				t.Errorf("Owns() after the kernel refused ownership with %v", refusal)
+			}
+			if got := f.Table(); got.Owner != NotOwned || got.Persist {
+				t.Errorf("created with owner %v persist %v", got.Owner, got.Persist)
+			}
+			if !res.Created || len(f.Sent()) != 1 {
+				t.Errorf("%+v, %d plans applied", res, len(f.Sent()))
+			}
+			// Later syncs neither ask again nor recreate.
+			f.Tamper("flush set", func(t **Table) { (*t).Set(SetNonMasqV4).Elements = nil })
+			if res := ensure(t, f, f, owned); !res.Partial || res.Attempts != 1 {
+				t.Errorf("repair: %+v", res)
+			}
+		})
+	}
+
+	t.Run("owned create refused with EEXIST (a table made since the read): ownership kept", func(t *testing.T) {
+		f := &Fake{Refuse: func(op Op) error {
+			if op.Kind == KindTable && op.Verb == Add {
+				return syscall.EEXIST
+			}
+			return nil
+		}}
+		Ensure(f, owned)
+		if !f.Owns() {
+			t.Errorf("EEXIST on the exclusive create turned ownership off")
+		}
+	})
+
+	t.Run("another message refused: ownership kept", func(t *testing.T) {
+		f := &Fake{}
+		f.Refuse = func(op Op) error {
+			if op.Kind == KindSet {
+				return syscall.EINVAL
+			}
+			return nil
+		}
+		if _, err := Ensure(f, owned); err == nil || errors.Is(err, ErrStale) {
+			t.Errorf("err %v, want the refusal of the set", err)
+		}
+		if !f.Owns() {
+			t.Errorf("the refusal of a set turned ownership off")
+		}
+	})
+
 	t.Run("tampered: repaired in place and verified", func(t *testing.T) {
 		f := &Fake{}
 		ensure(t, f, f, want)

@@ -29,7 +29,8 @@ import (
 func TestOwnership(t *testing.T) {
 	topo := newTopology(t)
 	ns := int(topo.NodeHandle())
-	a := &nft.Netlink{NetNS: ns}
+	owns := kernelOwns(t, topo)
+	a := &nft.Netlink{NetNS: ns} // not probed: its first create asks
 	want := build(t, manyCIDRs(100, "10.0.0.0/8"))
 	res, err := a.Apply(want)
 	if err != nil {
@@ -37,6 +38,22 @@ func TestOwnership(t *testing.T) {
 	}
 	if !res.Created {
 		t.Fatalf("first apply: %+v, want created", res)
+	}
+	if !owns {
+		// The kernel refused the owned create: the same Apply made the
+		// table without ownership, and the Netlink no longer asks.
+		found, _, err := a.Read()
+		if err != nil || found == nil || found.Owner != nft.NotOwned || found.Persist || a.Owns() {
+			t.Fatalf("read back: %+v, err %v, Owns %v; want a table not owned", found, err, a.Owns())
+		}
+		if out, err := topo.NFT("flush", "set", "inet", nft.TableName, nft.SetNonMasqV4); err != nil {
+			t.Fatalf("nft flush set on a table not owned: %v %s", err, out)
+		}
+		if res, err := a.Apply(want); err != nil || !res.Partial {
+			t.Fatalf("repair: %+v, %v; want changed in place", res, err)
+		}
+		a.Close()
+		return
 	}
 	found, _, err := a.Read()
 	if err != nil || found == nil || found.Owner != nft.OwnedByUs {
@@ -92,6 +109,7 @@ func TestForeignWriterAsPID1(t *testing.T) {
 			topo := newTopology(t)
 			addDestinations(t, topo, internet1, private1)
 			flag := fmt.Sprintf("--own-table=%v", owned)
+			owned := owned && kernelOwns(t, topo) // else: the fallback, as not owned
 			cm := newConfigMapDir(t, cfgA)
 			d := startDaemonIn(t, topo, pid1, "--config", cm.path(), "--http-address=127.0.0.1:0", flag)
 			a := map[string]bool{internet1: false, private1: true}
@@ -166,27 +184,10 @@ func TestTwoDaemons(t *testing.T) {
 	cfgA := "resyncInterval: 1h\nnonMasqueradeCIDRs: [203.0.113.0/24]\n"
 	cfgB := "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"
 	a, b := map[string]bool{internet1: false, private1: true}, map[string]bool{internet1: true, private1: false}
-	t.Run("owned", func(t *testing.T) {
-		topo := newTopology(t)
-		addDestinations(t, topo, internet1, private1)
-		first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=127.0.0.1:0")
+	notOwned := func(t *testing.T, topo *testnet.Topology, flags ...string) {
+		first := startDaemon(t, topo, append([]string{"--config", writeConfig(t, cfgA), "--http-address=127.0.0.1:0"}, flags...)...)
 		eventually(t, "config A", sourcesAre(topo, a))
-		second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=127.0.0.1:0")
-		eventually(t, "the second agent to wait", func() bool { return strings.Contains(second.output(), "waiting for it to exit") })
-		// Two more looks at the owned table, each refused: config A stays.
-		const look = "is owned by another process; looking again"
-		looks := strings.Count(second.output(), look)
-		eventually(t, "two more looks by the second agent", func() bool { return strings.Count(second.output(), look) >= looks+2 })
-		expectSources(t, topo, a)
-		first.stop(t)
-		eventually(t, "config B after the first agent exited", sourcesAre(topo, b))
-	})
-	t.Run("not owned", func(t *testing.T) {
-		topo := newTopology(t)
-		addDestinations(t, topo, internet1, private1)
-		first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=127.0.0.1:0", "--own-table=false")
-		eventually(t, "config A", sourcesAre(topo, a))
-		second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=127.0.0.1:0", "--own-table=false")
+		second := startDaemon(t, topo, append([]string{"--config", writeConfig(t, cfgB), "--http-address=127.0.0.1:0"}, flags...)...)
 		eventually(t, "a rival to be reported", func() bool {
 			return strings.Contains(first.output()+second.output(), "another process keeps rewriting")
 		})
@@ -214,6 +215,30 @@ func TestTwoDaemons(t *testing.T) {
 			}
 			t.Logf("agent %d: rewrites after it reported the rival: %s apart", i+1, gaps(at))
 		}
+	}
+	t.Run("owned", func(t *testing.T) {
+		topo := newTopology(t)
+		addDestinations(t, topo, internet1, private1)
+		if !kernelOwns(t, topo) {
+			notOwned(t, topo) // the default flags fall back to verify and repair
+			return
+		}
+		first := startDaemon(t, topo, "--config", writeConfig(t, cfgA), "--http-address=127.0.0.1:0")
+		eventually(t, "config A", sourcesAre(topo, a))
+		second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=127.0.0.1:0")
+		eventually(t, "the second agent to wait", func() bool { return strings.Contains(second.output(), "waiting for it to exit") })
+		// Two more looks at the owned table, each refused: config A stays.
+		const look = "is owned by another process; looking again"
+		looks := strings.Count(second.output(), look)
+		eventually(t, "two more looks by the second agent", func() bool { return strings.Count(second.output(), look) >= looks+2 })
+		expectSources(t, topo, a)
+		first.stop(t)
+		eventually(t, "config B after the first agent exited", sourcesAre(topo, b))
+	})
+	t.Run("not owned", func(t *testing.T) {
+		topo := newTopology(t)
+		addDestinations(t, topo, internet1, private1)
+		notOwned(t, topo, "--own-table=false")
 	})
 }
 
