@@ -163,16 +163,7 @@ func TestWaitingAgentHealth(t *testing.T) {
 	if !strings.Contains(listTable(t, topo), "flags owner") {
 		t.Skip("this kernel cannot own a persistent table: nothing to wait for")
 	}
-	client := topo.NodeHTTPClient()
-	get := func(path string) (int, string) {
-		resp, err := client.Get("http://127.0.0.1:9753" + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, strings.TrimSpace(string(b))
-	}
+	get := func(path string) (int, string) { return httpGet(topo, path) }
 	// Several looks at the owner (one a second) later, still so.
 	mark := strings.Count(second.output(), "is owned by another process; looking again")
 	eventually(t, "three more looks at the owner", func() bool {
