@@ -125,14 +125,7 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if serr := d.stop(); serr != nil {
-			err = errors.Join(err, serr)
-		}
-		if err != nil {
-			err = fmt.Errorf("%w\nagent log (end):\n%s", err, tail(d.output(), 2000))
-		}
-	}()
+	defer stopDaemon(&d, &err)
 	if err := os.WriteFile(group.Procs, []byte(strconv.Itoa(d.cmd.Process.Pid)), 0); err != nil {
 		return fmt.Errorf("move the agent into the cgroup: %w", err)
 	}

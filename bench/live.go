@@ -131,14 +131,7 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if serr := d.stop(); serr != nil {
-			err = errors.Join(err, serr)
-		}
-		if err != nil {
-			err = fmt.Errorf("%w\nagent log (end):\n%s", err, tail(d.output(), 2000))
-		}
-	}()
+	defer stopDaemon(&d, &err)
 	if _, ok := mon.waitAgent(ctx, time.Time{}, 20*time.Second); !ok {
 		return errors.New("the agent made no first commit within 20s")
 	}
@@ -411,6 +404,17 @@ func startDaemon(ctx context.Context, topo *testnet.Topology, bin string, args .
 		}
 	}()
 	return d, nil
+}
+
+// stopDaemon stops *d (the daemon a row runs last) when the row ends, and
+// adds the end of its log to *err, if any.
+func stopDaemon(d **daemon, err *error) {
+	if serr := (*d).stop(); serr != nil {
+		*err = errors.Join(*err, serr)
+	}
+	if *err != nil {
+		*err = fmt.Errorf("%w\nagent log (end):\n%s", *err, tail((*d).output(), 2000))
+	}
 }
 
 // stop sends SIGTERM and waits (at most 10s, then SIGKILL).
