@@ -14,11 +14,13 @@ import (
 
 // Each part of a Rule, side by side: how it is encoded as expressions, how
 // those expressions are decoded back (exactly, or the rule is not the
-// agent's), and how nft writes it. A rule is its clauses in this order,
-// then a counter, then its verdict.
-var clauses = []struct {
+// agent's), and how nft writes it. A rule is its parts in this order:
+// matches, then statements (the counter goes before the verdict: after
+// masquerade it would never count). A new part of a Rule is a field in
+// table.go, an entry here and its use in build.go.
+var parts = []struct {
 	encode func(Rule) []expr.Any
-	decode func(d *decoder, r *Rule) bool // false: the expressions are not this clause's
+	decode func(d *decoder, r *Rule) bool // false: the expressions are not this part's
 	render func(Rule) string
 }{
 	{ // fib daddr type != local; fib's address type is a host-endian u32 (RTN_LOCAL is 2)
@@ -88,7 +90,7 @@ var clauses = []struct {
 			return true
 		},
 		render: func(r Rule) string {
-			return cond(r.DaddrSet != "", map[Family]string{4: "ip", 6: "ip6"}[r.Family]+" daddr @"+r.DaddrSet)
+			return cond(r.DaddrSet != "", daddrField(r.Family).name+" @"+r.DaddrSet)
 		},
 	},
 	{ // meta l4proto tcp|udp|sctp
@@ -160,7 +162,7 @@ var clauses = []struct {
 		decode: func(d *decoder, r *Rule) bool {
 			im, ok := d.peek().(*expr.Immediate)
 			if !ok || len(im.Data) != labelBytes {
-				return true // a masquerade's port range, or not the agent's: the counter check decides
+				return true // a masquerade's port range, or not the agent's: the counter decides
 			}
 			d.i++
 			c, ok := d.peek().(*expr.Ct)
@@ -184,6 +186,129 @@ var clauses = []struct {
 			return fmt.Sprintf("ct label set %d", *r.CtLabel)
 		},
 	},
+	{ // counter: every rule of the agent's has one
+		encode: func(Rule) []expr.Any { return []expr.Any{&expr.Counter{}} },
+		decode: func(d *decoder, _ *Rule) bool {
+			_, ok := d.peek().(*expr.Counter)
+			d.i++
+			return ok
+		},
+		render: func(Rule) string { return "counter" },
+	},
+	{ // return, jump CHAIN, goto CHAIN
+		encode: func(r Rule) []expr.Any {
+			if v := verdictOf(r.Verdict); v != nil {
+				return []expr.Any{&expr.Verdict{Kind: v.kind, Chain: cond(v.chain, r.Target)}}
+			}
+			return nil
+		},
+		decode: func(d *decoder, r *Rule) bool {
+			e, ok := d.peek().(*expr.Verdict)
+			if !ok {
+				return true // masquerade, or not the agent's: the end decides
+			}
+			d.i++
+			for _, v := range verdicts {
+				if v.kind == e.Kind && v.model != 0 {
+					r.Verdict, r.Target = v.model, cond(v.chain, e.Chain)
+					return true
+				}
+			}
+			return false
+		},
+		render: func(r Rule) string {
+			if v := verdictOf(r.Verdict); v != nil {
+				return v.name + cond(v.chain, " "+r.Target)
+			}
+			return ""
+		},
+	},
+	{ // masquerade [to :First-Last] [fully-random]: the port range in registers 1 and 2
+		encode: func(r Rule) []expr.Any {
+			if r.Verdict != Masquerade {
+				return nil
+			}
+			m := &expr.Masq{FullyRandom: r.FullyRandom}
+			if r.Ports == nil {
+				return []expr.Any{m}
+			}
+			m.ToPorts, m.RegProtoMin, m.RegProtoMax = true, 1, 2
+			return []expr.Any{&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(r.Ports.First)},
+				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(r.Ports.Last)}, m}
+		},
+		decode: func(d *decoder, r *Rule) bool {
+			if r.Verdict != 0 {
+				return true // a verdict came first: the end decides
+			}
+			if lo, ok := d.peek().(*expr.Immediate); ok {
+				d.i++
+				hi, ok := d.peek().(*expr.Immediate)
+				if !ok || lo.Register != 1 || hi.Register != 2 || len(lo.Data) != 2 || len(hi.Data) != 2 {
+					return false
+				}
+				d.i++
+				r.Ports = &PortRange{First: binary.BigEndian.Uint16(lo.Data), Last: binary.BigEndian.Uint16(hi.Data)}
+			}
+			m, ok := d.peek().(*expr.Masq)
+			if !ok || m.Random || m.Persistent || m.ToPorts != (r.Ports != nil) || (r.Ports != nil && (m.RegProtoMin != 1 || m.RegProtoMax != 2)) {
+				return false
+			}
+			d.i++
+			r.Verdict, r.FullyRandom = Masquerade, m.FullyRandom
+			return true
+		},
+		render: func(r Rule) string {
+			if r.Verdict != Masquerade {
+				return ""
+			}
+			s := verdictMasquerade
+			if r.Ports != nil {
+				s += fmt.Sprintf(" to :%d-%d", r.Ports.First, r.Ports.Last)
+			}
+			return s + cond(r.FullyRandom, " fully-random")
+		},
+	},
+}
+
+type nftVerdict struct {
+	kind  expr.VerdictKind
+	name  string
+	chain bool    // followed by a chain's name
+	model Verdict // 0: the agent writes no such verdict
+}
+
+// verdicts are the verdicts nft writes, by name; model is the Rule's
+// Verdict for the ones the agent writes.
+var verdicts = []nftVerdict{
+	{expr.VerdictReturn, "return", false, Return},
+	{expr.VerdictJump, "jump", true, Jump},
+	{expr.VerdictGoto, "goto", true, Goto},
+	{expr.VerdictAccept, "accept", false, 0},
+	{expr.VerdictDrop, "drop", false, 0},
+}
+
+// verdictMasquerade is how nft writes masquerade, and the name of the
+// verdict of a rule that masquerades (ruleVerdict).
+const verdictMasquerade = "masquerade"
+
+// verdictOf returns the entry of verdicts for a Rule's Verdict, or nil.
+func verdictOf(v Verdict) *nftVerdict {
+	for i := range verdicts {
+		if verdicts[i].model == v && v != 0 {
+			return &verdicts[i]
+		}
+	}
+	return nil
+}
+
+// verdictName writes a verdict as nft does: "return", "jump CHAIN", ...
+func verdictName(e *expr.Verdict) string {
+	for _, v := range verdicts {
+		if v.kind == e.Kind {
+			return v.name + cond(v.chain, " "+e.Chain)
+		}
+	}
+	return fmt.Sprintf("verdict %d", e.Kind)
 }
 
 // labelBytes is the size of a conntrack label bitmap (XT_CONNLABEL_MAXBIT + 1 bits).
@@ -228,12 +353,38 @@ var (
 	hton32       = expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4}
 )
 
+type addrField struct {
+	name   string
+	family Family
+	offset uint32 // in the network header
+	len    uint32
+	// minPrefix is the shortest load at offset that is a prefix of
+	// this field rather than another family's header field.
+	minPrefix uint32
+}
+
+// addrFields are the address fields of the network headers, as nft names
+// them and as payload expressions load them: the agent's rules (daddr),
+// the evaluator and the description of foreign rules take them from here.
+var addrFields = []addrField{
+	{"ip saddr", 4, 12, 4, 1},
+	{"ip daddr", 4, 16, 4, 1},
+	{"ip6 saddr", 6, 8, 16, 5}, // shorter: an IPv4 header's ttl and protocol
+	{"ip6 daddr", 6, 24, 16, 1},
+}
+
+// daddrField is the entry of addrFields of a family's destination address.
+func daddrField(f Family) addrField {
+	if f == 6 {
+		return addrFields[3]
+	}
+	return addrFields[1]
+}
+
 // daddr loads the destination address of a family's network header.
 func daddr(f Family) expr.Payload {
-	if f == 6 {
-		return expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 24, Len: 16}
-	}
-	return expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}
+	a := daddrField(f)
+	return expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: a.offset, Len: a.len}
 }
 
 func nfproto(f Family) byte {
@@ -244,33 +395,14 @@ func nfproto(f Family) byte {
 }
 
 // expressions returns a rule's expressions: the kernel's, for a rule read
-// back, or its encoding. The counter goes before the verdict: after
-// masquerade it would never count.
+// back, or its encoding.
 func (r Rule) expressions() []expr.Any {
 	if r.exprs != nil {
 		return r.exprs
 	}
 	var out []expr.Any
-	for _, c := range clauses {
-		out = append(out, c.encode(r)...)
-	}
-	out = append(out, &expr.Counter{})
-	switch r.Verdict {
-	case Return:
-		out = append(out, &expr.Verdict{Kind: expr.VerdictReturn})
-	case Jump:
-		out = append(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
-	case Goto:
-		out = append(out, &expr.Verdict{Kind: expr.VerdictGoto, Chain: r.Target})
-	case Masquerade:
-		m := &expr.Masq{FullyRandom: r.FullyRandom}
-		if r.Ports != nil {
-			out = append(out,
-				&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(r.Ports.First)},
-				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(r.Ports.Last)})
-			m.ToPorts, m.RegProtoMin, m.RegProtoMax = true, 1, 2
-		}
-		out = append(out, m)
+	for _, p := range parts {
+		out = append(out, p.encode(r)...)
 	}
 	return out
 }
@@ -280,48 +412,12 @@ func (r Rule) expressions() []expr.Any {
 func decodeRule(exprs []expr.Any, comment string) (r Rule, ok bool) {
 	r.Comment = comment
 	d := &decoder{exprs: exprs}
-	for _, c := range clauses {
-		if !c.decode(d, &r) {
+	for _, p := range parts {
+		if !p.decode(d, &r) {
 			return r, false
 		}
 	}
-	if _, ok := d.peek().(*expr.Counter); !ok {
-		return r, false
-	}
-	d.i++
-	switch v := d.peek().(type) {
-	case *expr.Verdict:
-		d.i++
-		switch v.Kind {
-		case expr.VerdictReturn:
-			r.Verdict = Return
-		case expr.VerdictJump:
-			r.Verdict, r.Target = Jump, v.Chain
-		case expr.VerdictGoto:
-			r.Verdict, r.Target = Goto, v.Chain
-		default:
-			return r, false
-		}
-	case *expr.Immediate, *expr.Masq:
-		if lo, ok := v.(*expr.Immediate); ok {
-			d.i++
-			hi, ok := d.peek().(*expr.Immediate)
-			if !ok || lo.Register != 1 || hi.Register != 2 || len(lo.Data) != 2 || len(hi.Data) != 2 {
-				return r, false
-			}
-			d.i++
-			r.Ports = &PortRange{First: binary.BigEndian.Uint16(lo.Data), Last: binary.BigEndian.Uint16(hi.Data)}
-		}
-		m, ok := d.peek().(*expr.Masq)
-		if !ok || m.Random || m.Persistent || m.ToPorts != (r.Ports != nil) || (r.Ports != nil && (m.RegProtoMin != 1 || m.RegProtoMax != 2)) {
-			return r, false
-		}
-		d.i++
-		r.Verdict, r.FullyRandom = Masquerade, m.FullyRandom
-	default:
-		return r, false
-	}
-	return r, d.i == len(exprs)
+	return r, r.Verdict != 0 && d.i == len(exprs)
 }
 
 type decoder struct {
@@ -353,26 +449,9 @@ func RenderRule(r Rule) string {
 		return r.Foreign
 	}
 	var w []string
-	for _, c := range clauses {
-		if s := c.render(r); s != "" {
+	for _, p := range parts {
+		if s := p.render(r); s != "" {
 			w = append(w, s)
-		}
-	}
-	w = append(w, "counter")
-	switch r.Verdict {
-	case Return:
-		w = append(w, "return")
-	case Jump:
-		w = append(w, "jump "+r.Target)
-	case Goto:
-		w = append(w, "goto "+r.Target)
-	case Masquerade:
-		w = append(w, "masquerade")
-		if r.Ports != nil {
-			w = append(w, fmt.Sprintf("to :%d-%d", r.Ports.First, r.Ports.Last))
-		}
-		if r.FullyRandom {
-			w = append(w, "fully-random")
 		}
 	}
 	if r.Comment != "" {

@@ -337,7 +337,7 @@ func describeExprs(exprs []expr.Any) string {
 				expr.CmpOpLte: "<= ", expr.CmpOpGt: "> ", expr.CmpOpGte: ">= "}[e.Op]
 			w = append(w, op+show(e.Data))
 		case *expr.Bitwise:
-			if full := map[string]int{"ip saddr": 4, "ip daddr": 4, "ip6 saddr": 16, "ip6 daddr": 16}[field]; full > 0 &&
+			if full := addrLen(field); full > 0 &&
 				len(e.Mask) <= full && bytes.Count(e.Xor, []byte{0}) == len(e.Xor) {
 				partial, mask = full, e.Mask // shown with the comparison, as a prefix
 				continue
@@ -397,30 +397,31 @@ func addrPrefixLoad(p *expr.Payload) (string, int) {
 	if p.Base != expr.PayloadBaseNetworkHeader || p.Len == 0 {
 		return "", 0
 	}
-	switch {
-	case p.Offset == 12 && p.Len < 4:
-		return "ip saddr", 4
-	case p.Offset == 16 && p.Len < 4:
-		return "ip daddr", 4
-	case p.Offset == 8 && p.Len < 16 && p.Len > 4: // shorter: an IPv4 header's ttl and protocol
-		return "ip6 saddr", 16
-	case p.Offset == 24 && p.Len < 16:
-		return "ip6 daddr", 16
+	for _, a := range addrFields {
+		if p.Offset == a.offset && p.Len < a.len && p.Len >= a.minPrefix {
+			return a.name, int(a.len)
+		}
 	}
 	return "", 0
 }
 
+// addrLen is the length of the address field nft names name; 0 for
+// other fields.
+func addrLen(name string) int {
+	for _, a := range addrFields {
+		if a.name == name {
+			return int(a.len)
+		}
+	}
+	return 0
+}
+
 func payloadName(p *expr.Payload) string {
 	if p.Base == expr.PayloadBaseNetworkHeader {
-		switch {
-		case p.Offset == 12 && p.Len == 4:
-			return "ip saddr"
-		case p.Offset == 16 && p.Len == 4:
-			return "ip daddr"
-		case p.Offset == 8 && p.Len == 16:
-			return "ip6 saddr"
-		case p.Offset == 24 && p.Len == 16:
-			return "ip6 daddr"
+		for _, a := range addrFields {
+			if p.Offset == a.offset && p.Len == a.len {
+				return a.name
+			}
 		}
 	}
 	if p.Base == expr.PayloadBaseTransportHeader && p.Len == 2 && (p.Offset == 0 || p.Offset == 2) {
@@ -429,20 +430,4 @@ func payloadName(p *expr.Payload) string {
 	base := map[expr.PayloadBase]string{expr.PayloadBaseLLHeader: "ll", expr.PayloadBaseNetworkHeader: "nh",
 		expr.PayloadBaseTransportHeader: "th"}[p.Base]
 	return fmt.Sprintf("@%s,%d,%d", base, p.Offset*8, p.Len*8)
-}
-
-func verdictName(v *expr.Verdict) string {
-	switch v.Kind {
-	case expr.VerdictReturn:
-		return "return"
-	case expr.VerdictJump:
-		return "jump " + v.Chain
-	case expr.VerdictGoto:
-		return "goto " + v.Chain
-	case expr.VerdictAccept:
-		return "accept"
-	case expr.VerdictDrop:
-		return "drop"
-	}
-	return fmt.Sprintf("verdict %d", v.Kind)
 }

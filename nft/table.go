@@ -10,6 +10,7 @@ package nft
 
 import (
 	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -127,7 +128,8 @@ type Hook struct {
 
 // Rule is one rule as a conjunction of optional matches, a counter (always,
 // placed before the verdict so that it counts) and a verdict. codec.go
-// encodes, decodes and renders each of these fields, side by side.
+// encodes, decodes and renders each of these fields, side by side (its
+// table parts); equal compares them all.
 type Rule struct {
 	NotLocal    bool       // fib daddr type != local
 	Family      Family     // meta nfproto ipv4/ipv6 (implied by DaddrSet)
@@ -247,10 +249,13 @@ func (c Chain) equal(found Chain) bool {
 	return c.sameShape(found) && slices.EqualFunc(c.Rules, found.Rules, Rule.equal)
 }
 
+// equal compares every field of two rules but the counter's values and
+// the kernel's expressions, so that a new field is compared without
+// being named here.
 func (r Rule) equal(o Rule) bool {
-	return r.NotLocal == o.NotLocal && r.Family == o.Family && r.DaddrSet == o.DaddrSet && r.L4Proto == o.L4Proto &&
-		ptrEqual(r.Share, o.Share) && ptrEqual(r.CtLabel, o.CtLabel) && r.Verdict == o.Verdict && r.Target == o.Target &&
-		ptrEqual(r.Ports, o.Ports) && r.FullyRandom == o.FullyRandom && r.Comment == o.Comment && r.Foreign == o.Foreign
+	r.Packets, r.Bytes, r.exprs = 0, 0, nil
+	o.Packets, o.Bytes, o.exprs = 0, 0, nil
+	return reflect.DeepEqual(r, o)
 }
 
 func ptrEqual[T comparable](a, b *T) bool { return a == b || (a != nil && b != nil && *a == *b) }
