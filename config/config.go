@@ -861,8 +861,8 @@ func (d *decoder) cidr(key string, i int, s string) netip.Prefix {
 		d.errorAt(key, i, "%s is not aligned to its prefix length (did you mean %q?)", quote(s), m.String())
 		return netip.Prefix{}
 	}
-	if p.Addr().Is4In6() && p.Bits() >= ipv4MappedBits {
-		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-ipv4MappedBits)
+	if q, mapped := UnmapPrefix(p); mapped {
+		p = q
 		d.warnAt(key, i, "%s is an IPv4-mapped IPv6 CIDR; read as %q", quote(s), p.String())
 	} else if p.Addr().Is6() && !d.f.EnableIPv6 {
 		d.errorAt(key, i, "%s is an IPv6 CIDR; pass --enable-ipv6 to use IPv6", quote(s))

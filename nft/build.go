@@ -27,27 +27,16 @@ const (
 func Build(c config.Config, o Options) Table {
 	nonMasq4, nonMasq6 := splitFamilies(c.NonMasqueradeCIDRs)
 	masq4, masq6 := splitFamilies(c.MasqueradeCIDRs)
-
-	// Link-local is not masqueraded unless asked, and is not counted
-	// against cidrLimit (config does the counting).
-	if !c.MasqLinkLocal {
-		nonMasq4 = append(nonMasq4, linkLocal4)
+	type family struct {
+		masq, nonMasq []netip.Prefix
+		linkLocal     netip.Prefix
+		masqLinkLocal bool
+		outbound      bool
+		want          bool
 	}
-	if !c.MasqLinkLocalIPv6 {
-		nonMasq6 = append(nonMasq6, linkLocal6)
-	}
-	// Without --enable-ipv6 the agent leaves IPv6 alone: no rules, empty sets.
-	if !o.EnableIPv6 {
-		nonMasq6, masq6 = nil, nil
-	}
-
-	t := Table{
-		Sets: []Set{
-			{Name: SetMasqV4, Family: 4, Elements: rangesOf(masq4), Comment: "ip-masq-agent: masqueradeCIDRs"},
-			{Name: SetNonMasqV4, Family: 4, Elements: rangesOf(nonMasq4), Comment: "ip-masq-agent: nonMasqueradeCIDRs and link-local"},
-			{Name: SetMasqV6, Family: 6, Elements: rangesOf(masq6), Comment: "ip-masq-agent: masqueradeCIDRs"},
-			{Name: SetNonMasqV6, Family: 6, Elements: rangesOf(nonMasq6), Comment: "ip-masq-agent: nonMasqueradeCIDRs and link-local"},
-		},
+	fams := [len(familySets)]family{ // familySets' order
+		{masq4, nonMasq4, linkLocal4, c.MasqLinkLocal, c.MasqOutBound, true},
+		{masq6, nonMasq6, linkLocal6, c.MasqLinkLocalIPv6, c.MasqOutBoundIPv6, o.EnableIPv6},
 	}
 
 	// The hook: only traffic to non-local destinations is considered, as with
@@ -59,25 +48,31 @@ func Build(c config.Config, o Options) Table {
 	// nonMasqueradeCIDRs, as in Baidu CCE's agent), then nonMasqueradeCIDRs
 	// return, then everything else is masqueraded if masqOutBound says so.
 	// A connection that falls off the end is not masqueraded by the agent.
+	var t Table
 	decision := Chain{Name: o.Chain}
-	type family struct {
-		f              Family
-		masq, nonMasq  string
-		outbound, want bool
-	}
-	for _, fam := range []family{
-		{4, SetMasqV4, SetNonMasqV4, c.MasqOutBound, true},
-		{6, SetMasqV6, SetNonMasqV6, c.MasqOutBoundIPv6, o.EnableIPv6},
-	} {
-		if !fam.want {
+	for i, s := range familySets {
+		f := fams[i]
+		// Link-local is not masqueraded unless asked, and is not counted
+		// against cidrLimit (config does the counting).
+		if !f.masqLinkLocal {
+			f.nonMasq = append(f.nonMasq, f.linkLocal)
+		}
+		// Without --enable-ipv6 the agent leaves IPv6 alone: no rules, empty sets.
+		if !f.want {
+			f.masq, f.nonMasq = nil, nil
+		}
+		t.Sets = append(t.Sets,
+			Set{Name: s.masq, Family: s.family, Elements: rangesOf(f.masq), Comment: "ip-masq-agent: masqueradeCIDRs"},
+			Set{Name: s.nonMasq, Family: s.family, Elements: rangesOf(f.nonMasq), Comment: "ip-masq-agent: nonMasqueradeCIDRs and link-local"})
+		if !f.want {
 			continue
 		}
 		decision.Rules = append(decision.Rules,
-			Rule{Family: fam.f, DaddrSet: fam.masq, Verdict: Goto, Target: MasqChainName, Comment: commentMasqSet},
-			Rule{Family: fam.f, DaddrSet: fam.nonMasq, Verdict: Return, Comment: commentNonMasq},
+			Rule{Family: s.family, DaddrSet: s.masq, Verdict: Goto, Target: MasqChainName, Comment: commentMasqSet},
+			Rule{Family: s.family, DaddrSet: s.nonMasq, Verdict: Return, Comment: commentNonMasq},
 		)
-		if fam.outbound {
-			decision.Rules = append(decision.Rules, Rule{Family: fam.f, Verdict: Goto, Target: MasqChainName, Comment: commentOutbound})
+		if f.outbound {
+			decision.Rules = append(decision.Rules, Rule{Family: s.family, Verdict: Goto, Target: MasqChainName, Comment: commentOutbound})
 		}
 	}
 

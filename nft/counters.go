@@ -40,10 +40,10 @@ func (n *Netlink) DecisionCounters(chain string) ([]RuleCounter, error) {
 		if r.Family == 6 {
 			rc.Family = "ipv6"
 		}
-		switch r.DaddrSet {
-		case SetMasqV4, SetMasqV6:
+		switch masq, ok := AgentSet(r.DaddrSet); {
+		case ok && masq:
 			rc.Reason = "cidrs"
-		case SetNonMasqV4, SetNonMasqV6:
+		case ok:
 			rc.Decision, rc.Reason = "nonmasquerade", "cidrs"
 		}
 		out = append(out, rc)

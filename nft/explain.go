@@ -100,9 +100,7 @@ func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
 // widest, which is one of them), or the link-local default.
 func source(key string, list []netip.Prefix, p netip.Prefix, defaults bool) string {
 	for i, q := range list {
-		if q.Addr().Is4In6() && q.Bits() >= 96 {
-			q = netip.PrefixFrom(q.Addr().Unmap(), q.Bits()-96)
-		}
+		q, _ = config.UnmapPrefix(q)
 		if q.Masked() == p {
 			if defaults {
 				return fmt.Sprintf("%s[%d] %s (the default list)", key, i, p)

@@ -536,7 +536,7 @@ func readSets(conn *netlink.Conn, t *Table) error {
 			odd = append(odd, fmt.Sprintf("flags %#x", flags))
 		}
 		var oddElems []string
-		if slices.Contains([]string{SetMasqV4, SetNonMasqV4, SetMasqV6, SetNonMasqV6}, s.Name) {
+		if _, ok := AgentSet(s.Name); ok {
 			if oddElems, err = readElements(conn, &s); err != nil {
 				return fmt.Errorf("list set %s: %w", s.Name, err)
 			}

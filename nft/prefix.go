@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/nftables"
 	"go4.org/netipx"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
 
 // Prefix and interval math, once: config prefixes to the ranges of an
@@ -16,9 +18,7 @@ import (
 // is 10.0.0.0/8), which the kernel would otherwise never match.
 func splitFamilies(ps []netip.Prefix) (v4, v6 []netip.Prefix) {
 	for _, p := range ps {
-		if p.Addr().Is4In6() && p.Bits() >= 96 {
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-		}
+		p, _ = config.UnmapPrefix(p)
 		if p.Addr().Is4() {
 			v4 = append(v4, p)
 		} else {

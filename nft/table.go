@@ -53,6 +53,28 @@ const (
 	DefaultConntrackLabel = 20
 )
 
+// familySets are the agent's sets of each family, in Build's order: the
+// masqueradeCIDRs' and the nonMasqueradeCIDRs'. Build, the read-back and
+// the counters take them from here.
+var familySets = [...]struct {
+	family        Family
+	masq, nonMasq string
+}{
+	{4, SetMasqV4, SetNonMasqV4},
+	{6, SetMasqV6, SetNonMasqV6},
+}
+
+// AgentSet says whether name is one of the agent's sets, and whether it
+// holds masqueradeCIDRs (masq) or nonMasqueradeCIDRs.
+func AgentSet(name string) (masq, ok bool) {
+	for _, s := range familySets {
+		if name == s.masq || name == s.nonMasq {
+			return name == s.masq, true
+		}
+	}
+	return false, false
+}
+
 // Family is an IP version: 4 or 6; 0 means both.
 type Family uint8
 

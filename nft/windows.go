@@ -41,9 +41,7 @@ func Windows(cfg config.Config, enableIPv6 bool) (WindowsPolicy, []string) {
 		}
 	}
 	for _, q := range cfg.NonMasqueradeCIDRs {
-		if q.Addr().Is4In6() && q.Bits() >= 96 {
-			q = netip.PrefixFrom(q.Addr().Unmap(), q.Bits()-96)
-		}
+		q, _ = config.UnmapPrefix(q)
 		if q.Addr().Is6() {
 			v6++
 			continue
