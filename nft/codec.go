@@ -19,16 +19,16 @@ import (
 // masquerade it would never count). A new part of a Rule is a field in
 // table.go, an entry here and its use in build.go.
 var parts = []struct {
-	encode func(Rule) []expr.Any
-	decode func(d *decoder, r *Rule) bool // false: the expressions are not this part's
+	encode func(r Rule, out []expr.Any) []expr.Any // appends the part's expressions to out
+	decode func(d *decoder, r *Rule) bool          // false: the expressions are not this part's
 	render func(Rule) string
 }{
 	{ // fib daddr type != local; fib's address type is a host-endian u32 (RTN_LOCAL is 2)
-		encode: func(r Rule) []expr.Any {
+		encode: func(r Rule, out []expr.Any) []expr.Any {
 			if !r.NotLocal {
-				return nil
+				return out
 			}
-			return []expr.Any{&fibDaddrType, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)}}
+			return append(out, &fibDaddrType, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			f, ok := d.peek().(*expr.Fib)
@@ -42,12 +42,12 @@ var parts = []struct {
 		render: func(r Rule) string { return cond(r.NotLocal, "fib daddr type != local") },
 	},
 	{ // meta nfproto ipv4|ipv6; nft folds it into "ip daddr @set" when a lookup follows
-		encode: func(r Rule) []expr.Any {
+		encode: func(r Rule, out []expr.Any) []expr.Any {
 			if r.Family == 0 {
-				return nil
+				return out
 			}
-			return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{nfproto(r.Family)}}}
+			return append(out, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{nfproto(r.Family)}})
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			m, ok := d.peek().(*expr.Meta)
@@ -68,12 +68,12 @@ var parts = []struct {
 		},
 	},
 	{ // ip daddr @set / ip6 daddr @set
-		encode: func(r Rule) []expr.Any {
+		encode: func(r Rule, out []expr.Any) []expr.Any {
 			if r.DaddrSet == "" {
-				return nil
+				return out
 			}
 			p := daddr(r.Family)
-			return []expr.Any{&p, &expr.Lookup{SourceRegister: 1, SetName: r.DaddrSet}}
+			return append(out, &p, &expr.Lookup{SourceRegister: 1, SetName: r.DaddrSet})
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			p, ok := d.peek().(*expr.Payload)
@@ -94,11 +94,11 @@ var parts = []struct {
 		},
 	},
 	{ // meta l4proto tcp|udp|sctp
-		encode: func(r Rule) []expr.Any {
+		encode: func(r Rule, out []expr.Any) []expr.Any {
 			if r.L4Proto == 0 {
-				return nil
+				return out
 			}
-			return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{r.L4Proto}}}
+			return append(out, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{r.L4Proto}})
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			m, ok := d.peek().(*expr.Meta)
@@ -118,12 +118,12 @@ var parts = []struct {
 	},
 	{ // numgen random mod Of < Below; numgen yields a host-endian u32 and cmp
 		// lt compares bytes, so it is converted to network order first, as nft does
-		encode: func(r Rule) []expr.Any {
+		encode: func(r Rule, out []expr.Any) []expr.Any {
 			if r.Share == nil {
-				return nil
+				return out
 			}
-			return []expr.Any{&expr.Numgen{Register: 1, Modulus: r.Share.Of, Type: unix.NFT_NG_RANDOM}, &hton32,
-				&expr.Cmp{Op: expr.CmpOpLt, Register: 1, Data: binaryutil.BigEndian.PutUint32(r.Share.Below)}}
+			return append(out, &expr.Numgen{Register: 1, Modulus: r.Share.Of, Type: unix.NFT_NG_RANDOM}, &hton32,
+				&expr.Cmp{Op: expr.CmpOpLt, Register: 1, Data: binaryutil.BigEndian.PutUint32(r.Share.Below)})
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			n, ok := d.peek().(*expr.Numgen)
@@ -153,11 +153,11 @@ var parts = []struct {
 	},
 	{ // ct label set BIT: the label bitmap (128 bits, the kernel's unsigned
 		// longs) in register 1, then ct set label; the kernel ORs it in
-		encode: func(r Rule) []expr.Any {
+		encode: func(r Rule, out []expr.Any) []expr.Any {
 			if r.CtLabel == nil {
-				return nil
+				return out
 			}
-			return []expr.Any{&expr.Immediate{Register: 1, Data: LabelBits(int(*r.CtLabel))}, &ctSetLabel}
+			return append(out, &expr.Immediate{Register: 1, Data: LabelBits(int(*r.CtLabel))}, &ctSetLabel)
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			im, ok := d.peek().(*expr.Immediate)
@@ -187,7 +187,7 @@ var parts = []struct {
 		},
 	},
 	{ // counter: every rule of the agent's has one
-		encode: func(Rule) []expr.Any { return []expr.Any{&expr.Counter{}} },
+		encode: func(_ Rule, out []expr.Any) []expr.Any { return append(out, &expr.Counter{}) },
 		decode: func(d *decoder, _ *Rule) bool {
 			_, ok := d.peek().(*expr.Counter)
 			d.i++
@@ -196,11 +196,11 @@ var parts = []struct {
 		render: func(Rule) string { return "counter" },
 	},
 	{ // return, jump CHAIN, goto CHAIN
-		encode: func(r Rule) []expr.Any {
-			if v := verdictOf(r.Verdict); v != nil {
-				return []expr.Any{&expr.Verdict{Kind: v.kind, Chain: cond(v.chain, r.Target)}}
+		encode: func(r Rule, out []expr.Any) []expr.Any {
+			if v := modelVerdict(r.Verdict); v != nil {
+				return append(out, &expr.Verdict{Kind: v.kind, Chain: cond(v.chain, r.Target)})
 			}
-			return nil
+			return out
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			e, ok := d.peek().(*expr.Verdict)
@@ -208,33 +208,32 @@ var parts = []struct {
 				return true // masquerade, or not the agent's: the end decides
 			}
 			d.i++
-			for _, v := range verdicts {
-				if v.kind == e.Kind && v.model != 0 {
-					r.Verdict, r.Target = v.model, cond(v.chain, e.Chain)
-					return true
-				}
+			v := verdictByKind(e.Kind)
+			if v == nil || v.model == 0 {
+				return false
 			}
-			return false
+			r.Verdict, r.Target = v.model, cond(v.chain, e.Chain)
+			return true
 		},
 		render: func(r Rule) string {
-			if v := verdictOf(r.Verdict); v != nil {
+			if v := modelVerdict(r.Verdict); v != nil {
 				return v.name + cond(v.chain, " "+r.Target)
 			}
 			return ""
 		},
 	},
 	{ // masquerade [to :First-Last] [fully-random]: the port range in registers 1 and 2
-		encode: func(r Rule) []expr.Any {
+		encode: func(r Rule, out []expr.Any) []expr.Any {
 			if r.Verdict != Masquerade {
-				return nil
+				return out
 			}
 			m := &expr.Masq{FullyRandom: r.FullyRandom}
 			if r.Ports == nil {
-				return []expr.Any{m}
+				return append(out, m)
 			}
 			m.ToPorts, m.RegProtoMin, m.RegProtoMax = true, 1, 2
-			return []expr.Any{&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(r.Ports.First)},
-				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(r.Ports.Last)}, m}
+			return append(out, &expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(r.Ports.First)},
+				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(r.Ports.Last)}, m)
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			if r.Verdict != 0 {
@@ -288,11 +287,11 @@ var verdicts = []nftVerdict{
 }
 
 // verdictMasquerade is how nft writes masquerade, and the name of the
-// verdict of a rule that masquerades (ruleVerdict).
+// verdict of a rule that masquerades (verdictOf).
 const verdictMasquerade = "masquerade"
 
-// verdictOf returns the entry of verdicts for a Rule's Verdict, or nil.
-func verdictOf(v Verdict) *nftVerdict {
+// modelVerdict returns the entry of verdicts for a Rule's Verdict, or nil.
+func modelVerdict(v Verdict) *nftVerdict {
 	for i := range verdicts {
 		if verdicts[i].model == v && v != 0 {
 			return &verdicts[i]
@@ -303,12 +302,21 @@ func verdictOf(v Verdict) *nftVerdict {
 
 // verdictName writes a verdict as nft does: "return", "jump CHAIN", ...
 func verdictName(e *expr.Verdict) string {
-	for _, v := range verdicts {
-		if v.kind == e.Kind {
-			return v.name + cond(v.chain, " "+e.Chain)
-		}
+	if v := verdictByKind(e.Kind); v != nil {
+		return v.name + cond(v.chain, " "+e.Chain)
 	}
 	return fmt.Sprintf("verdict %d", e.Kind)
+}
+
+// verdictByKind returns the entry of verdicts of a kind; nil for the
+// kinds nft does not write (continue, break).
+func verdictByKind(k expr.VerdictKind) *nftVerdict {
+	for i := range verdicts {
+		if verdicts[i].kind == k {
+			return &verdicts[i]
+		}
+	}
+	return nil
 }
 
 // labelBytes is the size of a conntrack label bitmap (XT_CONNLABEL_MAXBIT + 1 bits).
@@ -400,9 +408,9 @@ func (r Rule) expressions() []expr.Any {
 	if r.exprs != nil {
 		return r.exprs
 	}
-	var out []expr.Any
+	out := make([]expr.Any, 0, 8)
 	for _, p := range parts {
-		out = append(out, p.encode(r)...)
+		out = p.encode(r, out)
 	}
 	return out
 }

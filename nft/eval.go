@@ -1,0 +1,474 @@
+package nft
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
+	"go4.org/netipx"
+	"golang.org/x/sys/unix"
+)
+
+// One evaluator of what rules do with a new connection from a pod to one
+// destination, as the kernel evaluates them, expression by expression:
+// Decide is it without reasons (the conntrack cleanup), Explain and
+// ExplainTable are it with reasons (explain.go), and EvalRule offers it
+// for one rule of any table (the original agent's iptables-nft rules).
+
+// evaluation is what a table does with a new connection to one address.
+type evaluation struct {
+	handled bool   // the table's decision chain has a rule for the address's family (Decide's handled)
+	dormant bool   // the table is switched off: it decides nothing
+	noBase  bool   // no chain is hooked at nat postrouting
+	base    string // the last base chain evaluated
+	result         // what decided: of the base chain that masqueraded, dropped or was undetermined, else the last that matched a rule
+}
+
+// evaluate runs the table's base chains hooked at nat postrouting in
+// priority order, as the kernel does, on a new connection to addr (local:
+// one of the node's own addresses). Without reasons it records no steps
+// or rule texts, and evaluates nothing for an address it does not handle.
+func (t *Table) evaluate(addr netip.Addr, local, reasons bool) evaluation {
+	addr = addr.Unmap()
+	var ev evaluation
+	ev.handled = t.handles(addr)
+	if (!ev.handled && !reasons) || t.Dormant {
+		ev.dormant = t.Dormant
+		return ev
+	}
+	bases := t.natPostrouting()
+	if len(bases) == 0 {
+		ev.noBase = true
+		return ev
+	}
+	e := &evaluator{t: t, addr: addr, local: local, quiet: !reasons}
+	for _, b := range bases {
+		res := e.chain(b, 0, nil)
+		ev.base = b.Name
+		if res.outcome == outReturn && b.Hook.Policy == "drop" {
+			res.outcome = outDrop
+			if reasons {
+				res.why = fmt.Sprintf("no rule of chain %s decided, and its policy is drop", b.Name)
+			}
+		}
+		switch res.outcome {
+		case outMasquerade, outUndetermined, outDrop:
+			ev.result = res
+			return ev
+		}
+		// accept or return: the next base chain decides
+		if len(res.steps) > 0 || len(ev.steps) == 0 {
+			ev.result = res
+		}
+	}
+	return ev
+}
+
+// handles reports whether the table's decision chain has a rule for
+// addr's family (or a foreign rule, which may be for any family): without
+// one (IPv6 without --enable-ipv6, or no table) the agent leaves addr's
+// connections alone.
+func (t *Table) handles(addr netip.Addr) bool {
+	c := t.DecisionChain()
+	if c == nil {
+		return false
+	}
+	fam := familyOf(addr)
+	for _, r := range c.Rules {
+		if r.Foreign != "" || r.Family == 0 || r.Family == fam {
+			return true
+		}
+	}
+	return false
+}
+
+func familyOf(addr netip.Addr) Family {
+	if addr.Is6() {
+		return 6
+	}
+	return 4
+}
+
+// Decide says what the table does with a new connection from a pod to
+// addr, as the kernel evaluates it: masquerade or not, and whether the
+// table handles addr's family at all (IPv6 without --enable-ipv6 is not;
+// neither is anything when there is no table). It is for the conntrack
+// cleanup, which asks it of the wanted table and of the table the kernel
+// held before: the base chains hooked at nat postrouting in priority
+// order (with their policy), the jumps, the rules, foreign ones included,
+// a dormant table (which decides nothing), as ExplainTable evaluates them
+// without the reasons; sets are looked up by binary search. A destination
+// whose outcome is undetermined (a foreign rule matches on more than the
+// destination) is not handled: the cleanup then keeps its entries.
+func (t Table) Decide(addr netip.Addr) (masquerade, handled bool) {
+	return t.decide(addr)
+}
+
+// Decider returns Decide for many addresses: the rules' expressions are
+// encoded once (a table read back has them already).
+func (t Table) Decider() func(netip.Addr) (masquerade, handled bool) {
+	c := t.Clone()
+	for i := range c.Chains {
+		for j := range c.Chains[i].Rules {
+			r := &c.Chains[i].Rules[j]
+			r.exprs = r.expressions()
+		}
+	}
+	return c.decide
+}
+
+func (t *Table) decide(addr netip.Addr) (masquerade, handled bool) {
+	ev := t.evaluate(addr, false, false)
+	if ev.outcome == outUndetermined {
+		return false, false
+	}
+	return ev.outcome == outMasquerade, ev.handled
+}
+
+// Match says whether a rule's matches hold for a connection.
+type Match uint8
+
+const (
+	MatchYes Match = iota
+	MatchNo
+	MatchUnknown // the rule matches on more than the destination and its address type
+)
+
+// The names iptables.go (the original agent's rules) uses until it moves
+// to package original/, where it calls EvalRule.
+type match = Match
+
+const (
+	matchYes     = MatchYes
+	matchNo      = MatchNo
+	matchUnknown = MatchUnknown
+)
+
+// EvalRule evaluates one rule's expressions, of any table (the original
+// agent's iptables-nft rules included), on a new connection from a pod to
+// addr (local: one of the node's own addresses), as the evaluator of
+// Decide and ExplainTable does: whether its matches hold (set lookups are
+// unknown), and its verdict as verdictOf names it.
+func EvalRule(exprs []expr.Any, addr netip.Addr, local bool) (Match, string) {
+	m, _ := (&evaluator{addr: addr.Unmap(), local: local}).matchExprs(exprs)
+	v, _ := verdictOf(exprs)
+	return m, v
+}
+
+// natPostrouting returns the base chains hooked at nat postrouting, in
+// the order the kernel runs them (by priority).
+func (t *Table) natPostrouting() []*Chain {
+	var bases []*Chain
+	for i := range t.Chains {
+		if h := t.Chains[i].Hook; h != nil && h.Type == "nat" && h.Hook == "postrouting" {
+			bases = append(bases, &t.Chains[i])
+		}
+	}
+	sort.SliceStable(bases, func(i, j int) bool { return bases[i].Hook.Priority < bases[j].Hook.Priority })
+	return bases
+}
+
+type outcome uint8
+
+const (
+	outReturn outcome = iota // fell off or returned: not decided here
+	outMasquerade
+	outAccept
+	outDrop
+	outUndetermined
+)
+
+type result struct {
+	outcome outcome
+	steps   []step // the rules that matched with a verdict, outermost first
+	why     string // for outUndetermined, and a drop by policy
+}
+
+// step is a rule that matched on the way.
+type step struct {
+	chain   string
+	index   int // 1-based
+	text    string
+	set     string         // the set a lookup matched in, if any
+	element netipx.IPRange // the element it matched
+	verdict string
+}
+
+type evaluator struct {
+	t     *Table
+	addr  netip.Addr
+	local bool
+	quiet bool // no rule texts, no steps (Decide)
+
+	regs      map[uint32][]byte // reused by match
+	addrBytes []byte
+	daddr     addrField // the address's field in its family's header
+	nfproto   []byte
+}
+
+const maxDepth = 16 // nft refuses deeper jumps too
+
+// chain walks c's rules as the kernel does; path holds the steps that led
+// to c.
+func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
+	if depth > maxDepth {
+		return result{outcome: outUndetermined, steps: path, why: fmt.Sprintf("jumps nest deeper than %d", maxDepth)}
+	}
+	var maybeMasq []step // rules that masquerade for some packets only
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		exprs := r.expressions()
+		m, s := ev.matchExprs(exprs)
+		var target string
+		s.chain, s.index = c.Name, i+1
+		s.verdict, target = verdictOf(exprs)
+		if !ev.quiet {
+			s.text = RenderRule(*r)
+		}
+		switch {
+		case m == MatchNo || s.verdict == "":
+			continue
+		case m == MatchUnknown && s.verdict == verdictMasquerade:
+			maybeMasq = append(maybeMasq, s)
+			continue
+		case m == MatchUnknown:
+			return result{outcome: outUndetermined, steps: append(path, s),
+				why: fmt.Sprintf("rule %d of chain %s matches on more than the destination", s.index, c.Name)}
+		}
+		var steps []step
+		if !ev.quiet {
+			steps = append(slices.Clone(path), s)
+		}
+		var res result
+		switch s.verdict {
+		case verdictMasquerade:
+			res = result{outcome: outMasquerade, steps: steps}
+		case "accept":
+			res = result{outcome: outAccept, steps: steps}
+		case "drop":
+			res = result{outcome: outDrop, steps: steps}
+		case "return":
+			res = result{outcome: outReturn, steps: steps}
+		default: // jump or goto
+			if !strings.HasPrefix(s.verdict, "jump ") && !strings.HasPrefix(s.verdict, "goto ") { // -j TARGET
+				return result{outcome: outUndetermined, steps: steps,
+					why: fmt.Sprintf("rule %d of chain %s: %s", s.index, c.Name, s.verdict)}
+			}
+			next := ev.t.Chain(target)
+			if next == nil {
+				return result{outcome: outUndetermined, steps: steps, why: "a jump to a missing chain"}
+			}
+			res = ev.chain(next, depth+1, steps)
+			if res.outcome == outReturn && strings.HasPrefix(s.verdict, "jump") {
+				path = res.steps // back from the jump: go on with the next rule
+				continue
+			}
+		}
+		return settle(res, maybeMasq)
+	}
+	return settle(result{outcome: outReturn, steps: path}, maybeMasq)
+}
+
+// settle turns an outcome other than masquerade into undetermined when a
+// rule on the way masquerades some packets.
+func settle(r result, maybeMasq []step) result {
+	if len(maybeMasq) == 0 || r.outcome == outMasquerade || r.outcome == outUndetermined {
+		return r
+	}
+	s := maybeMasq[0]
+	return result{outcome: outUndetermined, steps: append(r.steps, s),
+		why: fmt.Sprintf("rule %d of chain %s masquerades some packets to this destination", s.index, s.chain)}
+}
+
+// match is matchExprs of a rule's expressions.
+func (ev *evaluator) match(r Rule) (Match, step) { return ev.matchExprs(r.expressions()) }
+
+// matchExprs evaluates a rule's expressions up to its verdict on a packet
+// to ev.addr. The step it returns records the set element a lookup matched.
+func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
+	var s step
+	if ev.regs == nil {
+		ev.regs, ev.addrBytes = map[uint32][]byte{}, ev.addr.AsSlice()
+		ev.daddr, ev.nfproto = daddrField(familyOf(ev.addr)), []byte{nfproto(familyOf(ev.addr))}
+	}
+	regs := ev.regs // a missing register is unknown
+	clear(regs)
+	unknown := false
+	for _, e := range exprs {
+		switch e := e.(type) {
+		case *expr.Meta:
+			delete(regs, e.Register)
+			if e.Key == expr.MetaKeyNFPROTO && !e.SourceRegister {
+				regs[e.Register] = ev.nfproto
+			}
+		case *expr.Payload:
+			// The destination address, or part of it (iptables-nft loads
+			// only the bytes a prefix covers).
+			delete(regs, e.DestRegister)
+			addr, daddr := ev.addrBytes, int(ev.daddr.offset)
+			if off := int(e.Offset) - daddr; e.OperationType == expr.PayloadLoad && e.Base == expr.PayloadBaseNetworkHeader &&
+				off >= 0 && off+int(e.Len) <= len(addr) {
+				regs[e.DestRegister] = addr[off : off+int(e.Len)]
+			}
+		case *expr.Match: // iptables-nft's xt matches
+			switch i := e.Info.(type) {
+			case *xt.Comment:
+			case *xt.AddrTypeV1:
+				// Only the destination's LOCAL (or not): a pod's
+				// destination is local or unicast.
+				if i.Source != 0 || i.Flags&^0x2 != 0 || i.Dest&^uint16(xt.AddrTypeLocal) != 0 {
+					unknown = true
+					continue
+				}
+				if is := ev.local != (i.Flags&0x2 != 0); !is {
+					return MatchNo, s
+				}
+			default:
+				unknown = true
+			}
+		case *expr.Fib:
+			delete(regs, e.Register)
+			if e.FlagDADDR && e.ResultADDRTYPE && !e.FlagSADDR && !e.FlagIIF && !e.FlagOIF && !e.FlagMARK {
+				typ := uint32(unix.RTN_UNICAST)
+				if ev.local {
+					typ = unix.RTN_LOCAL
+				}
+				regs[e.Register] = rtnType[typ]
+			}
+		case *expr.Bitwise:
+			v, ok := regs[e.SourceRegister]
+			delete(regs, e.DestRegister)
+			if ok && len(e.Mask) == len(v) && len(e.Xor) == len(v) {
+				out := make([]byte, len(v))
+				for i := range v {
+					out[i] = v[i]&e.Mask[i] ^ e.Xor[i]
+				}
+				regs[e.DestRegister] = out
+			}
+		case *expr.Immediate:
+			regs[e.Register] = e.Data
+		case *expr.Cmp:
+			v, ok := regs[e.Register]
+			if !ok || len(v) != len(e.Data) {
+				unknown = true
+				continue
+			}
+			c := bytes.Compare(v, e.Data)
+			if !cmpHolds(e.Op, c) {
+				return MatchNo, s
+			}
+		case *expr.Range:
+			v, ok := regs[e.Register]
+			if !ok || len(v) != len(e.FromData) {
+				unknown = true
+				continue
+			}
+			in := bytes.Compare(v, e.FromData) >= 0 && bytes.Compare(v, e.ToData) <= 0
+			if in != (e.Op == expr.CmpOpEq) {
+				return MatchNo, s
+			}
+		case *expr.Lookup:
+			v, ok := regs[e.SourceRegister]
+			set := ev.t.Set(e.SetName)
+			a, isAddr := netip.AddrFromSlice(v)
+			if !ok || set == nil || e.IsDestRegSet || !isAddr {
+				unknown = true
+				continue
+			}
+			elem, found := lookup(set.Elements, a)
+			if found == e.Invert {
+				return MatchNo, s
+			}
+			if found {
+				s.set, s.element = set.Name, elem
+			}
+		case *expr.Counter, *expr.Verdict, *expr.Masq, *expr.NAT, *expr.Target:
+			// statements: no match
+		default:
+			// numgen, ct, limit, ...: what they load or match is unknown
+			if d, ok := destRegister(e); ok {
+				delete(regs, d)
+			} else {
+				unknown = true
+			}
+		}
+	}
+	if unknown {
+		return MatchUnknown, s
+	}
+	return MatchYes, s
+}
+
+// rtnType is fib's address type results as registers hold them.
+var rtnType = map[uint32][]byte{
+	unix.RTN_UNICAST: binaryutil.NativeEndian.PutUint32(unix.RTN_UNICAST),
+	unix.RTN_LOCAL:   binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL),
+}
+
+// cmpHolds says whether a cmp with op holds for a comparison result c.
+func cmpHolds(op expr.CmpOp, c int) bool {
+	switch op {
+	case expr.CmpOpEq:
+		return c == 0
+	case expr.CmpOpNeq:
+		return c != 0
+	case expr.CmpOpLt:
+		return c < 0
+	case expr.CmpOpLte:
+		return c <= 0
+	case expr.CmpOpGt:
+		return c > 0
+	case expr.CmpOpGte:
+		return c >= 0
+	}
+	return false
+}
+
+// destRegister returns the register an expression loads, for the
+// expressions that only load.
+func destRegister(e expr.Any) (uint32, bool) {
+	switch e := e.(type) {
+	case *expr.Numgen:
+		return e.Register, true
+	case *expr.Ct:
+		return e.Register, true
+	case *expr.Byteorder:
+		return e.DestRegister, true
+	}
+	return 0, false
+}
+
+// verdictOf is the verdict of a rule's expressions: "masquerade",
+// "accept", "drop", "return", "jump CHAIN", "goto CHAIN", "-j TARGET" (an
+// xtables target of iptables-nft's other than MASQUERADE), or "" for a
+// rule without one; and the chain it jumps or goes to.
+func verdictOf(exprs []expr.Any) (verdict, chain string) {
+	for _, e := range exprs {
+		switch e := e.(type) {
+		case *expr.Masq, *expr.NAT:
+			return verdictMasquerade, ""
+		case *expr.Verdict:
+			if v := verdictByKind(e.Kind); v != nil {
+				return verdictName(e), cond(v.chain, e.Chain)
+			}
+		case *expr.Target:
+			if e.Name == "MASQUERADE" {
+				return verdictMasquerade, ""
+			}
+			return "-j " + e.Name, ""
+		}
+	}
+	return "", ""
+}
+
+// target is the chain a rule jumps or goes to.
+func (r Rule) target() string {
+	_, chain := verdictOf(r.expressions())
+	return chain
+}
