@@ -1,0 +1,87 @@
+package nft
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+)
+
+// ExplainTable and Decide are one evaluator: where Decide says a table
+// masquerades nothing (a dormant table, a base chain whose policy drops
+// what no rule decided), ExplainTable says so too, and why.
+func TestExplainTableAgreesWithDecide(t *testing.T) {
+	want := Build(config.Default(config.Flags{}), Options{Chain: DefaultChain, RandomFully: true})
+	ext := netip.MustParseAddr("203.0.113.10")
+	for _, tc := range []struct {
+		name   string
+		change func(*Table)
+		masq   bool
+		reason string
+	}{
+		{"as built", func(*Table) {}, true, "chain IP-MASQ-AGENT rule 3"},
+		{"dormant", func(t *Table) { t.Dormant = true }, false, "the table is dormant (flags dormant): it masquerades nothing"},
+		{"jump deleted, policy drop", func(t *Table) {
+			c := t.Chain(BaseChainName)
+			h := *c.Hook
+			h.Policy, c.Hook, c.Rules = "drop", &h, nil
+		}, false, "dropped: no rule of chain postrouting decided, and its policy is drop"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			found := want.Clone()
+			tc.change(found)
+			masq, _ := found.Decide(ext)
+			e := ExplainTable(found, ext, nil)
+			if e.Masquerade != masq || e.Masquerade != tc.masq || e.Undetermined || e.Reason != tc.reason {
+				t.Errorf("ExplainTable: %s %q; Decide: masquerade %v; want %v %q", e.Verdict(), e.Reason, masq, tc.masq, tc.reason)
+			}
+		})
+	}
+}
+
+// EvalRule evaluates a rule of any table, as iptables-nft writes them
+// (xtables matches and targets, prefixes as partial loads), on a
+// destination and whether it is local.
+func TestEvalRule(t *testing.T) {
+	jump := []expr.Any{ // -m addrtype ! --dst-type LOCAL -j IP-MASQ
+		&expr.Match{Name: "addrtype", Rev: 1, Info: &xt.AddrTypeV1{Dest: uint16(xt.AddrTypeLocal), Flags: 0x2}},
+		&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: "IP-MASQ"},
+	}
+	ret := []expr.Any{ // -d 10.0.0.0/8 -j RETURN
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{10}},
+		&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictReturn},
+	}
+	masq := []expr.Any{&expr.Counter{}, &expr.Target{Name: "MASQUERADE", Info: &xt.NatRange{}}}
+	mark := []expr.Any{ // -m mark --mark 1 -j ACCEPT, as nft encodes it
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1, 0, 0, 0}},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}
+	snat := []expr.Any{&expr.Target{Name: "SNAT"}}
+	for _, tc := range []struct {
+		name    string
+		exprs   []expr.Any
+		addr    string
+		local   bool
+		match   Match
+		verdict string
+	}{
+		{"jump, remote", jump, "203.0.113.1", false, MatchYes, "jump IP-MASQ"},
+		{"jump, local", jump, "203.0.113.1", true, MatchNo, "jump IP-MASQ"},
+		{"prefix, in", ret, "10.1.2.3", false, MatchYes, "return"},
+		{"prefix, mapped", ret, "::ffff:10.1.2.3", false, MatchYes, "return"},
+		{"prefix, out", ret, "11.1.2.3", false, MatchNo, "return"},
+		{"masquerade target", masq, "203.0.113.1", false, MatchYes, "masquerade"},
+		{"packet mark", mark, "203.0.113.1", false, MatchUnknown, "accept"},
+		{"other target", snat, "203.0.113.1", false, MatchYes, "-j SNAT"},
+	} {
+		m, v := EvalRule(tc.exprs, netip.MustParseAddr(tc.addr), tc.local)
+		if m != tc.match || v != tc.verdict {
+			t.Errorf("%s: EvalRule = %d %q, want %d %q", tc.name, m, v, tc.match, tc.verdict)
+		}
+	}
+}
