@@ -2,6 +2,7 @@ package nft
 
 import (
 	"net/netip"
+	"reflect"
 	"testing"
 
 	"github.com/google/nftables/expr"
@@ -62,6 +63,11 @@ func TestEvalRule(t *testing.T) {
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	}
 	snat := []expr.Any{&expr.Target{Name: "SNAT"}}
+	ret6 := []expr.Any{ // ip6 daddr 2001:db8::/32 return, as nft encodes it
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 24, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x20, 0x01, 0x0d, 0xb8}},
+		&expr.Verdict{Kind: expr.VerdictReturn},
+	}
 	for _, tc := range []struct {
 		name    string
 		exprs   []expr.Any
@@ -77,11 +83,43 @@ func TestEvalRule(t *testing.T) {
 		{"prefix, out", ret, "11.1.2.3", false, MatchNo, "return"},
 		{"masquerade target", masq, "203.0.113.1", false, MatchYes, "masquerade"},
 		{"packet mark", mark, "203.0.113.1", false, MatchUnknown, "accept"},
+		{"IPv6 prefix, in", ret6, "2001:db8::1", false, MatchYes, "return"},
+		{"IPv6 prefix, out", ret6, "2001:db9::1", false, MatchNo, "return"},
 		{"other target", snat, "203.0.113.1", false, MatchYes, "-j SNAT"},
 	} {
 		m, v := EvalRule(tc.exprs, netip.MustParseAddr(tc.addr), tc.local)
 		if m != tc.match || v != tc.verdict {
 			t.Errorf("%s: EvalRule = %d %q, want %d %q", tc.name, m, v, tc.match, tc.verdict)
+		}
+	}
+}
+
+// Rule.equal compares every field but the counter's values and the
+// kernel's expressions: a field added to Rule is compared without a line
+// of its own.
+func TestRuleEqualEveryField(t *testing.T) {
+	typ := reflect.TypeOf(Rule{})
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		var a, b Rule
+		v := reflect.ValueOf(&b).Elem().Field(i)
+		if !v.CanSet() { // exprs
+			continue
+		}
+		switch v.Kind() {
+		case reflect.Bool:
+			v.SetBool(true)
+		case reflect.String:
+			v.SetString("x")
+		case reflect.Uint8, reflect.Uint64:
+			v.SetUint(1)
+		case reflect.Pointer:
+			v.Set(reflect.New(f.Type.Elem()))
+		default:
+			t.Fatalf("field %s of kind %s: teach this test to set it", f.Name, v.Kind())
+		}
+		if counter := f.Name == "Packets" || f.Name == "Bytes"; a.equal(b) != counter {
+			t.Errorf("a rule that differs in %s: equal %v", f.Name, a.equal(b))
 		}
 	}
 }
