@@ -200,3 +200,26 @@ func TestMasqueradeShares(t *testing.T) {
 		t.Errorf("last rule %q should masquerade every other protocol without ports", RenderRule(last))
 	}
 }
+
+// AgentSet names Build's sets by what their rules do: the set a goto to
+// the masquerade chain looks up holds masqueradeCIDRs, the set a return
+// looks up nonMasqueradeCIDRs; no other name is the agent's.
+func TestAgentSet(t *testing.T) {
+	tbl := Build(config.Default(config.Flags{EnableIPv6: true}), Options{Chain: DefaultChain, EnableIPv6: true})
+	n := 0
+	for _, r := range tbl.DecisionChain().Rules {
+		if r.DaddrSet == "" {
+			continue
+		}
+		n++
+		if masq, ok := AgentSet(r.DaddrSet); !ok || masq != (r.Verdict == Goto) {
+			t.Errorf("AgentSet(%s) = %v %v, for a rule %s", r.DaddrSet, masq, ok, RenderRule(r))
+		}
+	}
+	if n != len(tbl.Sets) {
+		t.Errorf("%d rules look up the %d sets", n, len(tbl.Sets))
+	}
+	if _, ok := AgentSet("other"); ok {
+		t.Error(`AgentSet("other") is the agent's`)
+	}
+}
