@@ -18,8 +18,9 @@ import (
 // One evaluator of what rules do with a new connection from a pod to one
 // destination, as the kernel evaluates them, expression by expression:
 // Decide is it without reasons (the conntrack cleanup), Explain and
-// ExplainTable are it with reasons (explain.go), and EvalRule offers it
-// for one rule of any table (the original agent's iptables-nft rules).
+// ExplainTable are it with reasons (explain.go), and MatchExprs and
+// RuleVerdict offer it for one rule of any table (the original agent's
+// iptables-nft rules, package original).
 
 // evaluation is what a table does with a new connection to one address.
 type evaluation struct {
@@ -140,25 +141,23 @@ const (
 	MatchUnknown // the rule matches on more than the destination and its address type
 )
 
-// The names iptables.go (the original agent's rules) uses until it moves
-// to package original/, where it calls EvalRule.
-type match = Match
-
-const (
-	matchYes     = MatchYes
-	matchNo      = MatchNo
-	matchUnknown = MatchUnknown
-)
-
-// EvalRule evaluates one rule's expressions, of any table (the original
-// agent's iptables-nft rules included), on a new connection from a pod to
-// addr (local: one of the node's own addresses), as the evaluator of
-// Decide and ExplainTable does: whether its matches hold (set lookups are
-// unknown), and its verdict as verdictOf names it.
-func EvalRule(exprs []expr.Any, addr netip.Addr, local bool) (Match, string) {
+// MatchExprs evaluates the expressions of a rule of any table (the
+// original agent's iptables-nft rules, say) on a new connection from a pod
+// to addr (local: one of the node's own addresses), with the evaluator of
+// Decide and ExplainTable: whether its matches hold (set lookups are
+// unknown). RuleVerdict says what the rule then does.
+func MatchExprs(exprs []expr.Any, addr netip.Addr, local bool) Match {
 	m, _ := (&evaluator{addr: addr.Unmap(), local: local}).matchExprs(exprs)
+	return m
+}
+
+// RuleVerdict is the verdict of a rule's expressions, as the evaluator
+// takes it: "masquerade", "accept", "drop", "return", "jump CHAIN",
+// "goto CHAIN", "-j TARGET" (an xtables target of iptables-nft's other
+// than MASQUERADE), or "" for a rule without one.
+func RuleVerdict(exprs []expr.Any) string {
 	v, _ := verdictOf(exprs)
-	return m, v
+	return v
 }
 
 // natPostrouting returns the base chains hooked at nat postrouting, in
@@ -295,7 +294,7 @@ func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
 	var s step
 	if ev.regs == nil {
 		ev.regs, ev.addrBytes = map[uint32][]byte{}, ev.addr.AsSlice()
-		ev.daddr, ev.nfproto = daddrField(familyOf(ev.addr)), []byte{nfproto(familyOf(ev.addr))}
+		ev.daddr, ev.nfproto = daddrField(familyOf(ev.addr)), []byte{NFProto(familyOf(ev.addr))}
 	}
 	regs := ev.regs // a missing register is unknown
 	clear(regs)
@@ -444,10 +443,7 @@ func destRegister(e expr.Any) (uint32, bool) {
 	return 0, false
 }
 
-// verdictOf is the verdict of a rule's expressions: "masquerade",
-// "accept", "drop", "return", "jump CHAIN", "goto CHAIN", "-j TARGET" (an
-// xtables target of iptables-nft's other than MASQUERADE), or "" for a
-// rule without one; and the chain it jumps or goes to.
+// verdictOf is RuleVerdict, and the chain the rule jumps or goes to.
 func verdictOf(exprs []expr.Any) (verdict, chain string) {
 	for _, e := range exprs {
 		switch e := e.(type) {
@@ -455,7 +451,7 @@ func verdictOf(exprs []expr.Any) (verdict, chain string) {
 			return verdictMasquerade, ""
 		case *expr.Verdict:
 			if v := verdictByKind(e.Kind); v != nil {
-				return verdictName(e), cond(v.chain, e.Chain)
+				return VerdictName(e), cond(v.chain, e.Chain)
 			}
 		case *expr.Target:
 			if e.Name == "MASQUERADE" {

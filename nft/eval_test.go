@@ -43,10 +43,10 @@ func TestExplainTableAgreesWithDecide(t *testing.T) {
 	}
 }
 
-// EvalRule evaluates a rule of any table, as iptables-nft writes them
+// MatchExprs and RuleVerdict evaluate a rule of any table, as iptables-nft writes them
 // (xtables matches and targets, prefixes as partial loads), on a
 // destination and whether it is local.
-func TestEvalRule(t *testing.T) {
+func TestMatchExprs(t *testing.T) {
 	jump := []expr.Any{ // -m addrtype ! --dst-type LOCAL -j IP-MASQ
 		&expr.Match{Name: "addrtype", Rev: 1, Info: &xt.AddrTypeV1{Dest: uint16(xt.AddrTypeLocal), Flags: 0x2}},
 		&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: "IP-MASQ"},
@@ -87,9 +87,9 @@ func TestEvalRule(t *testing.T) {
 		{"IPv6 prefix, out", ret6, "2001:db9::1", false, MatchNo, "return"},
 		{"other target", snat, "203.0.113.1", false, MatchYes, "-j SNAT"},
 	} {
-		m, v := EvalRule(tc.exprs, netip.MustParseAddr(tc.addr), tc.local)
+		m, v := MatchExprs(tc.exprs, netip.MustParseAddr(tc.addr), tc.local), RuleVerdict(tc.exprs)
 		if m != tc.match || v != tc.verdict {
-			t.Errorf("%s: EvalRule = %d %q, want %d %q", tc.name, m, v, tc.match, tc.verdict)
+			t.Errorf("%s: MatchExprs, RuleVerdict = %d %q, want %d %q", tc.name, m, v, tc.match, tc.verdict)
 		}
 	}
 }

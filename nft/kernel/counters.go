@@ -1,6 +1,10 @@
-package nft
+package kernel
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
 
 // RuleCounter is the kernel's counter of one decision rule.
 type RuleCounter struct {
@@ -40,7 +44,7 @@ func (n *Netlink) DecisionCounters(chain string) ([]RuleCounter, error) {
 		if r.Family == 6 {
 			rc.Family = "ipv6"
 		}
-		switch masq, ok := AgentSet(r.DaddrSet); {
+		switch masq, ok := nft.AgentSet(r.DaddrSet); {
 		case ok && masq:
 			rc.Reason = "cidrs"
 		case ok:
