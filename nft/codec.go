@@ -71,7 +71,7 @@ var parts = []struct {
 			if r.DaddrSet == "" {
 				return out
 			}
-			p := daddr(r.Family)
+			p := Daddr(r.Family)
 			return append(out, &p, &expr.Lookup{SourceRegister: 1, SetName: r.DaddrSet})
 		},
 		decode: func(d *decoder, r *Rule) bool {
@@ -81,7 +81,7 @@ var parts = []struct {
 			}
 			d.i++
 			l, ok := d.peek().(*expr.Lookup)
-			if r.Family == 0 || *p != daddr(r.Family) || !ok || l.SourceRegister != 1 || l.IsDestRegSet || l.Invert || l.SetName == "" {
+			if r.Family == 0 || *p != Daddr(r.Family) || !ok || l.SourceRegister != 1 || l.IsDestRegSet || l.Invert || l.SetName == "" {
 				return false
 			}
 			d.i++
@@ -372,7 +372,7 @@ type addrField struct {
 }
 
 // addrFields are the address fields of the network headers, as nft names
-// them and as payload expressions load them: the agent's rules (daddr),
+// them and as payload expressions load them: the agent's rules (Daddr),
 // the evaluator and the description of foreign rules take them from here.
 var addrFields = []addrField{
 	{"ip saddr", 4, 12, 4, 1},
@@ -389,8 +389,9 @@ func daddrField(f Family) addrField {
 	return addrFields[1]
 }
 
-// daddr loads the destination address of a family's network header.
-func daddr(f Family) expr.Payload {
+// Daddr loads the destination address of a family's network header into
+// register 1, as the agent's rules (and the kernel probe's) do.
+func Daddr(f Family) expr.Payload {
 	a := daddrField(f)
 	return expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: a.offset, Len: a.len}
 }

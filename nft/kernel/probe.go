@@ -48,7 +48,7 @@ var features = []feature{{
 }, {
 	what: "set lookups of the destination address", since: "3.13", module: "nf_tables",
 	add: func(cc *nftables.Conn, t *nftables.Table) {
-		p := expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4} // ip daddr
+		p := nft.Daddr(4)
 		cc.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: "c"}, Exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
 			&p, &expr.Lookup{SourceRegister: 1, SetName: "s"}}})
