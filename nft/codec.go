@@ -216,7 +216,7 @@ var parts = []struct {
 		},
 		render: func(r Rule) string {
 			if v := modelVerdict(r.Verdict); v != nil {
-				return v.name + cond(v.chain, " "+r.Target)
+				return v.text(r.Target)
 			}
 			return ""
 		},
@@ -275,6 +275,14 @@ type nftVerdict struct {
 	model Verdict // 0: the agent writes no such verdict
 }
 
+// text writes the verdict as nft does, with its chain.
+func (v *nftVerdict) text(chain string) string {
+	if v.chain {
+		return v.name + " " + chain
+	}
+	return v.name
+}
+
 // verdicts are the verdicts nft writes, by name; model is the Rule's
 // Verdict for the ones the agent writes.
 var verdicts = []nftVerdict{
@@ -303,7 +311,7 @@ func modelVerdict(v Verdict) *nftVerdict {
 // (DescribeExprs, RuleVerdict).
 func VerdictName(e *expr.Verdict) string {
 	if v := verdictByKind(e.Kind); v != nil {
-		return v.name + cond(v.chain, " "+e.Chain)
+		return v.text(e.Chain)
 	}
 	return fmt.Sprintf("verdict %d", e.Kind)
 }

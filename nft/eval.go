@@ -451,7 +451,7 @@ func verdictOf(exprs []expr.Any) (verdict, chain string) {
 			return verdictMasquerade, ""
 		case *expr.Verdict:
 			if v := verdictByKind(e.Kind); v != nil {
-				return VerdictName(e), cond(v.chain, e.Chain)
+				return v.text(e.Chain), cond(v.chain, e.Chain)
 			}
 		case *expr.Target:
 			if e.Name == "MASQUERADE" {
