@@ -8,11 +8,6 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
 
-var (
-	linkLocal4 = netip.MustParsePrefix("169.254.0.0/16")
-	linkLocal6 = netip.MustParsePrefix("fe80::/10") // RFC 4291
-)
-
 // Comments of the original agent's rules (and Baidu CCE's for
 // masqueradeCIDRs), so that operators recognise them in `nft list`.
 const (
@@ -35,8 +30,8 @@ func Build(c config.Config, o Options) Table {
 		want          bool
 	}
 	fams := [len(familySets)]family{ // familySets' order
-		{masq4, nonMasq4, linkLocal4, c.MasqLinkLocal, c.MasqOutBound, true},
-		{masq6, nonMasq6, linkLocal6, c.MasqLinkLocalIPv6, c.MasqOutBoundIPv6, o.EnableIPv6},
+		{masq4, nonMasq4, config.LinkLocalIPv4, c.MasqLinkLocal, c.MasqOutBound, true},
+		{masq6, nonMasq6, config.LinkLocalIPv6, c.MasqLinkLocalIPv6, c.MasqOutBoundIPv6, o.EnableIPv6},
 	}
 
 	// The hook: only traffic to non-local destinations is considered, as with
