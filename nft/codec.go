@@ -307,9 +307,9 @@ func modelVerdict(v Verdict) *nftVerdict {
 	return nil
 }
 
-// VerdictName writes a verdict as nft does: "return", "jump CHAIN", ...
+// verdictName writes a verdict as nft does: "return", "jump CHAIN", ...
 // (DescribeExprs, RuleVerdict).
-func VerdictName(e *expr.Verdict) string {
+func verdictName(e *expr.Verdict) string {
 	if v := verdictByKind(e.Kind); v != nil {
 		return v.text(e.Chain)
 	}

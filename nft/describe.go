@@ -102,7 +102,7 @@ func DescribeExprs(exprs []expr.Any) string {
 		case *expr.Counter:
 			w = append(w, "counter")
 		case *expr.Verdict:
-			w = append(w, VerdictName(e))
+			w = append(w, verdictName(e))
 		case *expr.Masq:
 			w = append(w, "masquerade")
 		case *expr.NAT:
