@@ -10,15 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
 	"net/netip"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -111,89 +108,6 @@ func writeList(b *strings.Builder, key string, ps []netip.Prefix) {
 	for _, p := range ps {
 		fmt.Fprintf(b, "  - %q\n", p.String()) // quoted: "::/0" is not a plain YAML scalar
 	}
-}
-
-// Load reads path; a missing file (or a path that does not exist) gives
-// Default(f) and a warning naming the path, an empty/whitespace-only file
-// gives Default(f). A ConfigMap manifest (kind: ConfigMap) is read as the
-// tools read it: the value of its data key "config" (or of the one key
-// named ip-masq...). Errors and warnings are prefixed with the path. It
-// follows symlinks, as Kubernetes mounts ConfigMap keys as symlinks through
-// "..data".
-func Load(path string, f Flags) (Config, []string, error) {
-	data, err := readFile(path)
-	return loadData(path, data, err, f)
-}
-
-// loadData is Load of what reading path gave.
-func loadData(path string, data []byte, err error, f Flags) (Config, []string, error) {
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
-		return Default(f), []string{path + ": " + MsgMissing}, nil
-	}
-	if err != nil {
-		return Config{}, nil, fmt.Errorf("%s: %w", path, err)
-	}
-	content, isManifest, err := FromManifest(data)
-	if err != nil {
-		return Config{}, nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if isManifest {
-		data = content
-	}
-	c, warns, err := Parse(data, f)
-	for i := range warns {
-		warns[i] = path + ": " + warns[i]
-	}
-	if err != nil {
-		return Config{}, warns, fmt.Errorf("%s: %w", path, err)
-	}
-	return c, warns, nil
-}
-
-// MsgMissing is the warning about a config file that does not exist.
-const MsgMissing = `does not exist: the defaults are in force (no ConfigMap "ip-masq-agent", or no key "config" in it, or a wrong --config?)`
-
-func readFile(path string) ([]byte, error) {
-	// O_NONBLOCK: opening a FIFO must not block the daemon's loop forever.
-	file, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, unwrapPath(err)
-	}
-	defer file.Close()
-	fi, err := file.Stat()
-	if err != nil {
-		return nil, unwrapPath(err)
-	}
-	if fi.IsDir() {
-		return nil, errors.New("is a directory, expected a file")
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("is not a regular file (%s)", fi.Mode().Type())
-	}
-	tooBig := fmt.Errorf("file is larger than the limit of %d bytes", MaxFileSize)
-	if fi.Size() > MaxFileSize {
-		return nil, tooBig
-	}
-	// Size is meaningless for pipes and devices, so bound the read as well.
-	// Room for the whole file (and for the read that sees its end) at once.
-	var buf bytes.Buffer
-	buf.Grow(int(fi.Size()) + bytes.MinRead)
-	if _, err := buf.ReadFrom(io.LimitReader(file, MaxFileSize+1)); err != nil {
-		return nil, unwrapPath(err)
-	}
-	if buf.Len() > MaxFileSize {
-		return nil, tooBig
-	}
-	return buf.Bytes(), nil
-}
-
-// unwrapPath drops the path from an *fs.PathError, since Load adds it itself.
-func unwrapPath(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return fmt.Errorf("cannot %s: %w", pe.Op, pe.Err)
-	}
-	return err
 }
 
 type entry struct {

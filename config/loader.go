@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -37,45 +36,6 @@ type file struct {
 	cfg   Config
 	warns []string
 	err   error
-}
-
-// SourceKind is what --config names: one file, a directory of files, or
-// nothing. A Loader decides it once, at its first Load of a path (the
-// agent's start), from the path and what is there; a path that later
-// changes kind is not read (the error says why), so that the rules in
-// force stay rather than change meaning under the agent.
-type SourceKind int
-
-const (
-	// SourceFile: one file, read by Load. It may be missing, at start or
-	// later: the defaults are in force, with a warning naming the path.
-	SourceFile SourceKind = iota
-	// SourceDir: a directory whose files named ip-masq* are merged.
-	SourceDir
-	// SourceNone: --config="": no config; the defaults, without a warning.
-	SourceNone
-)
-
-func (k SourceKind) String() string {
-	switch k {
-	case SourceDir:
-		return "directory"
-	case SourceNone:
-		return "none"
-	}
-	return "file"
-}
-
-// KindOf returns the kind of config source path is now: "" is none, a
-// directory is a directory, anything else (a missing path too) a file.
-func KindOf(path string) SourceKind {
-	if path == "" {
-		return SourceNone
-	}
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return SourceDir
-	}
-	return SourceFile
 }
 
 // part is one file's config and the keys it sets.
@@ -176,7 +136,7 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 	case serr == nil && !fi.IsDir():
 		return Config{}, nil, fmt.Errorf("%s: is a file now, but was a directory when the agent started: not read; restart the agent to read it as a file", path)
 	}
-	entries, err := os.ReadDir(path)
+	entries, err := dirFiles(path)
 	if err != nil {
 		return Config{}, nil, fmt.Errorf("%s: %w", path, unwrapPath(err))
 	}
@@ -189,15 +149,12 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 		de    DirError
 		seen  = make(map[string]bool)
 	)
-	for _, e := range entries { // sorted by name
-		if !IsConfigName(e.Name()) {
-			continue
-		}
-		file := filepath.Join(path, e.Name())
-		if fi, err := os.Stat(file); err == nil && fi.IsDir() {
+	for _, e := range entries {
+		file := e.path
+		if e.dir {
 			warns = append(warns, file+": a directory, not read")
 			continue
-		} else if errors.Is(err, fs.ErrNotExist) {
+		} else if errors.Is(e.err, fs.ErrNotExist) {
 			continue // a dangling symlink, or gone since the listing
 		}
 		seen[file] = true

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -292,14 +291,14 @@ func runValidate(c *command, args []string, stdout, stderr io.Writer) int {
 	}
 	var nFiles, nErrors, nWarnings int
 	for _, arg := range files {
-		paths, warn := configFiles(arg)
+		paths, warn := config.Files(arg)
 		if warn != "" {
 			fmt.Fprintf(stdout, "%s: %s (warning)\n", arg, warn)
 			nWarnings++
 		}
 		for _, path := range paths {
 			nFiles++
-			data, err := readInput(path, os.Stdin)
+			data, err := config.ReadInput(path, os.Stdin)
 			if err != nil {
 				fmt.Fprintf(stdout, "%s: %v\n", path, err)
 				nErrors++
@@ -338,58 +337,6 @@ func plural(n int, what string) string {
 		return "1 " + what
 	}
 	return fmt.Sprintf("%d %ss", n, what)
-}
-
-// configFiles returns the files an argument of validate stands for: itself,
-// or a directory's files named ip-masq*, as the agent reads them.
-func configFiles(arg string) ([]string, string) {
-	fi, err := os.Stat(arg)
-	if err != nil || !fi.IsDir() {
-		return []string{arg}, ""
-	}
-	entries, err := os.ReadDir(arg)
-	if err != nil {
-		return []string{arg}, ""
-	}
-	var out []string
-	for _, e := range entries {
-		path := filepath.Join(arg, e.Name())
-		if fi, err := os.Stat(path); config.IsConfigName(e.Name()) && err == nil && !fi.IsDir() {
-			out = append(out, path)
-		}
-	}
-	if len(out) == 0 {
-		return nil, `a directory without files named ip-masq*: the agent would use the defaults`
-	}
-	return out, ""
-}
-
-// readInput reads a file, or stdin for "-", up to config.MaxFileSize.
-func readInput(path string, stdin io.Reader) ([]byte, error) {
-	var r io.Reader = stdin
-	if path != "-" || stdin == nil {
-		f, err := os.Open(path)
-		if err != nil {
-			var pe *fs.PathError
-			if errors.As(err, &pe) {
-				return nil, fmt.Errorf("cannot %s: %w", pe.Op, pe.Err)
-			}
-			return nil, err
-		}
-		defer f.Close()
-		if fi, err := f.Stat(); err == nil && fi.IsDir() {
-			return nil, errors.New("is a directory")
-		}
-		r = f
-	}
-	data, err := io.ReadAll(io.LimitReader(r, config.MaxFileSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > config.MaxFileSize {
-		return nil, fmt.Errorf("larger than the limit of %d bytes", config.MaxFileSize)
-	}
-	return data, nil
 }
 
 // loadConfig reads --config for a tool exactly as the daemon reads it
