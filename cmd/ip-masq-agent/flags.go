@@ -77,56 +77,13 @@ func (r *rulesetFlags) finish() error {
 	if err := nft.ValidateChain(r.nft.Chain); err != nil {
 		return err
 	}
-	ports, err := parseToPorts(r.toPorts)
+	ports, err := nft.ParsePorts(r.toPorts)
 	if err != nil {
 		return err
 	}
 	r.nft.ToPorts = ports
 	r.nft.EnableIPv6 = r.flags.EnableIPv6
 	return nil
-}
-
-// parseToPorts parses --to-ports as the original agent did
-// (pkg/interval.ParseIntervals, then iptables' --to-ports): ports or
-// ranges FIRST-LAST separated by commas, each number as strconv.Atoi reads
-// it ("+1024" and "01024" are 1024), FIRST <= LAST; no spaces. Ranges may
-// overlap: each range is chosen with a probability proportional to its
-// size, as the original's "-m statistic" rules did. Empty means no port
-// restriction.
-//
-// One difference: a port outside 1-65535 passed the original's parser but
-// iptables-restore refused the rule at every sync, so the original never
-// programmed anything; here it is refused at start.
-func parseToPorts(s string) ([]nft.PortRange, error) {
-	if s == "" {
-		return nil, nil
-	}
-	var out []nft.PortRange
-	for _, part := range strings.Split(s, ",") {
-		fields := strings.Split(part, "-")
-		if len(fields) > 2 {
-			return nil, fmt.Errorf("--to-ports %q: %q is not a port or a range FIRST-LAST", s, part)
-		}
-		var ports [2]int
-		for i, f := range fields {
-			n, err := strconv.Atoi(f)
-			if err != nil {
-				return nil, fmt.Errorf("--to-ports %q: %q is not a port or a range FIRST-LAST", s, part)
-			}
-			if n < 1 || n > 65535 {
-				return nil, fmt.Errorf("--to-ports %q: %d is not a port (1-65535)", s, n)
-			}
-			ports[i] = n
-		}
-		if len(fields) == 1 {
-			ports[1] = ports[0]
-		}
-		if ports[0] > ports[1] {
-			return nil, fmt.Errorf("--to-ports %q: first is greater than last in %q", s, part)
-		}
-		out = append(out, nft.PortRange{First: uint16(ports[0]), Last: uint16(ports[1])})
-	}
-	return out, nil
 }
 
 // resyncSeconds is Azure ip-masq-agent-v2's --resync-interval (an int of
