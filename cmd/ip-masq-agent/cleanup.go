@@ -6,11 +6,12 @@ import (
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/agent"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // cleanupTable is --cleanup: delete the agent's table and exit, refused
 // while a running agent owns it.
-func cleanupTable(k *nft.Netlink, log *slog.Logger) int {
+func cleanupTable(k *kernel.Netlink, log *slog.Logger) int {
 	// Say which happened: read first (Delete does nothing without a table).
 	if t, _, err := k.Read(); err == nil && t == nil {
 		log.Info("there is no table inet " + nft.TableName + ": nothing to delete")

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 var cleanupIptablesCommand = &command{
@@ -64,8 +66,9 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	if *watch < 0 {
 		return usageError(c, stderr, "--watch %s: want 0 or more", *watch)
 	}
-	k := &nft.Netlink{}
-	defer k.Close()
+	n := &kernel.Netlink{}
+	defer n.Close()
+	k := original.Netlink{K: n}
 	o, err := k.FindOriginal(*chain)
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent cleanup-iptables: %v\n", hint(err))
@@ -77,13 +80,13 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	}
 	for _, tool := range o.Legacy {
 		fmt.Fprintf(stderr, "warning: a legacy %s nat table exists: rules written by %s-legacy cannot be seen over nftables; if the original agent used it, remove its rules with (its --masq-chain for %s):\n  %s\n",
-			tool, tool, legacyChain, strings.Join(nft.LegacyCommands(legacyChain, tool), "\n  "))
+			tool, tool, legacyChain, strings.Join(original.LegacyCommands(legacyChain, tool), "\n  "))
 	}
 	for _, f := range o.Foreign() {
 		fmt.Fprintf(stderr, "warning: not removed: %s: no rule carries the original ip-masq-agent's comments; if it is the original's, run: ip-masq-agent cleanup-iptables --masq-chain %s\n", f.Summary(), f.Chain)
 	}
 	if o.Fingerprint() == "" {
-		what := "no chain of the original ip-masq-agent's (found by its comments, or called " + nft.DefaultChain + " or " + nft.AddonChain + ")"
+		what := "no chain of the original ip-masq-agent's (found by its comments, or called " + nft.DefaultChain + " or " + original.AddonChain + ")"
 		if *chain != "" {
 			what += " and no chain " + *chain
 		}
@@ -106,7 +109,7 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 		o = again
 	}
 	removed, err := k.RemoveOriginal(*chain, o.Fingerprint())
-	if errors.Is(err, nft.ErrOriginalChanged) {
+	if errors.Is(err, original.ErrChanged) {
 		alive = true
 		removed, err = k.RemoveOriginal(*chain, "")
 	}

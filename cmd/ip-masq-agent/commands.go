@@ -13,6 +13,8 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/agent"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 // command is one of the tools for operators: ip-masq-agent COMMAND ...
@@ -211,10 +213,10 @@ func adoptAgentFlags(fs *flag.FlagSet, spec string, stderr io.Writer) error {
 
 // readOriginal reads the original agent's rules once: found by what they
 // are, whatever --masq-chain the original ran with (chain: also by name).
-func readOriginal(chain string) (nft.Original, error) {
-	k := &nft.Netlink{}
-	defer k.Close()
-	return k.FindOriginal(chain)
+func readOriginal(chain string) (original.Rules, error) {
+	n := &kernel.Netlink{}
+	defer n.Close()
+	return original.Netlink{K: n}.FindOriginal(chain)
 }
 
 // liveTable reads the kernel's table for a command that takes no other
@@ -233,7 +235,7 @@ func liveTable(c *command, pos []string, stderr io.Writer) (t *nft.Table, code i
 
 // readTable reads the kernel's table once (nil: there is none).
 func readTable() (*nft.Table, error) {
-	k := &nft.Netlink{}
+	k := &kernel.Netlink{}
 	defer k.Close()
 	return k.ReadAll()
 }

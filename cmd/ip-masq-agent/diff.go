@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 var diffCommand = &command{
@@ -66,7 +67,7 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 // printOriginal prints the original agent's jumps that decide before the
 // agent's table, and the legacy tables it cannot see; it returns how many
 // jumps there are.
-func printOriginal(w io.Writer, o nft.Original) int {
+func printOriginal(w io.Writer, o original.Rules) int {
 	n := 0
 	for _, f := range o.Families {
 		for _, j := range f.Jumps {
@@ -88,7 +89,7 @@ func printOriginal(w io.Writer, o nft.Original) int {
 	}
 	for _, tool := range o.Legacy {
 		fmt.Fprintf(w, "note: a legacy %s nat table exists; rules there cannot be seen; if the original agent used iptables-legacy, remove them with (its --masq-chain for %s):\n  %s\n",
-			tool, chain, strings.Join(nft.LegacyCommands(chain, tool), "\n  "))
+			tool, chain, strings.Join(original.LegacyCommands(chain, tool), "\n  "))
 	}
 	return n
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 const namespace = "ip_masq_agent"
@@ -36,7 +36,7 @@ var syncBuckets = []float64{
 // RuleCounter is one kind of SNAT decision the kernel counts: the packets
 // and bytes of one rule's counter (or the sum of several with the same
 // labels), as the kernel's reader gives them.
-type RuleCounter = nft.RuleCounter
+type RuleCounter = kernel.RuleCounter
 
 // Agent holds the agent's metrics in a private registry and its health
 // state, and serves both through Handler. Its methods are safe for
