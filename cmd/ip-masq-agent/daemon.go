@@ -201,3 +201,23 @@ func hasCapNetAdmin() bool {
 	}
 	return true
 }
+
+func newLogger(w io.Writer, format, level string, verbosity int) (*slog.Logger, error) {
+	lvl := slog.LevelInfo
+	if verbosity >= 2 {
+		lvl = slog.LevelDebug
+	}
+	if level != "" {
+		if err := lvl.UnmarshalText([]byte(level)); err != nil {
+			return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+		}
+	}
+	ho := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -173,24 +172,4 @@ func daemonUsage(fs *flag.FlagSet) {
 		line += " " + name
 	}
 	fmt.Fprintln(w, line)
-}
-
-func newLogger(w io.Writer, format, level string, verbosity int) (*slog.Logger, error) {
-	lvl := slog.LevelInfo
-	if verbosity >= 2 {
-		lvl = slog.LevelDebug
-	}
-	if level != "" {
-		if err := lvl.UnmarshalText([]byte(level)); err != nil {
-			return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
-		}
-	}
-	ho := &slog.HandlerOptions{Level: lvl}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, ho)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, ho)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
