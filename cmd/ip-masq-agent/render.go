@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/windows"
 )
 
 var renderCommand = &command{
@@ -50,11 +51,11 @@ func runRender(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprint(stdout, nft.Render(nft.Build(cfg, r.nft)))
 	case "windows-cni":
-		p, warns := nft.Windows(cfg, r.flags.EnableIPv6)
+		p, warns := windows.For(cfg, r.flags.EnableIPv6)
 		for _, w := range warns {
 			fmt.Fprintln(stderr, "warning: "+w)
 		}
-		fmt.Fprint(stdout, nft.RenderWindows(p))
+		fmt.Fprint(stdout, windows.Render(p))
 	default:
 		return usageError(c, stderr, "--format %q: want nft or windows-cni", *format)
 	}

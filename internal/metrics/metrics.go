@@ -11,8 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 const namespace = "ip_masq_agent"
@@ -35,8 +33,13 @@ var syncBuckets = []float64{
 
 // RuleCounter is one kind of SNAT decision the kernel counts: the packets
 // and bytes of one rule's counter (or the sum of several with the same
-// labels), as the kernel's reader gives them.
-type RuleCounter = kernel.RuleCounter
+// labels).
+type RuleCounter struct {
+	Family         string // "ipv4" or "ipv6"
+	Decision       string // "masquerade" or "nonmasquerade" (left alone)
+	Reason         string // "cidrs" (a CIDR of the decision's list) or "outbound" (no list matched)
+	Packets, Bytes uint64
+}
 
 // Agent holds the agent's metrics in a private registry and its health
 // state, and serves both through Handler. Its methods are safe for
