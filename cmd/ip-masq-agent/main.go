@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/conntrack"
@@ -138,38 +137,4 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	return runDaemon(d, stderr)
-}
-
-// daemonUsage is the agent's --help: the flags that mean something, then
-// the original agent's klog flags, accepted and ignored, by name only.
-func daemonUsage(fs *flag.FlagSet) {
-	w := fs.Output()
-	fmt.Fprintln(w, "Usage: ip-masq-agent [flags]")
-	fmt.Fprintln(w, "\nKeeps the node's table inet ip-masq-agent in line with the config file.")
-	fmt.Fprintln(w, "\nExample:\n  ip-masq-agent --config /etc/config/ip-masq-agent --enable-ipv6")
-	fmt.Fprintln(w, "\nTools: ip-masq-agent validate|render|explain|diff|list|cleanup-iptables ... (ip-masq-agent help)")
-	fmt.Fprintln(w, "\nFlags:")
-	real := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
-	real.SetOutput(w)
-	var ignored []string
-	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name != "v" && slices.Contains(klogFlagNames, f.Name) {
-			ignored = append(ignored, "--"+f.Name)
-			return
-		}
-		real.Var(f.Value, f.Name, f.Usage)
-		real.Lookup(f.Name).DefValue = f.DefValue
-	})
-	real.PrintDefaults()
-	fmt.Fprintln(w, "\nAccepted for the original agent's DaemonSet args, and ignored (klog's flags;")
-	fmt.Fprintln(w, "logs always go to stderr; a warning at start names those given):")
-	line := " "
-	for _, name := range ignored {
-		if len(line)+1+len(name) > 78 {
-			fmt.Fprintln(w, line)
-			line = " "
-		}
-		line += " " + name
-	}
-	fmt.Fprintln(w, line)
 }
