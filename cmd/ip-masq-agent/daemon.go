@@ -57,16 +57,7 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	// --once --release-on-exit: no owner to release; the table is written unowned.
 	k := &kernel.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
 	defer k.Close()
-	// metrics imports nothing of the module (test/layout_test.go), so the
-	// kernel's counters are converted here.
-	m := metrics.New(version, func() ([]metrics.RuleCounter, error) {
-		cs, err := k.DecisionCounters(o.nft.Chain)
-		out := make([]metrics.RuleCounter, len(cs))
-		for i, c := range cs {
-			out[i] = metrics.RuleCounter(c)
-		}
-		return out, err
-	})
+	m := metrics.New(version, func() ([]nft.RuleCounter, error) { return k.DecisionCounters(o.nft.Chain) })
 	// The daemon also watches nftables notifications: a change by another
 	// process (possible when the table is not owned) is verified and
 	// repaired at once rather than at the next resync.
