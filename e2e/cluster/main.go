@@ -44,6 +44,7 @@ type suite struct {
 	start   time.Time
 
 	operatorCM configMapState // the operator's ConfigMap as created
+	docs       *docShell      // the docs' commands, run as printed
 
 	passed, failed int
 	failures       []string
@@ -241,6 +242,9 @@ func (s *suite) run() error {
 	if err := s.startNode(archives); err != nil {
 		return err
 	}
+	if s.docs, err = s.newDocShell(); err != nil {
+		return err
+	}
 	if err := s.dryRun(); err != nil {
 		return err
 	}
@@ -258,6 +262,11 @@ func (s *suite) run() error {
 	if err := s.configChange(); err != nil {
 		return err
 	}
+	// README's Verify, Configure and Troubleshoot, and docs/runbook.md, as
+	// printed, on the agent's pod on the node.
+	if err := s.docCommandsOnNode(); err != nil {
+		return err
+	}
 	if err := s.rollingUpdate(); err != nil {
 		return err
 	}
@@ -265,7 +274,11 @@ func (s *suite) run() error {
 	if err := s.rollback(); err != nil {
 		return err
 	}
-	return s.uninstall()
+	if err := s.uninstall(); err != nil {
+		return err
+	}
+	s.docs.coverage()
+	return nil
 }
 
 // startNode brings up the network, the mounts, the control plane,
@@ -581,8 +594,11 @@ func (s *suite) install() error {
 		return errors.New("the agent pod did not become Ready")
 	}
 	s.timing("install: agent pod Ready", time.Since(t), "after kubectl apply -k")
-	out, err = s.kubectlAll(3*time.Minute, "-n", "kube-system", "rollout", "status", "daemonset/ip-masq-agent-nft", "--timeout=150s")
-	if !s.assert(err == nil, "kubectl rollout status: %s", oneLine(out, err)) {
+	c, err := s.docs.find("README.md", "Upgrade", "rollout status daemonset/ip-masq-agent-nft")
+	if err != nil {
+		return err
+	}
+	if r := s.docs.runChecked(c, exit0("successfully rolled out"), "README Upgrade, step 2"); r.code != 0 || r.err != nil {
 		return errors.New("rollout status failed")
 	}
 	s.timing("install: rollout status done", time.Since(t), "(minReadySeconds: 5)")
@@ -889,11 +905,13 @@ func (s *suite) rollingUpdate() error {
 
 func (s *suite) uninstall() error {
 	s.logf("uninstall, as the README says: delete the DaemonSet, apply -k deploy/uninstall/, rollout status, delete -k, delete the ConfigMap")
-	out, err := s.kubectlAll(2*time.Minute, "-n", "kube-system", "delete", "daemonset", "ip-masq-agent-nft")
+	c, err := s.docs.find("README.md", "Uninstall", "delete daemonset ip-masq-agent-nft")
 	if err != nil {
 		return err
 	}
-	s.logf("  kubectl -n kube-system delete daemonset ip-masq-agent-nft: %s", oneLine(out, nil))
+	if r := s.docs.runChecked(c, exit0("deleted"), "README Uninstall"); r.code != 0 || r.err != nil {
+		return errors.New("cannot delete the DaemonSet")
+	}
 	err = waitFor(s.ctx, "the agent pod gone", 90*time.Second, 200*time.Millisecond, func() (bool, string, error) {
 		pods, err := s.agentPods()
 		return err == nil && len(pods) == 0 && len(s.agentPIDs()) == 0, strings.Join(pods, "; "), err
@@ -913,10 +931,12 @@ func (s *suite) uninstall() error {
 	s.assert(h != "" && jump, "before the uninstall the node also holds the original's chain %s (rules %s) and its jump: %v", originalChain, h, jump)
 
 	t := time.Now()
-	out, err = s.kubectlAll(time.Minute, "apply", "-k", filepath.Join(s.e2eDir, "uninstall"))
+	out, err := s.kubectlAll(time.Minute, "apply", "-k", filepath.Join(s.e2eDir, "uninstall"))
 	s.assert(err == nil, "kubectl apply -k deploy/uninstall/ (e2e/uninstall: the local images): %s", oneLine(out, err))
-	out, err = s.kubectlAll(3*time.Minute, "-n", "kube-system", "rollout", "status", "daemonset/ip-masq-agent-nft-uninstall", "--timeout=150s")
-	s.assert(err == nil, "kubectl -n kube-system rollout status daemonset/ip-masq-agent-nft-uninstall: %s (%s)", lastLine(out, err), since(t))
+	if c, err = s.docs.find("README.md", "Uninstall", "rollout status daemonset/ip-masq-agent-nft-uninstall"); err != nil {
+		return err
+	}
+	s.docs.runChecked(c, exit0("successfully rolled out"), "README Uninstall: every node clean")
 	s.timing("uninstall: deploy/uninstall rollout done", time.Since(t), "both cleanups ran on the node")
 	_, err = s.nodeNft("list", "table", "inet", "ip-masq-agent")
 	s.assert(err != nil, "the documented uninstall removes table inet ip-masq-agent (nft list table fails: %v)", err != nil)
