@@ -14,17 +14,21 @@ import (
 )
 
 // The operator's commands as the docs print them. The fenced sh blocks of
-// README.md and docs/runbook.md are read by the run, and the run executes
-// those lines verbatim with bash in the node (kubectl is the run's, found
-// on PATH, with KUBECONFIG; `NODE=...` names the run's node; `bin/` holds
-// the agent binary that `make image` built, as `make build` would), so a
-// doc edit that breaks a command fails the run. Every command of those
-// blocks is either run, or listed in docNotRun with the reason (or the step
-// that runs its equivalent); a command in neither fails the run, and so
-// does an entry of docNotRun that no longer matches a command.
+// README.md, docs/runbook.md and docs/upgrade.md are read by the run, and
+// the run executes those lines verbatim with bash in the node (kubectl is
+// the run's, found on PATH, with KUBECONFIG; `bin/` holds the agent binary
+// that `make image` built, as `make build` would), so a doc edit that
+// breaks a command fails the run. Only what cannot be the same here is
+// rewritten, each time said in the check's line (docRewrites: no registry,
+// so the local image and the e2e overlays of deploy/; make runs in the
+// repository; NODE= names the run's node). Every command of those blocks
+// is either run, or listed in docNotRun with the reason; a command in
+// neither fails the run, and so does an entry of docNotRun that no longer
+// matches a command. A command printed twice (README and docs/upgrade.md)
+// counts as run when its text ran.
 
 // docFiles are the files whose sh blocks the run knows, every command.
-var docFiles = []string{"README.md", "docs/runbook.md"}
+var docFiles = []string{"README.md", "docs/runbook.md", "docs/upgrade.md"}
 
 // docCommand is one command line of a fenced sh block.
 type docCommand struct {
@@ -36,31 +40,47 @@ type docCommand struct {
 
 func (c docCommand) String() string { return fmt.Sprintf("%s:%d: %s", c.file, c.line, c.text) }
 
-// docNotRun: the commands that the run does not execute as printed, keyed
-// by file and the command's text (after the comment is stripped), with why.
+// docNotRun: the commands that the run does not execute, by their text
+// (after the comment is stripped), with why.
 var docNotRun = map[string]string{
-	// README.md, Install: no registry here.
-	"README.md\x00podman login registry.example.com":                                      "no registry here: the image is built with make image and imported into the node's containerd",
-	"README.md\x00make push IMAGE=registry.example.com/ip-masq-agent-nft TAG=v0.1.0":      "no registry here (make image builds the image the run imports)",
-	"README.md\x00make manifests IMAGE=registry.example.com/ip-masq-agent-nft TAG=v0.1.0": "the run installs with kubectl apply -k (Upgrade, step 2); make manifests is tested by go test ./hack/manifests",
-	"README.md\x00kubectl apply -f bin/manifests/install.yaml":                            "the run installs with kubectl apply -k e2e/overlay (deploy/ with the local image), the Upgrade's step 2",
-	// README.md, Configure.
-	"README.md\x00kubectl -n kube-system edit configmap ip-masq-agent": "interactive (an editor); the config change step applies an edited ConfigMap with kubectl apply",
-	// README.md, Upgrade.
-	"README.md\x00kubectl apply -k deploy/":                                          "run with deploy/ replaced by e2e/overlay (deploy/ with the local image and imagePullPolicy: Never): no registry here",
-	"README.md\x00kubectl -n kube-system rollout status daemonset/ip-masq-agent-nft": "the same command as the Upgrade's step 2, which runs it",
-	"README.md\x00kubectl -n kube-system delete daemonset ip-masq-agent-nft":         "the same command as the Uninstall's first, which runs it; the roll back step runs it too (rollback.go)",
-	// README.md, Roll back.
-	"README.md\x00kubectl apply -f ip-masq-agent-original.yaml":                               "run by the roll back step with the manifest the upgrade saved (rollback.go)",
-	"README.md\x00kubectl -n kube-system rollout status daemonset/ip-masq-agent":              "run by the roll back step (rollback.go), with a timeout",
-	"README.md\x00kubectl apply -k deploy/rollback/":                                          "run by the roll back step as kubectl apply -k e2e/rollback (deploy/rollback/ with the local image)",
-	"README.md\x00kubectl -n kube-system rollout status daemonset/ip-masq-agent-nft-rollback": "run by the roll back step (rollback.go), with a timeout",
-	"README.md\x00kubectl delete -k deploy/rollback/":                                         "run by the roll back step as kubectl delete -k e2e/rollback",
-	// README.md, Uninstall.
-	"README.md\x00kubectl apply -k deploy/uninstall/":  "run by the uninstall step as kubectl apply -k e2e/uninstall (deploy/uninstall/ with the local images)",
-	"README.md\x00kubectl delete -k deploy/uninstall/": "run by the uninstall step as kubectl delete -k e2e/uninstall",
-	// docs/runbook.md.
-	"docs/runbook.md\x00kubectl debug node/$NODE -it --image=busybox -- sh -c 'ps -ef | grep -e ip-masq -e nft'": "interactive, and pulls busybox: no registry here",
+	"podman login registry.example.com":                                                       "no registry here: the image is built with make image and imported into the node's containerd",
+	"make push IMAGE=registry.example.com/ip-masq-agent-nft TAG=v0.1.0":                       "no registry here (make image builds the image the run imports)",
+	"kubectl -n kube-system edit configmap ip-masq-agent":                                     "interactive (an editor); the config change step applies an edited ConfigMap with kubectl apply",
+	"kubectl debug node/$NODE -it --image=busybox -- sh -c 'ps -ef | grep -e ip-masq -e nft'": "interactive, and pulls busybox: no registry here",
+	`iptables-legacy -t nat -D POSTROUTING -m comment --comment "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom IP-MASQ-AGENT chain" -m addrtype ! --dst-type LOCAL -j IP-MASQ-AGENT`: "the node has no iptables-legacy tables here (the agent's warning that prints these is a kernel test's)",
+	"iptables-legacy -t nat -F IP-MASQ-AGENT":                                           "the node has no iptables-legacy tables here",
+	"iptables-legacy -t nat -X IP-MASQ-AGENT":                                           "the node has no iptables-legacy tables here",
+	"nft list ruleset | sed '/^table inet ip-masq-agent /,/^}$/d' > /etc/nftables.conf": "would write the machine's /etc/nftables.conf (the node shares the machine's /etc)",
+}
+
+// docRewrite is one substitution of docRewrites.
+type docRewrite struct {
+	re  *regexp.Regexp
+	new func(d *docShell) string
+}
+
+// docRewrites: what differs here from an operator's cluster, in the
+// order applied.
+var docRewrites = []docRewrite{
+	// NODE=node-1: the docs' placeholder is the run's node.
+	{regexp.MustCompile(`^NODE=\S+$`), func(*docShell) string { return "NODE=" + nodeName }},
+	// make in the repository (the commands' other files are in the working directory).
+	{regexp.MustCompile(`^make `), func(d *docShell) string { return "make -C " + shellQuote(d.s.repo) + " " }},
+	// No registry: the image that make image built, imported into containerd.
+	{regexp.MustCompile(`registry\.example\.com/ip-masq-agent-nft`), func(*docShell) string { return agentImage }},
+	{regexp.MustCompile(`\bTAG=v0\.1\.0\b`), func(*docShell) string { return "TAG=" + agentTag }},
+	// deploy/ and its uninstall and rollback with that image (imagePullPolicy Never).
+	{regexp.MustCompile(`-k deploy/rollback/`), func(d *docShell) string { return "-k " + shellQuote(filepath.Join(d.s.e2eDir, "rollback")) }},
+	{regexp.MustCompile(`-k deploy/uninstall/`), func(d *docShell) string { return "-k " + shellQuote(filepath.Join(d.s.e2eDir, "uninstall")) }},
+	{regexp.MustCompile(`-k deploy/$`), func(d *docShell) string { return "-k " + shellQuote(filepath.Join(d.s.e2eDir, "overlay")) }},
+}
+
+// rewrite returns the command as the run executes it.
+func (d *docShell) rewrite(text string) string {
+	for _, r := range docRewrites {
+		text = r.re.ReplaceAllLiteralString(text, r.new(d))
+	}
+	return text
 }
 
 var docAssign = regexp.MustCompile(`^([A-Z_][A-Z0-9_]*)=`)
@@ -134,6 +154,7 @@ func docCommands(repo, file string) ([]docCommand, error) {
 // docResult is what one command printed and its exit status.
 type docResult struct {
 	cmd            docCommand
+	ran            string // the command as run (rewritten)
 	stdout, stderr string
 	code           int
 	err            error // the run could not start it, or it timed out
@@ -158,7 +179,9 @@ type docShell struct {
 	dir  string   // the working directory: bin/ip-masq-agent, cm.yaml
 	vars []string // the assignment lines run so far, as printed (NODE: the run's node)
 	all  map[string][]docCommand
-	ran  map[string]bool // file and line of the commands run
+	ran  map[string]bool // the text of the commands run
+	// goEnv: the Go caches of the machine, for make (HOME is the run's).
+	goEnv []string
 }
 
 // newDocShell reads the docs' commands and prepares the working directory.
@@ -183,10 +206,19 @@ func (s *suite) newDocShell() (*docShell, error) {
 	if err := os.WriteFile(filepath.Join(d.dir, "bin", "ip-masq-agent"), b, 0o755); err != nil {
 		return nil, err
 	}
+	// make manifests writes bin/manifests/ in the repository.
+	if err := os.Symlink(filepath.Join(s.repo, "bin", "manifests"), filepath.Join(d.dir, "bin", "manifests")); err != nil {
+		return nil, err
+	}
+	out, err := run(s.ctx, time.Minute, goTool(), "env", "GOCACHE", "GOMODCACHE", "GOPATH")
+	if err != nil {
+		return nil, err
+	}
+	if f := strings.Fields(out); len(f) == 3 {
+		d.goEnv = []string{"GOCACHE=" + f[0], "GOMODCACHE=" + f[1], "GOPATH=" + f[2], "GO=" + goTool()}
+	}
 	return d, nil
 }
-
-func docKey(c docCommand) string { return fmt.Sprintf("%s:%d", c.file, c.line) }
 
 // find returns the one command of file under a heading that starts with
 // section and contains every one of words.
@@ -225,19 +257,16 @@ func (d *docShell) section(file, name string) []docCommand {
 // an assignment is kept for the commands that follow. rewrite, if given,
 // replaces the command's text (and the report says so).
 func (d *docShell) run(c docCommand, timeout time.Duration) docResult {
-	d.ran[docKey(c)] = true
-	text := c.text
-	if m := docAssign.FindStringSubmatch(text); m != nil && m[1] == "NODE" {
-		// The docs' placeholder node name is the run's node.
-		text = "NODE=" + nodeName
-	}
+	d.ran[c.text] = true
+	text := d.rewrite(c.text)
 	// As an operator's shell runs it: a pipeline's status is its last
 	// command's (kubectl's errors show on stderr; exit0 checks that).
 	script := "cd " + shellQuote(d.dir) + "\n" + strings.Join(d.vars, "\n") + "\n" + text + "\n"
 	env := append(baseEnv(d.s.n), "KUBECONFIG="+d.s.admin)
-	env[0] = "PATH=" + d.s.kubeBin + ":" + strings.TrimPrefix(env[0], "PATH=")
+	env[0] = "PATH=" + d.s.kubeBin + ":" + strings.TrimPrefix(env[0], "PATH=") + ":" + os.Getenv("PATH")
+	env = append(env, d.goEnv...)
 	stdout, stderr, err := runEnv(d.s.ctx, timeout, env, d.s.n.inNode("bash", "-c", script))
-	r := docResult{cmd: c, stdout: stdout, stderr: stderr}
+	r := docResult{cmd: c, ran: text, stdout: stdout, stderr: stderr}
 	var ee interface{ ExitCode() int }
 	switch {
 	case err == nil:
@@ -299,8 +328,12 @@ func (d *docShell) runChecked(c docCommand, check docCheck, what string) docResu
 	if check == nil {
 		check = exit0()
 	}
-	r := d.run(c, 2*time.Minute)
-	d.s.assert(check(r), "%s: %s (%s) -> %s", c.file, c.text, what, r)
+	r := d.run(c, 3*time.Minute)
+	as := ""
+	if r.ran != c.text {
+		as = " [run as: " + r.ran + "]"
+	}
+	d.s.assert(check(r), "%s: %s (%s)%s -> %s", c.file, c.text, what, as, r)
 	return r
 }
 
@@ -310,13 +343,14 @@ func (d *docShell) runChecked(c docCommand, check docCheck, what string) docResu
 func (d *docShell) coverage() {
 	listed := map[string]bool{}
 	var missing []string
+	ran := 0
 	for _, f := range docFiles {
 		for _, c := range d.all[f] {
-			key := c.file + "\x00" + c.text
 			switch {
-			case d.ran[docKey(c)]:
-			case docNotRun[key] != "":
-				listed[key] = true
+			case d.ran[c.text]:
+				ran++
+			case docNotRun[c.text] != "":
+				listed[c.text] = true
 			default:
 				missing = append(missing, c.String())
 			}
@@ -325,7 +359,7 @@ func (d *docShell) coverage() {
 	var stale []string
 	for k := range docNotRun {
 		if !listed[k] {
-			stale = append(stale, strings.ReplaceAll(k, "\x00", ": "))
+			stale = append(stale, k)
 		}
 	}
 	sort.Strings(stale)
@@ -335,10 +369,10 @@ func (d *docShell) coverage() {
 	}
 	d.s.assert(len(missing) == 0 && len(stale) == 0,
 		"every command of the sh blocks of %s (%d) ran as printed (%d) or is listed as not run, with why (%d): not run and not listed: %v; listed but not in the docs (or run): %v",
-		strings.Join(docFiles, " and "), n, len(d.ran), len(listed), missing, stale)
+		strings.Join(docFiles, ", "), n, ran, n-ran-len(missing), missing, stale)
 	for _, f := range docFiles {
 		for _, c := range d.all[f] {
-			if why := docNotRun[c.file+"\x00"+c.text]; why != "" && !d.ran[docKey(c)] {
+			if why := docNotRun[c.text]; why != "" && !d.ran[c.text] {
 				d.s.logf("  not run as printed: %s: %s", c.String(), why)
 			}
 		}
@@ -430,7 +464,7 @@ func (s *suite) docCommandsOnNode() error {
 	}
 	// Every command of the runbook runs here (or is listed as not run).
 	for _, c := range d.section("docs/runbook.md", "") {
-		if !d.ran[docKey(c)] && docNotRun[c.file+"\x00"+c.text] == "" {
+		if !d.ran[c.text] && docNotRun[c.text] == "" {
 			s.assert(false, "%s: not run by the runbook step, not listed as not run", c)
 		}
 	}

@@ -319,15 +319,19 @@ func (s *suite) upgrade() error {
 	// Step 1: what the old DaemonSet has. Its manifest is saved as
 	// docs/upgrade.md says, for the roll back later. Its flags are NOT
 	// copied: the agent must find the IP-MASQ chain by itself.
-	out, err := s.kubectl(30*time.Second, "-n", "kube-system", "get", "daemonset", "ip-masq-agent", "-o", "jsonpath={.spec.template.spec.containers[0].args}")
-	s.assert(err == nil && out == `["`+strings.Join(originalArgs, `","`)+`"]`, "step 1: the old DaemonSet's args %s: deliberately not copied (the agent finds the old chain whatever its name)", out)
+	c, err := s.docs.find("docs/upgrade.md", "What the old DaemonSet has", "-o jsonpath=")
+	if err != nil {
+		return err
+	}
+	s.docs.runChecked(c, exit0(`["`+strings.Join(originalArgs, `","`)+`"]`, `"k8s-app":"ip-masq-agent"`),
+		"step 1: the old DaemonSet's args, node selector and pod labels; its args deliberately not copied (the agent finds the old chain whatever its name)")
 	if err := s.saveOriginalManifest(); err != nil {
 		return err
 	}
 
 	// Step 2: kubectl apply -k deploy/ (with the local image), rollout status.
 	tInstall := time.Now()
-	if err := s.install(); err != nil {
+	if err := s.install(false); err != nil {
 		return err
 	}
 
@@ -374,8 +378,7 @@ func (s *suite) upgrade() error {
 
 	// Step 4.
 	tDel := time.Now()
-	c, err := s.docs.find("README.md", "Upgrade", "delete daemonset ip-masq-agent")
-	if err != nil {
+	if c, err = s.docs.find("README.md", "Upgrade", "delete daemonset ip-masq-agent"); err != nil {
 		return err
 	}
 	if r := s.docs.runChecked(c, exit0("deleted"), "step 4"); r.code != 0 || r.err != nil {
