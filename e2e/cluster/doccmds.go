@@ -409,12 +409,12 @@ func (s *suite) docCommandsOnNode() error {
 		{"README.md", "Verify", "NODE=", nil, "the node to look at", nil},
 		{"README.md", "Verify", "POD=", nil, "its agent pod", nil},
 		{"README.md", "Verify", "head -5", exit0("starting ip-masq-agent", "applied config"), "the start", nil},
-		{"README.md", "Verify", "/ip-masq-agent diff", tool("in sync"), "in sync", nil},
+		{"README.md", "Verify", "ip-masq-agent diff", tool("in sync"), "in sync", nil},
 		{"README.md", "Verify", "explain --live", tool("10.1.2.3", "203.0.113.1", "not masqueraded"), "the decisions, the kernel's too", nil},
 		{"README.md", "Configure", "validate --strict config", exit0(), "the operator's file", nil},
 		{"README.md", "Configure", "applied new config", exit0("applied new config"), "the change applied", nil},
 		{"README.md", "Troubleshoot", "level=(WARN|ERROR)", noneOrSome, "warnings, if any", nil},
-		{"README.md", "Troubleshoot", "/ip-masq-agent diff", tool("in sync"), "in sync", nil},
+		{"README.md", "Troubleshoot", "ip-masq-agent diff", tool("in sync"), "in sync", nil},
 		{"README.md", "Troubleshoot", "explain --live 10.1.2.3", tool("10.1.2.3", "masquerade"), "which rule decides", nil},
 
 		{"docs/runbook.md", "Runbook", "NODE=", nil, "set first", nil},
@@ -426,14 +426,14 @@ func (s *suite) docCommandsOnNode() error {
 		{"docs/runbook.md", "Egress broke", "validate --strict cm.yaml", exit0(), "the manifest checks", nil},
 		{"docs/runbook.md", "Egress broke", "explain --config cm.yaml 10.1.2.3", exit0("10.1.2.3", "masquerade"), "the decision it will make", nil},
 		{"docs/runbook.md", "Egress broke", "apply -f cm.yaml", exit0("configmap/ip-masq-agent"), "applied", nil},
-		{"docs/runbook.md", "Egress broke", "/ip-masq-agent diff", tool("in sync"), "how far a change has spread", nil},
+		{"docs/runbook.md", "Egress broke", "ip-masq-agent diff", tool("in sync"), "how far a change has spread", nil},
 		{"docs/runbook.md", "Pod NotReady", "level=(WARN|ERROR)", noneOrSome, "warnings, if any", nil},
-		{"docs/runbook.md", "Pod NotReady", "/ip-masq-agent list", exit0("table inet ip-masq-agent"), "the kernel's table", nil},
+		{"docs/runbook.md", "Pod NotReady", "ip-masq-agent list", exit0("table inet ip-masq-agent"), "the kernel's table", nil},
 		{"docs/runbook.md", "Rival writer", "owns table", noneOrSome, "no rival here", nil},
 		{"docs/runbook.md", "Rival writer", "get daemonsets -A", exit0("ip-masq-agent-nft"), "the DaemonSets", nil},
 		{"docs/runbook.md", "Rival writer", "get pods -A", exit0("ip-masq-agent-nft-"), "the pods on the node", nil},
 		{"docs/runbook.md", "Old rules", "grep -E 'original ip-masq-agent'", exit0("original ip-masq-agent"), "what the agent found", s.writeOriginalOnce},
-		{"docs/runbook.md", "Old rules", "/ip-masq-agent diff", func(r docResult) bool {
+		{"docs/runbook.md", "Old rules", "ip-masq-agent diff", func(r docResult) bool {
 			return r.err == nil && r.code == 1 && strings.Contains(r.stdout, "original") && strings.Contains(r.stderr, agentFlagsNote)
 		}, "exit 1: the original's rules decide first", nil},
 		{"docs/runbook.md", "Old rules", "metadata.name=ip-masq-agent", func(r docResult) bool {
@@ -442,7 +442,7 @@ func (s *suite) docCommandsOnNode() error {
 		{"docs/runbook.md", "Old rules", "cleanup-iptables", tool("removed"), "the original's rules removed now", nil},
 		{"docs/runbook.md", "The table is missing", "-o wide", exit0("ip-masq-agent-nft"), "the DaemonSet", nil},
 		{"docs/runbook.md", "The table is missing", "--show-labels", exit0("kubernetes.io/os=linux"), "the node's labels", nil},
-		{"docs/runbook.md", "The table is missing", "/ip-masq-agent list", exit0("table inet ip-masq-agent"), "the kernel's table", nil},
+		{"docs/runbook.md", "The table is missing", "ip-masq-agent list", exit0("table inet ip-masq-agent"), "the kernel's table", nil},
 		{"docs/runbook.md", "The table is missing", "--previous", previous, "no crash before this start", nil},
 	}
 	for _, c := range checks {

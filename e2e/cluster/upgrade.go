@@ -348,7 +348,7 @@ func (s *suite) upgrade() error {
 		}
 		s.docs.runChecked(c, nil, "README Verify: the node to look at, and its agent's pod")
 	}
-	diff, err := s.docs.find("README.md", "Upgrade", "/ip-masq-agent diff")
+	diff, err := s.docs.find("README.md", "Upgrade", "ip-masq-agent diff")
 	if err != nil {
 		return err
 	}
