@@ -162,6 +162,9 @@ func TestTamperedShapesRepaired(t *testing.T) {
 			cm := newConfigMapDir(t, "resyncInterval: 1h\n")
 			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+			// A change before the first apply is verified is put back by
+			// that apply, and logged as it: tamper after it.
+			eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
 			want := withoutCounters(listTable(t, topo))
 			if out, err := topo.NFT("-f", writeConfig(t, tc.tamper)); err != nil {
 				t.Fatalf("%v\n%s", err, out)
@@ -430,6 +433,7 @@ func TestHiddenRuleChangeRepaired(t *testing.T) {
 	cm := newConfigMapDir(t, "resyncInterval: 1h\n")
 	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
+	eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
 	before := listTable(t, topo)
 	out, err := topo.NFT("-a", "list", "chain", "inet", nft.TableName, nft.MasqChainName)
 	if err != nil {
