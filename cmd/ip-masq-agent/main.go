@@ -138,6 +138,10 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 	return d, 0, false
 }
 
+// probe asks the kernel whether it has what the agent needs (a variable:
+// tests give it a kernel that lacks something).
+var probe = (*nft.Netlink).Probe
+
 func run(args []string, stdout, stderr io.Writer) int {
 	// ip-masq-agent COMMAND ...: the tools (commands.go); without a
 	// command, the daemon.
@@ -194,6 +198,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ao.Applied = func(old, new nft.Table) { cleanConntrack(o.conntrack, old, new, log, m) }
 	}
 	ag := agent.New(ao, k, log, m)
+	// A kernel that lacks what the table needs (nft.Netlink.Probe asks it,
+	// in a transaction that never commits): one line naming what, and the
+	// oldest kernel that has it, rather than failed syncs forever. The
+	// probe also learns whether the kernel can own the table.
+	if !o.cleanup {
+		var lacks *nft.LacksError
+		switch err := probe(k); {
+		case errors.As(err, &lacks):
+			log.Error("this kernel cannot run ip-masq-agent", "err", err)
+			return 1
+		case err != nil:
+			log.Error("cannot ask the kernel what it can do", "err", agent.Hint(err))
+			return 1
+		}
+	}
 	switch {
 	case o.cleanup:
 		// Say which happened: read first (Delete does nothing without a table).
