@@ -20,6 +20,7 @@ import (
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // configMapDir lays a directory out as the kubelet lays out a ConfigMap
@@ -260,7 +261,7 @@ func TestDaemonRestartKeepsTable(t *testing.T) {
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 
 	// An independent observer of every transaction in the namespace.
-	observer := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+	observer := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	var seen []string

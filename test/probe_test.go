@@ -8,6 +8,7 @@ import (
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // TestKernelProbe: this kernel has what the agent needs (the probe says
@@ -15,7 +16,7 @@ import (
 // generation.
 func TestKernelProbe(t *testing.T) {
 	topo := newTopology(t)
-	k := &nft.Netlink{NetNS: int(topo.NodeHandle())}
+	k := &kernel.Netlink{NetNS: int(topo.NodeHandle())}
 	defer k.Close()
 	_, before, err := k.Read()
 	if err != nil {
@@ -47,7 +48,7 @@ func TestKernelProbeKeepsNotifications(t *testing.T) {
 	for _, noOwner := range []bool{true, false} {
 		t.Run(map[bool]string{true: "probe without ownership", false: "probe with the owned table"}[noOwner], func(t *testing.T) {
 			topo := newTopology(t)
-			k := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+			k := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 			defer k.Close()
 			want := nft.Build(config.Default(config.Flags{}), nft.Options{Chain: nft.DefaultChain, RandomFully: true})
 			if _, err := k.Apply(want); err != nil {
@@ -61,9 +62,9 @@ func TestKernelProbeKeepsNotifications(t *testing.T) {
 			if e := <-events; e.What != "watch started" {
 				t.Fatalf("first event %q", e.What)
 			}
-			prober := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: noOwner}
+			prober := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: noOwner}
 			defer prober.Close()
-			for _, p := range []*nft.Netlink{k, prober} {
+			for _, p := range []*kernel.Netlink{k, prober} {
 				if err := p.Probe(); err != nil {
 					t.Fatalf("Probe: %v", err)
 				}

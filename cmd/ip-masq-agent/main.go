@@ -25,6 +25,8 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/filewatch"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -140,7 +142,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 
 // probe asks the kernel whether it has what the agent needs (a variable:
 // tests give it a kernel that lacks something).
-var probe = (*nft.Netlink).Probe
+var probe = (*kernel.Netlink).Probe
 
 func run(args []string, stdout, stderr io.Writer) int {
 	// ip-masq-agent COMMAND ...: the tools (commands.go); without a
@@ -177,7 +179,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	slog.SetDefault(log)
 	// --once --release-on-exit: no owner to release; the table is written unowned.
-	k := &nft.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
+	k := &kernel.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
 	defer k.Close()
 	m := metrics.New(version, func() ([]metrics.RuleCounter, error) {
 		cs, err := k.DecisionCounters(o.nft.Chain)
@@ -190,7 +192,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// The daemon also watches nftables notifications: a change by another
 	// process (possible when the table is not owned) is verified and
 	// repaired at once rather than at the next resync.
-	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once}
+	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once, Original: original.Netlink{K: k}}
 	if o.conntrack != conntrack.ModeNone && o.nft.CtLabel == nil {
 		log.Warn("conntrack cleanup without a mark (--conntrack-label=none): a change from masquerade to no masquerade also deletes the entries that another component (kube-proxy, a CNI) masqueraded to a node address", "mode", o.conntrack)
 	}
@@ -203,7 +205,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// oldest kernel that has it, rather than failed syncs forever. The
 	// probe also learns whether the kernel can own the table.
 	if !o.cleanup {
-		var lacks *nft.LacksError
+		var lacks *kernel.LacksError
 		switch err := probe(k); {
 		case errors.As(err, &lacks):
 			log.Error("this kernel cannot run ip-masq-agent", "err", err)

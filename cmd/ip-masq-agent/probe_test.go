@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // TestKernelLackingRefused: when the start probe finds the kernel lacking
@@ -19,10 +19,10 @@ import (
 // line that names what is missing (the kernel's answer only: no version
 // is read), before anything is written; --cleanup does not probe.
 func TestKernelLackingRefused(t *testing.T) {
-	lacking := &nft.LacksError{What: "nat chains in the inet family", Since: "5.2", Module: "nft_chain_nat", Err: syscall.EOPNOTSUPP}
+	lacking := &kernel.LacksError{What: "nat chains in the inet family", Since: "5.2", Module: "nft_chain_nat", Err: syscall.EOPNOTSUPP}
 	probed := 0
-	defer func(p func(*nft.Netlink) error) { probe = p }(probe)
-	probe = func(*nft.Netlink) error { probed++; return lacking }
+	defer func(p func(*kernel.Netlink) error) { probe = p }(probe)
+	probe = func(*kernel.Netlink) error { probed++; return lacking }
 	// A bad config: should the probe not stop the agent, it reads the
 	// config before the kernel, and stops there (this test must never
 	// program the test machine's own namespace).
@@ -56,7 +56,7 @@ func TestKernelLackingRefused(t *testing.T) {
 		}
 	}
 	// A probe that cannot ask (no socket) is no finding about the kernel.
-	probe = func(*nft.Netlink) error {
+	probe = func(*kernel.Netlink) error {
 		return errors.New("probe the kernel: open netlink socket: too many open files")
 	}
 	var out, errOut syncBuffer
