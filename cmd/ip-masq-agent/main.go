@@ -200,7 +200,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ao.Applied = func(old, new nft.Table) { cleanConntrack(o.conntrack, old, new, log, m) }
 	}
 	ag := agent.New(ao, k, log, m)
-	// A kernel that lacks what the table needs (nft.Netlink.Probe asks it,
+	// A kernel that lacks what the table needs (kernel.Netlink.Probe asks it,
 	// in a transaction that never commits): one line naming what, and the
 	// oldest kernel that has it, rather than failed syncs forever. The
 	// probe also learns whether the kernel can own the table.
