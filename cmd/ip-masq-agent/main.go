@@ -206,7 +206,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// probe also learns whether the kernel can own the table.
 	if !o.cleanup {
 		var lacks *kernel.LacksError
-		switch err := probe(k); {
+		start := time.Now()
+		err := probe(k)
+		log.Debug("asked the kernel what it can do", "took", time.Since(start).Round(time.Microsecond), "own", k.Owns())
+		switch {
 		case errors.As(err, &lacks):
 			log.Error("this kernel cannot run ip-masq-agent", "err", err)
 			return 1
