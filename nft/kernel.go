@@ -53,6 +53,11 @@ type Result struct {
 	Stale     int    // reads and plans tried again because the ruleset moved
 	Messages  int    // netlink messages sent, all attempts together
 	Bytes     int
+	// Undone counts the transactions that the kernel took but that the
+	// read back found undone, in part or whole, and that were therefore
+	// followed by another: another process changed the table between our
+	// commit and the read that verifies it (a repair within the apply).
+	Undone int
 }
 
 // MaxAttempts bounds the transactions of Ensure after which the table
@@ -91,6 +96,7 @@ func EnsureBy(k Kernel, want Table, deadline time.Time) (Result, error) {
 	var refused error // why the last in-place plan was refused
 	stale := 0        // stale reads and plans in a row
 	read := false     // res.Found is set
+	taken := false    // the kernel took the last transaction
 	retry := func(err error) error {
 		stale++
 		res.Stale++
@@ -123,6 +129,10 @@ func EnsureBy(k Kernel, want Table, deadline time.Time) (Result, error) {
 			res.Unchanged = res.Attempts == 0
 			return res, nil
 		}
+		if taken {
+			res.Undone++
+			taken = false
+		}
 		if attempt > MaxAttempts {
 			return res, fmt.Errorf("table inet %s still differs from the wanted one after %d transactions (%s)",
 				TableName, res.Attempts, summary(found, want))
@@ -154,7 +164,7 @@ func EnsureBy(k Kernel, want Table, deadline time.Time) (Result, error) {
 			}
 			return res, fmt.Errorf("apply table inet %s: %w", TableName, err)
 		}
-		res.Plan = p
+		res.Plan, taken = p, true
 		res.Created, res.Recreated, res.Partial = found == nil, p.Recreate, found != nil && !p.Recreate
 		// Loop: read back and compare.
 	}

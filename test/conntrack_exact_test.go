@@ -52,8 +52,12 @@ func TestConntrackChangeWhileStopped(t *testing.T) {
 			cm.update(tc.to)
 			s.expectOnly(t, before, 4) // nothing changes while no agent runs
 			d2 := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
-			s.waitFor(t, src[!tc.masqFrom])
+			// The new agent's first apply and its cleanup first: the
+			// stream's wait is for the answers after them, not for the
+			// agent's start (in an emulated guest that alone took longer
+			// than the stream's wait, on 6.1: the test failed there).
 			eventually(t, "the cleanup's log line", func() bool { return strings.Contains(d2.output(), "conntrack cleanup: examined") })
+			s.waitFor(t, src[!tc.masqFrom])
 		})
 	}
 }

@@ -216,7 +216,8 @@ func TestDaemonRepairs(t *testing.T) {
 	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 	// The first sync reads its commit back: a tamper before it ends is
-	// repaired by it, as part of the first apply, not logged as a repair.
+	// put back by the first apply itself (a repair by=apply), not by the
+	// watch or the resync that this test counts on.
 	eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
 	want := withoutCounters(listTable(t, topo))
 

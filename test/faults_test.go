@@ -634,6 +634,9 @@ func TestNetlinkFaults(t *testing.T) {
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
 		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+		// The first apply reads its commit back: a tamper before that
+		// read would be put back by the apply itself, not by the watch.
+		waitStarted(t, d)
 		want := withoutCounters(listTable(t, topo))
 		mark := len(d.output())
 		resize := "flush chain inet ip-masq-agent IP-MASQ-AGENT\ndelete set inet ip-masq-agent nonmasq-v4\n" +
@@ -661,6 +664,7 @@ func TestNetlinkFaults(t *testing.T) {
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
 		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+		waitStarted(t, d) // stopped after the first apply, not within it
 		want := withoutCounters(listTable(t, topo))
 		// 200,000 elements make ~27 MB of notifications; the agent's
 		// buffer holds 64 MiB (32 MiB forced, doubled by the kernel).

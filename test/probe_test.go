@@ -1,9 +1,13 @@
 package test
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
@@ -30,5 +34,63 @@ func TestKernelProbe(t *testing.T) {
 	}
 	if out, err := topo.NFT("list", "tables"); err != nil || strings.Contains(out, "probe") {
 		t.Errorf("nft list tables after the probe: %v\n%s", err, out)
+	}
+}
+
+// TestKernelProbeKeepsNotifications: a probe, on a Netlink whose table is
+// not owned and whose watch runs, neither notifies (its transaction never
+// commits) nor disturbs the watch: the first event after it is the next
+// foreign change of the table, and a commit to another table in between
+// is no event. (The start probe was once taken for the cause of a daemon
+// that missed a foreign change; the change had landed within its first
+// apply, which put it back itself: TestTamperedShapesRepaired.)
+func TestKernelProbeKeepsNotifications(t *testing.T) {
+	for _, noOwner := range []bool{true, false} {
+		t.Run(map[bool]string{true: "probe without ownership", false: "probe with the owned table"}[noOwner], func(t *testing.T) {
+			topo := newTopology(t)
+			k := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+			defer k.Close()
+			want := nft.Build(config.Default(config.Flags{}), nft.Options{Chain: nft.DefaultChain, RandomFully: true})
+			if _, err := k.Apply(want); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			events := make(chan nft.Event, 16)
+			watched := make(chan error, 1)
+			go func() { watched <- k.Watch(ctx, func(e nft.Event) { events <- e }) }()
+			if e := <-events; e.What != "watch started" {
+				t.Fatalf("first event %q", e.What)
+			}
+			prober := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: noOwner}
+			defer prober.Close()
+			for _, p := range []*kernel.Netlink{k, prober} {
+				if err := p.Probe(); err != nil {
+					t.Fatalf("Probe: %v", err)
+				}
+			}
+			if out, err := topo.NFT("add", "table", "ip", "neighbour"); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if out, err := topo.NFT("add", "set", "inet", nft.TableName, "extra", "{ type ipv4_addr; }"); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			select {
+			case e := <-events:
+				if e.What != "add set" || e.Lost {
+					t.Errorf("the first event after the probes: %+v, want the foreign add set", e)
+				}
+			case err := <-watched:
+				t.Fatalf("the watch ended: %v", err)
+			case <-time.After(20 * time.Second):
+				t.Fatal("no event for the foreign change after the probes")
+			}
+			// A read after the probes finds the change: the read path's
+			// state (fence, monitor) is the kernel's too.
+			found, _, err := k.Read()
+			if err != nil || found == nil || found.Set("extra") == nil {
+				t.Errorf("read after the change: %v, set extra found: %v", err, found != nil && found.Set("extra") != nil)
+			}
+		})
 	}
 }

@@ -162,9 +162,9 @@ func TestTamperedShapesRepaired(t *testing.T) {
 			cm := newConfigMapDir(t, "resyncInterval: 1h\n")
 			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
-			// A change before the first apply is verified is put back by
-			// that apply, and logged as it: tamper after it.
-			eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
+			// The first apply reads its commit back: a tamper before that
+			// read would be put back by the apply itself, not by the watch.
+			waitStarted(t, d)
 			want := withoutCounters(listTable(t, topo))
 			if out, err := topo.NFT("-f", writeConfig(t, tc.tamper)); err != nil {
 				t.Fatalf("%v\n%s", err, out)
@@ -433,7 +433,7 @@ func TestHiddenRuleChangeRepaired(t *testing.T) {
 	cm := newConfigMapDir(t, "resyncInterval: 1h\n")
 	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
-	eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
+	waitStarted(t, d) // the change below comes after the first apply's read-back
 	before := listTable(t, topo)
 	out, err := topo.NFT("-a", "list", "chain", "inet", nft.TableName, nft.MasqChainName)
 	if err != nil {

@@ -27,6 +27,10 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
+// probe asks the kernel whether it has what the agent needs (a variable:
+// tests give it a kernel that lacks something).
+var probe = (*kernel.Netlink).Probe
+
 // runDaemon runs the agent (the DaemonSet's command), --once and --cleanup
 // among its modes, with its parsed flags.
 func runDaemon(d daemonFlags, stderr io.Writer) int {
@@ -69,6 +73,24 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 		ao.Applied = func(old, new nft.Table) { cleanConntrack(o.conntrack, old, new, log, m) }
 	}
 	ag := agent.New(ao, k, log, m)
+	// A kernel that lacks what the table needs (kernel.Netlink.Probe asks it,
+	// in a transaction that never commits): one line naming what, and the
+	// oldest kernel that has it, rather than failed syncs forever. The
+	// probe also learns whether the kernel can own the table.
+	if !o.cleanup {
+		var lacks *kernel.LacksError
+		start := time.Now()
+		err := probe(k)
+		log.Debug("asked the kernel what it can do", "took", time.Since(start).Round(time.Microsecond), "own", k.Owns())
+		switch {
+		case errors.As(err, &lacks):
+			log.Error("this kernel cannot run ip-masq-agent", "err", err)
+			return 1
+		case err != nil:
+			log.Error("cannot ask the kernel what it can do", "err", agent.Hint(err))
+			return 1
+		}
+	}
 	switch {
 	case o.cleanup:
 		return cleanupTable(k, log)

@@ -308,6 +308,13 @@ func (a *Agent) sync(now time.Time) error {
 	default:
 		a.reportRepair(res, now, "resync")
 	}
+	if res.Undone > 0 && (a.cfg == nil || !a.cfg.Equal(cfg)) {
+		// Another process changed the table between our commit and the
+		// read that verified it: its notifications were drained by that
+		// read, so no watch event will follow. Say so, as a repair.
+		// (The last transaction created the table: it was deleted.)
+		a.reportRepairOf(repairKind(res.Created, res.Plan), res.Plan, now, "apply")
+	}
 	if res.Recreated {
 		a.log.Warn("re-created the table in one transaction", "why", res.Plan.Why)
 	}
@@ -383,9 +390,12 @@ func found(res nft.Result) nft.Table {
 // reportRepair logs and counts a write that undid someone else's change,
 // and backs off when another process keeps rewriting the table.
 func (a *Agent) reportRepair(res nft.Result, now time.Time, by string) {
-	what := repairKind(res)
+	a.reportRepairOf(repairKind(res.Found == nil, res.Plan), res.Plan, now, by)
+}
+
+func (a *Agent) reportRepairOf(what string, plan nft.Plan, now time.Time, by string) {
 	a.log.Warn("the table differed from the wanted one; put it back", "by", by, "what", what,
-		"operations", len(res.Plan.Ops), "first", firstOp(res.Plan))
+		"operations", len(plan.Ops), "first", firstOp(plan))
 	a.metrics.Repaired(what)
 	a.repairs = append(slices.DeleteFunc(a.repairs, func(t time.Time) bool { return now.Sub(t) > rivalWindow }), now)
 	switch {
@@ -461,13 +471,12 @@ func (a *Agent) kernelFailed(now time.Time, err error, took time.Duration) {
 	a.logError("sync failed; the kernel keeps its previous rules", err)
 }
 
-func repairKind(res nft.Result) string {
-	switch {
-	case res.Found == nil:
+func repairKind(deleted bool, plan nft.Plan) string {
+	if deleted {
 		return "table-deleted"
 	}
 	kinds := map[nft.Kind]bool{}
-	for _, op := range res.Plan.Ops {
+	for _, op := range plan.Ops {
 		kinds[op.Kind] = true
 	}
 	switch {

@@ -701,3 +701,63 @@ func TestFirstSyncAppliedAgainstFoundTable(t *testing.T) {
 		t.Fatalf("Applied: %d calls, want one from the found table to the config's", len(h.applied))
 	}
 }
+
+// undoingKernel is a fake kernel on which another process changes the
+// table right after the agent's first transaction commits, before the
+// read that verifies it.
+type undoingKernel struct {
+	*nft.Fake
+	once sync.Once
+}
+
+func (k *undoingKernel) Send(p nft.Plan, gen uint32) (nft.Sent, error) {
+	s, err := k.Fake.Send(p, gen)
+	if err == nil {
+		k.once.Do(func() { k.Fake.Tamper("flush set", dropNonMasq) })
+	}
+	return s, err
+}
+
+// A change by another process between the agent's commit and its
+// read-back is put back by the same apply, whose read drains the change's
+// notifications (no watch event follows): the apply says so, as a repair
+// (it once logged "applied config" alone, and TestTamperedShapesRepaired
+// waited for a repair line that never came when its tamper landed there).
+func TestChangeDuringApplyReported(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		first string // the config before; "": none (the first sync)
+	}{{"first sync", ""}, {"new config", "resyncInterval: 5s\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			k := &undoingKernel{Fake: h.fake}
+			if tc.first != "" {
+				h.write(tc.first)
+				h.sync(t0) // on the fake alone: nothing undone
+			}
+			h.a.kernel = k
+			h.write("resyncInterval: 5s\n")
+			h.sync(at(time.Second))
+			h.holds(h.want("resyncInterval: 5s\n"), "after the apply")
+			logs := h.logs.String()
+			if !strings.Contains(logs, `msg="the table differed from the wanted one; put it back" by=apply what=set-changed`) {
+				t.Errorf("the change undone during the apply is not reported:\n%s", logs)
+			}
+			if l := h.metric(`ip_masq_agent_repairs_total{what="set-changed"}`); !strings.HasSuffix(l, " 1") {
+				t.Errorf("repairs: %q", l)
+			}
+		})
+	}
+}
+
+// An apply that the read-back finds right reports no repair.
+func TestApplyWithoutChangeReportsNoRepair(t *testing.T) {
+	h := newHarness(t, nil)
+	h.write("resyncInterval: 5s\n")
+	h.sync(t0)
+	h.write("resyncInterval: 5s\nnonMasqueradeCIDRs: [10.0.0.0/8]\n")
+	h.sync(at(time.Second))
+	if strings.Contains(h.logs.String(), "put it back") {
+		t.Errorf("a repair reported without a change:\n%s", h.logs)
+	}
+}

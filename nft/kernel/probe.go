@@ -90,7 +90,7 @@ func (n *Netlink) Probe() error {
 	// sockets (commit, read, notifications) as they were.
 	conn, err := dial(n.NetNS)
 	if err != nil {
-		return err
+		return fmt.Errorf("probe the kernel: %w", err)
 	}
 	defer conn.Close()
 	failed, err := b.send(conn, 0)
@@ -120,8 +120,22 @@ func lacks(op []int, failed int, err error) error {
 		return nil // the sentinel alone, or the whole transaction refused
 	}
 	f := features[op[failed]]
-	return fmt.Errorf("the kernel lacks %s (Linux %s or later; module %s): %w", f.what, f.since, f.module, err)
+	return &LacksError{What: f.what, Since: f.since, Module: f.module, Err: err}
 }
+
+// LacksError is the probe's finding: the kernel refused the part of the
+// probe that asks for What (its answer: Err). Since is the oldest
+// mainline kernel with it, Module the module that brings it.
+type LacksError struct {
+	What, Since, Module string
+	Err                 error
+}
+
+func (e *LacksError) Error() string {
+	return fmt.Sprintf("the kernel lacks %s (Linux %s or later; module %s): %v", e.What, e.Since, e.Module, e.Err)
+}
+
+func (e *LacksError) Unwrap() error { return e.Err }
 
 // Message kinds of the probe that are not features.
 const (

@@ -1,9 +1,14 @@
 package kernel
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 )
 
 // TestProbeAnswers: the first refused message of the probe names the
@@ -51,4 +56,47 @@ func TestProbeAnswers(t *testing.T) {
 	if nat == nil || nat.Error() != "the kernel lacks nat chains in the inet family (Linux 5.2 or later; module nft_chain_nat): operation not supported" {
 		t.Errorf("nat chain refused: %v", nat)
 	}
+}
+
+// TestProbeNamesTheKernelsRefusal: a part of the probe that the kernel
+// refuses (here a chain of a type that no kernel has, asked right after
+// the nat chain) is named from the kernel's answer, and nothing is left
+// behind: no table, no generation.
+func TestProbeNamesTheKernelsRefusal(t *testing.T) {
+	n, topo := kernelNetlink(t)
+	defer func(f []feature) { features = f }(features)
+	missing := feature{what: "chains of a type that no kernel has", since: "never", module: "none",
+		add: func(cc *nftables.Conn, t *nftables.Table) {
+			cc.AddChain(&nftables.Chain{Table: t, Name: "x", Type: "no-such-type",
+				Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+		}}
+	features = append(append(slices.Clone(features[:3]), missing), features[3:]...)
+	before, err := generation(mustReader(t, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = n.Probe()
+	var lacks *LacksError
+	if !errors.As(err, &lacks) || lacks.What != missing.what ||
+		!strings.HasPrefix(err.Error(), "the kernel lacks chains of a type that no kernel has (Linux never or later; module none): ") {
+		t.Fatalf("Probe: %v, want the refused chain type named", err)
+	}
+	t.Logf("the kernel's answer: %v", err)
+	if after, err := generation(mustReader(t, n)); err != nil || after != before {
+		t.Errorf("generation %d -> %d (%v): the probe committed", before, after, err)
+	}
+	if out, err := topo.NFT("list", "tables"); err != nil || strings.Contains(out, "probe") {
+		t.Errorf("nft list tables after the probe: %v\n%s", err, out)
+	}
+}
+
+func mustReader(t *testing.T, n *Netlink) *netlink.Conn {
+	t.Helper()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c, err := n.reader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

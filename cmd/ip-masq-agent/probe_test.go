@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
+)
+
+// TestKernelLackingRefused: when the start probe finds the kernel lacking
+// something the table needs, the daemon and --once exit 1 with one error
+// line that names what is missing (the kernel's answer only: no version
+// is read), before anything is written; --cleanup does not probe.
+func TestKernelLackingRefused(t *testing.T) {
+	lacking := &kernel.LacksError{What: "nat chains in the inet family", Since: "5.2", Module: "nft_chain_nat", Err: syscall.EOPNOTSUPP}
+	probed := 0
+	defer func(p func(*kernel.Netlink) error) { probe = p }(probe)
+	probe = func(*kernel.Netlink) error { probed++; return lacking }
+	// A bad config: should the probe not stop the agent, it reads the
+	// config before the kernel, and stops there (this test must never
+	// program the test machine's own namespace).
+	cfg := filepath.Join(t.TempDir(), "ip-masq-agent")
+	if err := os.WriteFile(cfg, []byte("nonMasqueradeCIDRs: [not-a-cidr]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"--once"}, {"--http-address=127.0.0.1:0"}} {
+		var out, errOut syncBuffer
+		probed = 0
+		exited := make(chan int, 1)
+		go func() { exited <- run(append(args, "--config", cfg), &out, &errOut) }()
+		var code int
+		select {
+		case code = <-exited:
+		case <-time.After(20 * time.Second): // the daemon runs on
+			t.Fatalf("%v: still running after the probe's refusal:\n%s", args, errOut.String())
+		}
+		var errs []string
+		for _, l := range strings.Split(errOut.String(), "\n") {
+			if strings.Contains(l, "level=ERROR") {
+				errs = append(errs, l)
+			}
+		}
+		if code != 1 || probed != 1 || len(errs) != 1 ||
+			!strings.Contains(errs[0], `msg="this kernel cannot run ip-masq-agent" err="the kernel lacks nat chains in the inet family (Linux 5.2 or later; module nft_chain_nat): operation not supported"`) {
+			t.Errorf("%v: exit %d, probed %d times, error lines %q; stderr:\n%s", args, code, probed, errs, errOut.String())
+		}
+		if strings.Contains(errOut.String(), `msg="applied`) {
+			t.Errorf("%v: applied after the probe's refusal:\n%s", args, errOut.String())
+		}
+	}
+	// A probe that cannot ask (no socket) is no finding about the kernel.
+	probe = func(*kernel.Netlink) error {
+		return errors.New("probe the kernel: open netlink socket: too many open files")
+	}
+	var out, errOut syncBuffer
+	if code := run([]string{"--once", "--config", cfg}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), `msg="cannot ask the kernel what it can do"`) {
+		t.Errorf("a failed probe: exit %d\n%s", code, errOut.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
