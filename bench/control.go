@@ -23,6 +23,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // Scenario is one kind of apply.
@@ -54,7 +55,7 @@ func tools(family int) []Tool {
 		six = "6"
 	}
 	return []Tool{
-		{Name: "agent (nft.Netlink)"},
+		{Name: "agent (kernel.Netlink)"},
 		{Name: "nft -f", Restore: "nft", NFT: true},
 		{Name: "ip" + six + "tables-nft-restore", Restore: "ip" + six + "tables-nft-restore", Setup: "ip" + six + "tables-nft"},
 		{Name: "ip" + six + "tables-legacy-restore", Restore: "ip" + six + "tables-legacy-restore", Setup: "ip" + six + "tables-legacy"},
@@ -343,7 +344,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 	var mon *genMonitor
 	// apply times a.Apply(rs) and, while mon is set, the commit's
 	// notification.
-	apply := func(a *nft.Netlink, sc Scenario, rs nft.Table) (nft.Result, time.Duration, error) {
+	apply := func(a *kernel.Netlink, sc Scenario, rs nft.Table) (nft.Result, time.Duration, error) {
 		g0, err := generation(fd)
 		if err != nil {
 			return nft.Result{}, 0, err
@@ -368,13 +369,13 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 		}
 		return res, took, nil
 	}
-	var a *nft.Netlink
+	var a *kernel.Netlink
 	var err error
 	times[First], err = reps(ctx, c.reps, func(int) (time.Duration, error) {
-		if err := (&nft.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
+		if err := (&kernel.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
 			return 0, err
 		}
-		a = &nft.Netlink{NetNS: fd, NoOwner: true}
+		a = &kernel.Netlink{NetNS: fd, NoOwner: true}
 		res, took, err := apply(a, First, l.rules[0])
 		if err == nil && !res.Created {
 			err = fmt.Errorf("first apply did not create the table: %+v", res)
@@ -488,7 +489,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 	}
 	runs := min(c.reps, 3)
 	for range runs {
-		if err := (&nft.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
+		if err := (&kernel.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
 			return err
 		}
 		r, err := runIn(ctx, topo.NodeHandle(), cfg.Agent, append([]string{"--once"}, args...)...)
@@ -498,7 +499,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 		row.OnceWall.All = append(row.OnceWall.All, r.Took)
 	}
 	for range runs {
-		if err := (&nft.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
+		if err := (&kernel.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
 			return err
 		}
 		rss, err := peakRSS(ctx, topo, cfg.Agent, args...)
@@ -560,7 +561,7 @@ func toolTimes(ctx context.Context, topo *testnet.Topology, tool Tool, l lists, 
 	}
 	if tool.NFT {
 		files = l.nft
-		reset = func() error { return (&nft.Netlink{NetNS: int(ns), NoOwner: true}).Delete() }
+		reset = func() error { return (&kernel.Netlink{NetNS: int(ns), NoOwner: true}).Delete() }
 	} else if err := iptablesSetup(ctx, ns, tool.Setup); err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // Data plane kinds.
@@ -231,7 +232,7 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 			o.CtLabel = &bit
 		}
 		rs := nft.Build(c, o)
-		if _, err := (&nft.Netlink{NetNS: int(node), NoOwner: true}).Apply(rs); err != nil {
+		if _, err := (&kernel.Netlink{NetNS: int(node), NoOwner: true}).Apply(rs); err != nil {
 			return err
 		}
 	case KindIPTNFT, KindIPTLegacy:

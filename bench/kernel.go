@@ -17,6 +17,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // The kernel side of issue 11: what verifying the table costs (the
@@ -27,7 +28,7 @@ import (
 // ReadBackRow is the read-back of one list size, IPv4.
 type ReadBackRow struct {
 	N int
-	// Read: nft.Netlink.Read after an unrelated commit moved the nftables
+	// Read: kernel.Netlink.Read after an unrelated commit moved the nftables
 	// generation (the whole table dumped); CachedRead: Read again at the
 	// same generation (answered from the last whole read).
 	Read, CachedRead Timing
@@ -224,7 +225,7 @@ func moveGeneration(fd int) error {
 func readBack(ctx context.Context, topo *testnet.Topology, n, reps int, row *ReadBackRow) error {
 	fd := int(topo.NodeHandle())
 	want := wantTable(n)
-	a := &nft.Netlink{NetNS: fd, NoOwner: true}
+	a := &kernel.Netlink{NetNS: fd, NoOwner: true}
 	defer a.Close()
 	if _, err := a.Apply(want); err != nil {
 		return err
@@ -323,7 +324,7 @@ const appliedMarker = `msg="applied config"`
 // free it (deferred work): a first apply on a node does not come right
 // after the deletion of a large table.
 func deleteAndSettle(ctx context.Context, fd int) error {
-	if err := (&nft.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
+	if err := (&kernel.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
 		return err
 	}
 	sleepCtx(ctx, 300*time.Millisecond)
@@ -396,7 +397,7 @@ func restartRuns(ctx context.Context, cfg Config, topo *testnet.Topology, path s
 		d.Stop()
 		return err
 	}
-	reader := &nft.Netlink{NetNS: fd, NoOwner: true}
+	reader := &kernel.Netlink{NetNS: fd, NoOwner: true}
 	defer reader.Close()
 	packets := func() (uint64, error) {
 		cs, err := reader.DecisionCounters(nft.DefaultChain)

@@ -268,7 +268,7 @@ func controlMarkdown(b *strings.Builder, r *Results) {
 		"repetitions (5; 3 at 100,000; `(n=…)` marks cells cut short after 20 s). The list is /29s from 100.64.0.0/10\n" +
 		"(IPv6: /48s from fd42::/16); \"one CIDR changed\" replaces its middle entry, \"full change\" swaps it for\n" +
 		"another list of the same size (from 240.0.0.0/4; IPv6 fd43::/16), and back.\n\n" +
-		"- **agent**: `nft.Netlink.Apply` in-process on the namespace (the table not owned), one `nft.Netlink`\n" +
+		"- **agent**: `kernel.Netlink.Apply` in-process on the namespace (the table not owned), one `kernel.Netlink`\n" +
 		"  from the first apply on: each apply reads the table back, compares, sends the plan of the\n" +
 		"  differences and reads back again; an unchanged resync here finds the generation of its last whole\n" +
 		"  read, reuses it and sends nothing (the cost of a whole read-back is under \"Kernel side\").\n" +
@@ -738,7 +738,7 @@ func kernelMarkdown(b *strings.Builder, r *Results) {
 	w("The agent trusts nothing it believes about the kernel: every resync reads its table back and compares\n" +
 		"it with the wanted one, and writes only when they differ. A read at the nftables generation of the last\n" +
 		"whole read reuses that read (no transaction has committed in the namespace since).\n\n" +
-		"- **read back whole**: `nft.Netlink.Read` in-process (one lasting socket, the table not owned) right\n" +
+		"- **read back whole**: `kernel.Netlink.Read` in-process (one lasting socket, the table not owned) right\n" +
 		"  after an unrelated commit (an empty `table ip x` added and deleted) moved the generation: the table,\n" +
 		"  its sets with every element, its chains and rules dumped over netlink.\n" +
 		"- **unchanged generation**: the same Read once more, answered from the last whole read.\n" +

@@ -9,9 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"go4.org/netipx"
-
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"go4.org/netipx"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -112,29 +111,6 @@ func TestSplitFamiliesUnmaps(t *testing.T) {
 	}
 }
 
-func TestIntervals(t *testing.T) {
-	var rs []netipx.IPRange
-	for _, p := range prefixes("10.0.0.0/8", "240.0.0.0/4", "255.255.255.255/32", "::/0", "2001:db8::/32") {
-		rs = append(rs, netipx.RangeOfPrefix(p))
-	}
-	rs = append(rs, netipx.IPRangeFrom(netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::5")))
-	got := intervals(rs)
-	var s []string
-	for _, e := range got {
-		a, _ := netip.AddrFromSlice(e.Key)
-		if e.IntervalEnd {
-			s = append(s, "end "+a.String())
-		} else {
-			s = append(s, a.String())
-		}
-	}
-	// The top of the address space has no end element.
-	want := []string{"10.0.0.0", "end 11.0.0.0", "240.0.0.0", "255.255.255.255", "::", "2001:db8::", "end 2001:db9::", "fd00::1", "end fd00::6"}
-	if !slices.Equal(s, want) {
-		t.Errorf("intervals = %v, want %v", s, want)
-	}
-}
-
 func TestParsePorts(t *testing.T) {
 	for _, tc := range []struct {
 		in      string
@@ -198,5 +174,28 @@ func TestMasqueradeShares(t *testing.T) {
 	}
 	if last := rules[len(rules)-1]; last.L4Proto != 0 || last.Ports != nil {
 		t.Errorf("last rule %q should masquerade every other protocol without ports", RenderRule(last))
+	}
+}
+
+func TestBounds(t *testing.T) {
+	var rs []netipx.IPRange
+	for _, p := range []string{"10.0.0.0/8", "240.0.0.0/4", "255.255.255.255/32", "::/0", "2001:db8::/32"} {
+		rs = append(rs, netipx.RangeOfPrefix(netip.MustParsePrefix(p)))
+	}
+	rs = append(rs, netipx.IPRangeFrom(netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::5")))
+	got := Bounds(rs)
+	var s []string
+	for _, e := range got {
+		a := e.Addr
+		if e.End {
+			s = append(s, "end "+a.String())
+		} else {
+			s = append(s, a.String())
+		}
+	}
+	// The top of the address space has no end element.
+	want := []string{"10.0.0.0", "end 11.0.0.0", "240.0.0.0", "255.255.255.255", "::", "2001:db8::", "end 2001:db9::", "fd00::1", "end fd00::6"}
+	if !slices.Equal(s, want) {
+		t.Errorf("Bounds = %v, want %v", s, want)
 	}
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,7 +44,7 @@ var clauses = []struct {
 				return nil
 			}
 			return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{nfproto(r.Family)}}}
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{NFProto(r.Family)}}}
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			m, ok := d.peek().(*expr.Meta)
@@ -54,7 +53,7 @@ var clauses = []struct {
 			}
 			d.i++
 			for _, f := range []Family{4, 6} {
-				if m.Register == 1 && !m.SourceRegister && d.cmp(expr.CmpOpEq, []byte{nfproto(f)}) {
+				if m.Register == 1 && !m.SourceRegister && d.cmp(expr.CmpOpEq, []byte{NFProto(f)}) {
 					r.Family = f
 					return true
 				}
@@ -167,7 +166,7 @@ var clauses = []struct {
 			bit := labelBit(im.Data)
 			// google/nftables v0.3.0 decodes no NFTA_CT_SREG: the set
 			// reads back as key labels without a register, and
-			// sameEncoding (read.go) checks the kernel's attributes,
+			// sameEncoding (nft/kernel/read.go) checks the kernel's attributes,
 			// register 1 among them.
 			if !ok || im.Register != 1 || (*c != ctSetLabel && *c != (expr.Ct{Key: expr.CtKeyLABELS})) || bit < 0 {
 				return false
@@ -236,11 +235,20 @@ func daddr(f Family) expr.Payload {
 	return expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}
 }
 
-func nfproto(f Family) byte {
+func NFProto(f Family) byte {
 	if f == 6 {
 		return unix.NFPROTO_IPV6
 	}
 	return unix.NFPROTO_IPV4
+}
+
+// Encode returns the agent's encoding of r, from its fields: never a
+// found rule's decoded expressions, which google/nftables' decoders may
+// have left incomplete (a ct set's source register, for one), so that
+// the kernel would refuse them (EINVAL).
+func (r Rule) Encode() []expr.Any {
+	r.exprs = nil
+	return r.expressions()
 }
 
 // expressions returns a rule's expressions: the kernel's, for a rule read
@@ -398,55 +406,6 @@ func protoName(p uint8) string {
 		return "sctp"
 	}
 	return fmt.Sprint(p)
-}
-
-// marshalExprs encodes a rule's expressions as NFTA_RULE_EXPRESSIONS.
-// masquerade is encoded here: expr.Masq of google/nftables v0.3.0 drops
-// fully-random when it has a port range.
-func marshalExprs(exprs []expr.Any) ([]byte, error) {
-	var list []netlink.Attribute
-	for _, e := range exprs {
-		b, err := marshalExpr(e)
-		if err != nil {
-			return nil, err
-		}
-		list = append(list, netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: b})
-	}
-	return netlink.MarshalAttributes(list)
-}
-
-// marshalExpr encodes one expression (NFTA_EXPR_NAME and NFTA_EXPR_DATA).
-func marshalExpr(e expr.Any) ([]byte, error) {
-	if m, ok := e.(*expr.Masq); ok {
-		return masqExpr(m)
-	}
-	return expr.Marshal(unix.NFPROTO_INET, e)
-}
-
-// masqExpr encodes `masquerade [to :min-max] [fully-random]`, flags included.
-func masqExpr(m *expr.Masq) ([]byte, error) {
-	var flags uint32
-	var attrs []netlink.Attribute
-	if m.FullyRandom {
-		flags |= unix.NF_NAT_RANGE_PROTO_RANDOM_FULLY
-	}
-	if m.ToPorts {
-		flags |= unix.NF_NAT_RANGE_PROTO_SPECIFIED
-		attrs = append(attrs,
-			netlink.Attribute{Type: unix.NFTA_MASQ_REG_PROTO_MIN, Data: binaryutil.BigEndian.PutUint32(m.RegProtoMin)},
-			netlink.Attribute{Type: unix.NFTA_MASQ_REG_PROTO_MAX, Data: binaryutil.BigEndian.PutUint32(m.RegProtoMax)})
-	}
-	if flags != 0 {
-		attrs = append(attrs, netlink.Attribute{Type: unix.NFTA_MASQ_FLAGS, Data: binaryutil.BigEndian.PutUint32(flags)})
-	}
-	data, err := netlink.MarshalAttributes(attrs)
-	if err != nil {
-		return nil, err
-	}
-	return netlink.MarshalAttributes([]netlink.Attribute{
-		{Type: unix.NFTA_EXPR_NAME, Data: cstring("masq")},
-		{Type: unix.NLA_F_NESTED | unix.NFTA_EXPR_DATA, Data: data},
-	})
 }
 
 // referenced returns the set an expression looks up or the chain it jumps

@@ -237,12 +237,12 @@ func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
 			s.text = RenderRule(r)
 		}
 		switch {
-		case m == matchNo || s.verdict == "":
+		case m == MatchNo || s.verdict == "":
 			continue
-		case m == matchUnknown && s.verdict == "masquerade":
+		case m == MatchUnknown && s.verdict == "masquerade":
 			maybeMasq = append(maybeMasq, s)
 			continue
-		case m == matchUnknown:
+		case m == MatchUnknown:
 			return result{outcome: outUndetermined, steps: append(path, s),
 				why: fmt.Sprintf("rule %d of chain %s matches on more than the destination", s.index, c.Name)}
 		}
@@ -317,17 +317,27 @@ func (ev *evaluator) reason(r result, base string) (reason, rule string) {
 	return where, d.text
 }
 
-type match uint8
+// Match is whether a rule matches a packet: yes, no, or cannot tell
+// (it matches on more than the destination).
+type Match uint8
 
 const (
-	matchYes match = iota
-	matchNo
-	matchUnknown
+	MatchYes Match = iota
+	MatchNo
+	MatchUnknown
 )
+
+// MatchExprs evaluates the expressions of a rule of another table (the
+// original agent's, say) on a packet to addr (local: an address of the
+// node), with the evaluator that explains the agent's own rules.
+func MatchExprs(exprs []expr.Any, addr netip.Addr, local bool) Match {
+	m, _ := (&evaluator{addr: addr, local: local}).match(Rule{exprs: exprs})
+	return m
+}
 
 // match evaluates a rule's expressions up to its verdict on a packet to
 // ev.addr. The step it returns records the set element a lookup matched.
-func (ev *evaluator) match(r Rule) (match, step) {
+func (ev *evaluator) match(r Rule) (Match, step) {
 	var s step
 	if ev.regs == nil {
 		ev.regs, ev.addrBytes = map[uint32][]byte{}, ev.addr.AsSlice()
@@ -369,7 +379,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 					continue
 				}
 				if is := ev.local != (i.Flags&0x2 != 0); !is {
-					return matchNo, s
+					return MatchNo, s
 				}
 			default:
 				unknown = true
@@ -403,7 +413,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 			}
 			c := bytes.Compare(v, e.Data)
 			if !cmpHolds(e.Op, c) {
-				return matchNo, s
+				return MatchNo, s
 			}
 		case *expr.Range:
 			v, ok := regs[e.Register]
@@ -413,7 +423,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 			}
 			in := bytes.Compare(v, e.FromData) >= 0 && bytes.Compare(v, e.ToData) <= 0
 			if in != (e.Op == expr.CmpOpEq) {
-				return matchNo, s
+				return MatchNo, s
 			}
 		case *expr.Lookup:
 			v, ok := regs[e.SourceRegister]
@@ -425,7 +435,7 @@ func (ev *evaluator) match(r Rule) (match, step) {
 			}
 			elem, found := lookup(set.Elements, a)
 			if found == e.Invert {
-				return matchNo, s
+				return MatchNo, s
 			}
 			if found {
 				s.set, s.element = set.Name, rangeString(elem)
@@ -442,9 +452,9 @@ func (ev *evaluator) match(r Rule) (match, step) {
 		}
 	}
 	if unknown {
-		return matchUnknown, s
+		return MatchUnknown, s
 	}
-	return matchYes, s
+	return MatchYes, s
 }
 
 // rtnType is fib's address type results as registers hold them.

@@ -6,9 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
@@ -16,8 +14,8 @@ import (
 )
 
 // kernelTable turns a table into what Read would return for it: each
-// rule encoded by ruleMessage, as Send sends it, and decoded by
-// decodeRuleMessage, as Read receives it.
+// rule encoded as Send encodes it and decoded as Read decodes it (the
+// wire format between them is kernel's round trip test).
 func kernelTable(t *testing.T, want Table) *Table {
 	t.Helper()
 	tbl := want.Clone()
@@ -36,15 +34,7 @@ func kernelTable(t *testing.T, want Table) *Table {
 
 func decodeMessage(t *testing.T, chain string, r Rule) Rule {
 	t.Helper()
-	msg, err := ruleMessage(chain, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, got, err := decodeRuleMessage(msg.Data[4:])
-	if err != nil || got != chain {
-		t.Fatalf("decode %q: chain %q, %v", RenderRule(r), got, err)
-	}
-	return out
+	return FoundRule(r.expressions(), r.Comment)
 }
 
 // Every rule Build makes, encoded and decoded, reads back as itself.
@@ -132,7 +122,7 @@ func TestDecodeRuleForeign(t *testing.T) {
 			&expr.Cmp{Register: 1, Data: []byte{0, 80}}, &expr.Counter{}, &expr.Masq{Random: true}},
 			"meta l4proto tcp th dport 80 counter masquerade"},
 	} {
-		kr := foundRule(&nftables.Rule{Exprs: tc.exprs, UserData: userdata.AppendString(nil, userdata.TypeComment, "x")})
+		kr := FoundRule(tc.exprs, "x")
 		if kr.Foreign != tc.text+` comment "x"` || RenderRule(kr) != kr.Foreign {
 			t.Errorf("got %+v %q, want a foreign rule %q", kr, RenderRule(kr), tc.text)
 		}
@@ -265,13 +255,13 @@ func TestExplainTable(t *testing.T) {
 		t.Errorf("added range: %s %q", e.Verdict(), e.Reason)
 	}
 	c := tbl.Chain(DefaultChain)
-	c.Rules = append([]Rule{foundRule(&nftables.Rule{Exprs: []expr.Any{
+	c.Rules = append([]Rule{FoundRule([]expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 255, 0, 0}, Xor: []byte{0, 0, 0, 0}},
 		&expr.Cmp{Register: 1, Data: []byte{10, 250, 0, 0}},
 		&expr.Verdict{Kind: expr.VerdictGoto, Chain: MasqChainName},
-	}})}, c.Rules...)
+	}, "")}, c.Rules...)
 	if e := explain(tbl, "10.250.0.10", false); !e.Masquerade || e.Reason != "chain IP-MASQ-AGENT rule 1" ||
 		e.Rule != "meta nfproto ipv4 ip daddr 10.250.0.0/16 goto masq-to-node" {
 		t.Errorf("inserted rule: %s %q %q", e.Verdict(), e.Reason, e.Rule)
@@ -279,10 +269,10 @@ func TestExplainTable(t *testing.T) {
 	if e := explain(tbl, "10.251.0.10", false); e.Masquerade {
 		t.Errorf("inserted rule matched outside its prefix: %s %q", e.Verdict(), e.Reason)
 	}
-	c.Rules = append([]Rule{foundRule(&nftables.Rule{Exprs: []expr.Any{
+	c.Rules = append([]Rule{FoundRule([]expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Register: 1, Data: []byte{unix.IPPROTO_UDP}},
 		&expr.Verdict{Kind: expr.VerdictReturn},
-	}})}, c.Rules...)
+	}, "")}, c.Rules...)
 	if e := explain(tbl, "8.8.8.8", false); !e.Undetermined || !strings.Contains(e.Reason, "rule 1 of chain IP-MASQ-AGENT matches on more than the destination") {
 		t.Errorf("protocol-dependent rule: %s %q", e.Verdict(), e.Reason)
 	}
@@ -295,34 +285,34 @@ func TestExplainTable(t *testing.T) {
 }
 
 func TestRangesFromBounds(t *testing.T) {
-	b := func(s string, end bool) bound { return bound{addr: netip.MustParseAddr(s), end: end} }
+	b := func(s string, end bool) Bound { return Bound{Addr: netip.MustParseAddr(s), End: end} }
 	for _, tc := range []struct {
 		name   string
-		bounds []bound
+		bounds []Bound
 		want   string
 	}{
 		{"empty", nil, ""},
-		{"the kernel's reverse order", []bound{b("192.169.0.0", true), b("192.168.0.0", false), b("11.0.0.0", true), b("10.0.0.0", false)},
+		{"the kernel's reverse order", []Bound{b("192.169.0.0", true), b("192.168.0.0", false), b("11.0.0.0", true), b("10.0.0.0", false)},
 			"10.0.0.0/8 192.168.0.0/16"},
-		{"adjacent intervals stay apart", []bound{b("10.0.0.0", false), b("11.0.0.0", true), b("11.0.0.0", false), b("12.0.0.0", true)},
+		{"adjacent intervals stay apart", []Bound{b("10.0.0.0", false), b("11.0.0.0", true), b("11.0.0.0", false), b("12.0.0.0", true)},
 			"10.0.0.0/8 11.0.0.0/8"},
-		{"adjacent, the start listed first", []bound{b("11.0.0.0", false), b("11.0.0.0", true), b("12.0.0.0", true), b("10.0.0.0", false)},
+		{"adjacent, the start listed first", []Bound{b("11.0.0.0", false), b("11.0.0.0", true), b("12.0.0.0", true), b("10.0.0.0", false)},
 			"10.0.0.0/8 11.0.0.0/8"},
-		{"nft's leading end marker", []bound{b("0.0.0.0", true), b("10.0.0.1", false), b("10.0.0.2", true)}, "10.0.0.1"},
-		{"top of the range has no end", []bound{b("240.0.0.0", false)}, "240.0.0.0/4"},
-		{"everything", []bound{b("::", false)}, "::/0"},
+		{"nft's leading end marker", []Bound{b("0.0.0.0", true), b("10.0.0.1", false), b("10.0.0.2", true)}, "10.0.0.1"},
+		{"top of the range has no end", []Bound{b("240.0.0.0", false)}, "240.0.0.0/4"},
+		{"everything", []Bound{b("::", false)}, "::/0"},
 		// The kernel's lookup matches from a start to the next element.
-		{"a start without an end before the next start", []bound{b("10.0.0.1", false), b("10.0.0.5", false), b("10.0.0.6", true)},
+		{"a start without an end before the next start", []Bound{b("10.0.0.1", false), b("10.0.0.5", false), b("10.0.0.6", true)},
 			"10.0.0.1-10.0.0.4 10.0.0.5"},
-		{"the issue's repro: a lone start covers up to the next start", []bound{b("10.0.0.0", false), b("11.0.0.0", true),
+		{"the issue's repro: a lone start covers up to the next start", []Bound{b("10.0.0.0", false), b("11.0.0.0", true),
 			b("20.0.0.1", false), b("192.168.0.0", false), b("192.169.0.0", true)}, "10.0.0.0/8 20.0.0.1-192.167.255.255 192.168.0.0/16"},
-		{"a lone start before an adjacent end and start", []bound{b("10.0.0.1", false), b("10.0.0.5", true), b("10.0.0.5", false),
+		{"a lone start before an adjacent end and start", []Bound{b("10.0.0.1", false), b("10.0.0.5", true), b("10.0.0.5", false),
 			b("10.0.0.3", false)}, "10.0.0.1-10.0.0.2 10.0.0.3-10.0.0.4 10.0.0.5-255.255.255.255"},
-		{"an end without a start matches nothing", []bound{b("10.0.0.1", false), b("10.0.0.2", true), b("10.0.0.9", true)}, "10.0.0.1"},
-		{"a range that is not a prefix stays a range", []bound{b("10.0.0.1", false), b("10.0.0.6", true)}, "10.0.0.1-10.0.0.5"},
-		{"IPv6", []bound{b("fd00::", false), b("fe00::", true), b("fe80::", false), b("fec0::", true)}, "fd00::/8 fe80::/10"},
+		{"an end without a start matches nothing", []Bound{b("10.0.0.1", false), b("10.0.0.2", true), b("10.0.0.9", true)}, "10.0.0.1"},
+		{"a range that is not a prefix stays a range", []Bound{b("10.0.0.1", false), b("10.0.0.6", true)}, "10.0.0.1-10.0.0.5"},
+		{"IPv6", []Bound{b("fd00::", false), b("fe00::", true), b("fe80::", false), b("fec0::", true)}, "fd00::/8 fe80::/10"},
 	} {
-		rs, odd := rangesFromBounds(tc.bounds)
+		rs, odd := RangesFromBounds(tc.bounds)
 		var got []string
 		for _, r := range rs {
 			got = append(got, rangeString(r))
@@ -334,18 +324,14 @@ func TestRangesFromBounds(t *testing.T) {
 		}
 	}
 	// Every golden set, and ranges that are not prefixes, survive the
-	// round trip through intervals().
-	toBounds := func(rs []netipx.IPRange) []bound {
-		var bs []bound
-		for _, e := range intervals(rs) {
-			a, _ := netip.AddrFromSlice(e.Key)
-			bs = append(bs, bound{addr: a, end: e.IntervalEnd})
-		}
+	// round trip through Bounds.
+	toBounds := func(rs []netipx.IPRange) []Bound {
+		bs := Bounds(rs)
 		slices.Reverse(bs) // the kernel lists them backwards
 		return bs
 	}
 	check := func(name string, want []netipx.IPRange) {
-		got, odd := rangesFromBounds(toBounds(want))
+		got, odd := RangesFromBounds(toBounds(want))
 		if len(odd) > 0 || !slices.Equal(got, want) {
 			t.Errorf("%s: %v, %v; want %v", name, got, odd, want)
 		}

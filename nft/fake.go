@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 )
 
@@ -23,9 +22,6 @@ type Fake struct {
 	Refuse func(Op) error
 	// ReadErr and SendErr, if set, fail every Read or Send.
 	ReadErr, SendErr error
-	// OriginalErr fails every FindOriginal and RemoveOriginal; RemoveErr
-	// every RemoveOriginal that would remove something.
-	OriginalErr, RemoveErr error
 
 	mu          sync.Mutex
 	unsupported bool // OwnerRefusal was answered
@@ -33,10 +29,6 @@ type Fake struct {
 	gen         uint32
 	sent        []Plan
 	events      chan Event
-
-	original Original // the original agent's rules (iptables-nft), see SetOriginal
-	handle   uint64
-	removals int
 }
 
 func (f *Fake) Owns() bool {
@@ -76,10 +68,10 @@ func (f *Fake) Send(p Plan, gen uint32) (Sent, error) {
 			err = f.Refuse(op)
 		}
 		switch {
-		case err != nil && refusesOwnership(op, err):
+		case err != nil && RefusesOwnership(op, err):
 			// What Netlink concludes from the same refusal.
 			f.unsupported = true
-			return Sent{}, cannotOwn(fmt.Errorf("%s: %w", op, err))
+			return Sent{}, CannotOwn(fmt.Errorf("%s: %w", op, err))
 		case err != nil:
 			return Sent{}, err
 		}
@@ -150,116 +142,4 @@ func (f *Fake) Watch(ctx context.Context, notify func(Event)) error {
 			notify(e)
 		}
 	}
-}
-
-// SetOriginal puts the original agent's rules (as FindOriginal returns
-// them) into the fake's iptables-nft tables, as another process would.
-func (f *Fake) SetOriginal(o Original) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.original = o
-	f.gen++
-}
-
-// RewriteOriginal re-adds the original's chain rules with new handles, as
-// the original agent's iptables-restore does at every resync.
-func (f *Fake) RewriteOriginal() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for i := range f.original.Families {
-		for j := range f.original.Families[i].Rules {
-			f.handle++
-			f.original.Families[i].Rules[j].Handle = 1000 + f.handle
-		}
-	}
-	f.gen++
-}
-
-// FindOriginal returns the original's rules set by SetOriginal, found as
-// Netlink's are: chains that are the original's (Recognised), of a
-// well-known name, or named chain.
-func (f *Fake) FindOriginal(chain string) (Original, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.findOriginal(chain)
-}
-
-func (f *Fake) findOriginal(chain string) (Original, error) {
-	if f.OriginalErr != nil {
-		return Original{}, f.OriginalErr
-	}
-	o := Original{Chain: chain, Legacy: slices.Clone(f.original.Legacy), Gen: f.gen + 1}
-	for _, fam := range []Family{4, 6} {
-		var found []OriginalFamily
-		var exemptions []XTRule
-		for _, e := range f.original.Families {
-			if e.Family != fam {
-				continue
-			}
-			exemptions = append(exemptions, e.Exemptions...)
-			if !e.Present() || !(e.Recognised() || slices.Contains(wellKnownChains, e.Chain) || e.Chain == chain) {
-				continue
-			}
-			e.Jumps, e.Rules, e.Exemptions = slices.Clone(e.Jumps), slices.Clone(e.Rules), nil
-			e.first = len(found)
-			if len(e.Jumps) == 0 {
-				e.first = -1
-			}
-			for _, j := range e.Jumps {
-				if n, ok := isOriginalJumpComment(j.Comment); ok && e.CommentChain == "" {
-					e.CommentChain = n
-				}
-			}
-			found = append(found, e)
-		}
-		if len(found) == 0 {
-			c := chain
-			if c == "" {
-				c = DefaultChain
-			}
-			found = append(found, OriginalFamily{Family: fam, Chain: c, first: -1})
-		}
-		found[0].Exemptions = slices.Clone(exemptions)
-		o.Families = append(o.Families, found...)
-	}
-	return o, nil
-}
-
-// RemoveOriginal removes the original's removable chains and jumps, as
-// Netlink's does.
-func (f *Fake) RemoveOriginal(chain, fingerprint string) (Original, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	o, err := f.findOriginal(chain)
-	if err != nil {
-		return o, err
-	}
-	if fingerprint != "" && o.Fingerprint() != fingerprint {
-		return o, ErrOriginalChanged
-	}
-	o = o.removable()
-	if !o.Present() {
-		return o, nil
-	}
-	if f.RemoveErr != nil {
-		return o, f.RemoveErr
-	}
-	for i := range f.original.Families {
-		fam := &f.original.Families[i]
-		for _, r := range o.Families {
-			if r.Family == fam.Family && r.Chain == fam.Chain {
-				fam.ChainPresent, fam.Jumps, fam.Rules = false, nil, nil
-			}
-		}
-	}
-	f.gen++
-	f.removals++
-	return o, nil
-}
-
-// Removals counts the RemoveOriginal calls that removed something.
-func (f *Fake) Removals() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.removals
 }

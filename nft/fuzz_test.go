@@ -1,7 +1,6 @@
 package nft
 
 import (
-	"bytes"
 	"encoding/binary"
 	"hash/fnv"
 	"math/rand/v2"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 	"go4.org/netipx"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
@@ -66,8 +64,8 @@ func FuzzBuild(f *testing.F) {
 		checkMasqChain(t, o, rs)
 		for _, c := range rs.Chains {
 			for _, r := range c.Rules {
-				if _, err := ruleMessage(c.Name, r); err != nil {
-					t.Fatalf("rule %q does not encode: %v", RenderRule(r), err)
+				if got := FoundRule(r.Encode(), r.Comment); got.Foreign != "" || !got.equal(r) {
+					t.Fatalf("rule %q does not decode as itself: %q", RenderRule(r), RenderRule(got))
 				}
 			}
 		}
@@ -220,7 +218,7 @@ func evalRuleset(t *testing.T, rs Table, a netip.Addr) (bool, string) {
 			if s.Family != fam {
 				return false // ip daddr @set never matches an IPv6 packet, and the reverse
 			}
-			byPrefix, byElements := inRanges(s.Elements, a), inIntervals(intervals(s.Elements), a)
+			byPrefix, byElements := inRanges(s.Elements, a), inIntervals(Bounds(s.Elements), a)
 			if byPrefix != byElements {
 				t.Fatalf("%s: set %s: the normalized prefixes say %v, the interval elements sent to the kernel say %v",
 					a, s.Name, byPrefix, byElements)
@@ -276,12 +274,11 @@ func inRanges(rs []netipx.IPRange, a netip.Addr) bool {
 // inIntervals evaluates an interval set as the kernel does: an element
 // starts an interval that ends before the next element flagged as an
 // interval end, or at the top of the address space if there is none.
-func inIntervals(elems []nftables.SetElement, a netip.Addr) bool {
-	key := a.AsSlice()
+func inIntervals(elems []Bound, a netip.Addr) bool {
 	// The elements are sorted by key (an end and the next start may share
 	// one, the end first): the last element at or below a decides.
-	i := sort.Search(len(elems), func(i int) bool { return bytes.Compare(elems[i].Key, key) > 0 })
-	return i > 0 && !elems[i-1].IntervalEnd
+	i := sort.Search(len(elems), func(i int) bool { return elems[i].Addr.Compare(a) > 0 })
+	return i > 0 && !elems[i-1].End
 }
 
 // checkSets checks that each set is normalized and covers exactly the

@@ -26,6 +26,18 @@ type Kernel interface {
 // and plan again.
 var ErrStale = errors.New("the ruleset changed since it was read")
 
+// Event is a notification that the table may have changed: a transaction
+// of another process that touched it, or a loss of notifications after
+// which anything may have happened. It says nothing about who: the
+// receiver reads the table back and compares.
+type Event struct {
+	What string // e.g. "delete table, add rule"; or why notifications were lost
+	Lost bool   // notifications were lost (receive buffer overrun, generation gap)
+}
+
+// ErrNoAnswer: the kernel did not answer in time; the socket is out of step.
+var ErrNoAnswer = errors.New("no answer from the kernel")
+
 // Sent says what a transaction carried.
 type Sent struct{ Messages, Bytes int }
 
@@ -43,9 +55,9 @@ type Result struct {
 	Bytes     int
 }
 
-// maxAttempts bounds the transactions of Ensure after which the table
+// MaxAttempts bounds the transactions of Ensure after which the table
 // still differs, and the tries of Delete.
-const maxAttempts = 5
+const MaxAttempts = 5
 
 // Patience bounds how long Ensure tries again after stale reads and
 // plans (ErrStale): on a busy node other processes commit every second or
@@ -53,8 +65,8 @@ const maxAttempts = 5
 // The retries back off from 1 ms to 250 ms.
 var Patience = 30 * time.Second
 
-// backoff returns the wait before the n-th retry after a stale read or plan.
-func backoff(n int) time.Duration {
+// Backoff returns the wait before the n-th retry after a stale read or plan.
+func Backoff(n int) time.Duration {
 	if n <= 1 {
 		return 0
 	}
@@ -82,10 +94,10 @@ func EnsureBy(k Kernel, want Table, deadline time.Time) (Result, error) {
 	retry := func(err error) error {
 		stale++
 		res.Stale++
-		if time.Now().Add(backoff(stale)).After(deadline) {
+		if time.Now().Add(Backoff(stale)).After(deadline) {
 			return fmt.Errorf("gave up after %d stale reads or plans: %w", res.Stale, err)
 		}
-		time.Sleep(backoff(stale))
+		time.Sleep(Backoff(stale))
 		return nil
 	}
 	for attempt := 1; ; attempt++ {
@@ -111,7 +123,7 @@ func EnsureBy(k Kernel, want Table, deadline time.Time) (Result, error) {
 			res.Unchanged = res.Attempts == 0
 			return res, nil
 		}
-		if attempt > maxAttempts {
+		if attempt > MaxAttempts {
 			return res, fmt.Errorf("table inet %s still differs from the wanted one after %d transactions (%s)",
 				TableName, res.Attempts, summary(found, want))
 		}
@@ -133,7 +145,7 @@ func EnsureBy(k Kernel, want Table, deadline time.Time) (Result, error) {
 			}
 			attempt--
 			continue
-		case err != nil && !p.Recreate && found != nil && !errors.Is(err, errNoAnswer) && refused == nil:
+		case err != nil && !p.Recreate && found != nil && !errors.Is(err, ErrNoAnswer) && refused == nil:
 			refused = err
 			continue
 		case err != nil:

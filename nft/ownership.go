@@ -7,7 +7,7 @@ import (
 	"syscall"
 )
 
-// refusesOwnership reports whether err, the kernel's refusal of op, means
+// RefusesOwnership reports whether err, the kernel's refusal of op, means
 // that the kernel cannot own the table: op is the creation of an owned
 // (and persistent) table. Before Linux 6.9 a table cannot be owned and
 // persist (without persist the table would vanish whenever the agent
@@ -16,15 +16,15 @@ import (
 // flag came in 5.12). So the refusal of that message, whatever the errno,
 // means "cannot own"; but a missing answer (nothing was refused) and
 // EEXIST (an exclusive create found a table made since the read) do not.
-func refusesOwnership(op Op, err error) bool {
+func RefusesOwnership(op Op, err error) bool {
 	return err != nil && op.Kind == KindTable && op.Verb == Add && op.Owned &&
-		!errors.Is(err, errNoAnswer) && !errors.Is(err, syscall.EEXIST)
+		!errors.Is(err, ErrNoAnswer) && !errors.Is(err, syscall.EEXIST)
 }
 
-// cannotOwn is Send's error when the kernel refused ownership: ErrStale,
+// CannotOwn is Send's error when the kernel refused ownership: ErrStale,
 // so that Ensure plans again, now without ownership. It is logged once
 // (the Kernel stops asking for ownership).
-func cannotOwn(err error) error {
+func CannotOwn(err error) error {
 	slog.Info("the kernel cannot own a persistent table (Linux 6.9 or later); the table is verified and repaired instead", "refused", err.Error())
 	return fmt.Errorf("%w: the kernel cannot own a persistent table (Linux 6.9 or later): %w", ErrStale, err)
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"go4.org/netipx"
 	"golang.org/x/sys/unix"
@@ -50,7 +49,7 @@ func foreignRule(set, chain string) Rule {
 	if chain != "" {
 		v = &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}
 	}
-	return foundRule(&nftables.Rule{Exprs: append(exprs, v)})
+	return FoundRule(append(exprs, v), "")
 }
 
 func opStrings(p Plan) []string {

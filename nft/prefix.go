@@ -5,7 +5,6 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/google/nftables"
 	"go4.org/netipx"
 )
 
@@ -117,28 +116,28 @@ func lookup(rs []netipx.IPRange, addr netip.Addr) (netipx.IPRange, bool) {
 	return netipx.IPRange{}, false
 }
 
-// intervals encodes ranges as interval-set elements: the first address,
-// and the address after the last flagged as interval end. A range that
-// reaches the top of the address space (0.0.0.0/0, 240.0.0.0/4, ::/0) has
-// no address after it and gets no end element, as nft does.
-func intervals(rs []netipx.IPRange) []nftables.SetElement {
-	out := make([]nftables.SetElement, 0, 2*len(rs))
+// Bounds are ranges as interval-set elements: the first address, and the
+// address after the last flagged as interval end. A range that reaches
+// the top of the address space (0.0.0.0/0, 240.0.0.0/4, ::/0) has no
+// address after it and gets no end element, as nft does.
+func Bounds(rs []netipx.IPRange) []Bound {
+	out := make([]Bound, 0, 2*len(rs))
 	for _, r := range rs {
-		out = append(out, nftables.SetElement{Key: r.From().AsSlice()})
+		out = append(out, Bound{Addr: r.From()})
 		if end := r.To().Next(); end.IsValid() {
-			out = append(out, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
+			out = append(out, Bound{Addr: end, End: true})
 		}
 	}
 	return out
 }
 
-// bound is one element of an interval set as the kernel lists it.
-type bound struct {
-	addr netip.Addr
-	end  bool // NFT_SET_ELEM_INTERVAL_END
+// Bound is one element of an interval set as the kernel lists it.
+type Bound struct {
+	Addr netip.Addr
+	End  bool // NFT_SET_ELEM_INTERVAL_END
 }
 
-// rangesFromBounds turns an interval set's elements into the ranges the
+// RangesFromBounds turns an interval set's elements into the ranges the
 // kernel's lookup matches, and says what about them the agent would never
 // write. The lookup finds the greatest element at or below an address
 // (a start before an end at the same address): the address matches if
@@ -148,15 +147,15 @@ type bound struct {
 // DELSETELEM of one end leaves that); to the top of the address space
 // after the last start. An end with no start matches nothing; nft writes
 // one at the lowest address, and any other is odd.
-func rangesFromBounds(bs []bound) (ranges []netipx.IPRange, odd []string) {
-	slices.SortFunc(bs, func(x, y bound) int {
-		if c := x.addr.Compare(y.addr); c != 0 {
+func RangesFromBounds(bs []Bound) (ranges []netipx.IPRange, odd []string) {
+	slices.SortFunc(bs, func(x, y Bound) int {
+		if c := x.Addr.Compare(y.Addr); c != 0 {
 			return c
 		}
 		switch {
-		case x.end == y.end:
+		case x.End == y.End:
 			return 0
-		case x.end:
+		case x.End:
 			return -1
 		}
 		return 1
@@ -166,16 +165,16 @@ func rangesFromBounds(bs []bound) (ranges []netipx.IPRange, odd []string) {
 	open := false
 	for i, b := range bs {
 		switch {
-		case !b.end && open:
-			out = append(out, netipx.IPRangeFrom(start, b.addr.Prev()))
+		case !b.End && open:
+			out = append(out, netipx.IPRangeFrom(start, b.Addr.Prev()))
 			odd = append(odd, "an interval start without an end")
-			start = b.addr
-		case !b.end:
-			start, open = b.addr, true
+			start = b.Addr
+		case !b.End:
+			start, open = b.Addr, true
 		case open:
-			out = append(out, netipx.IPRangeFrom(start, b.addr.Prev()))
+			out = append(out, netipx.IPRangeFrom(start, b.Addr.Prev()))
 			open = false
-		case i > 0 || !b.addr.IsUnspecified():
+		case i > 0 || !b.Addr.IsUnspecified():
 			odd = append(odd, "an interval end without a start")
 		}
 	}

@@ -1,7 +1,9 @@
-// Package nft turns a config into the agent's nftables table (Build, pure),
-// plans the one transaction that turns the table the kernel holds into it
-// (Plan, pure), and sends and verifies that plan (Ensure, over a Kernel:
-// Netlink for the real one, Fake in memory).
+// Package nft is pure: it turns a config into the agent's nftables table
+// (Build), plans the one transaction that turns the table the kernel
+// holds into it (Plan), encodes and decodes rules as nftables expressions
+// (codec.go), evaluates them (explain.go), and sends and verifies a plan
+// over a Kernel (Ensure): nft/kernel's Netlink for the real one, Fake in
+// memory. No socket and no file is opened here (pure_test.go).
 //
 // Data flows one way: Config -> Table (wanted) -> Plan -> kernel, and back
 // once: kernel -> Table (found). The same Table type describes both, so
@@ -91,7 +93,7 @@ type Table struct {
 	Chains  []Chain  // Build's order: base, decision, masquerade
 	Objects []Object // found only: stateful objects and flowtables, which the agent never makes
 
-	use uint32 // found only: how many chains, sets, objects and flowtables the kernel counts in it
+	Use uint32 // found only: how many chains, sets, objects and flowtables the kernel counts in it
 }
 
 // Set is an interval set of destination addresses of one family.

@@ -18,6 +18,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // TestListedByNFT reads the table back with the real nft CLI: sets as
@@ -75,7 +76,7 @@ func TestRenderMatchesKernel(t *testing.T) {
 				t.Fatal(err)
 			}
 			rs := nft.Build(cfg, tc.opts)
-			a := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+			a := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 			if _, err := a.Apply(rs); err != nil {
 				t.Fatal(err)
 			}
@@ -100,7 +101,7 @@ func TestRenderMatchesKernel(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer ext.Close()
-			found, _, err := (&nft.Netlink{NetNS: int(ext), NoOwner: true}).Read()
+			found, _, err := (&kernel.Netlink{NetNS: int(ext), NoOwner: true}).Read()
 			if err != nil || found == nil {
 				t.Fatalf("read what nft -f wrote: %v", err)
 			}
@@ -256,7 +257,7 @@ func TestUnknownKeyWarns(t *testing.T) {
 // socket left out of step).
 func TestFailedBatchChangesNothing(t *testing.T) {
 	topo := newTopology(t)
-	a := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+	a := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	good := nft.Build(config.Default(config.Flags{}), nft.Options{Chain: nft.DefaultChain, RandomFully: true})
 	if _, err := a.Apply(good); err != nil {
 		t.Fatal(err)

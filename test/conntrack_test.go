@@ -16,6 +16,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/conntrack"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // Bounds of the conntrack tests: a stream sends one datagram every
@@ -37,7 +38,7 @@ func applyConntrackConfig(t *testing.T, topo *testnet.Topology, yaml string, ipv
 		t.Fatalf("config %q: %v", yaml, err)
 	}
 	opts := nft.Options{Chain: nft.DefaultChain, EnableIPv6: ipv6, RandomFully: true}
-	if _, err := (&nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}).Apply(nft.Build(cfg, opts)); err != nil {
+	if _, err := (&kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}).Apply(nft.Build(cfg, opts)); err != nil {
 		t.Fatalf("apply config %q: %v", yaml, err)
 	}
 	return func(a netip.Addr) (bool, bool) {

@@ -18,6 +18,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // configMapDir is a test's ConfigMap volume, updated the kubelet's way.
@@ -241,7 +242,7 @@ func TestDaemonRestartKeepsTable(t *testing.T) {
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 
 	// An independent observer of every transaction in the namespace.
-	observer := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+	observer := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	var seen []string

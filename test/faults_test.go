@@ -27,6 +27,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // The tests of this file and of hostile_test.go, coexist_test.go and
@@ -330,7 +331,7 @@ func TestAtomicityUnderTraffic(t *testing.T) {
 		}
 		states[i] = nft.Build(cfg, opts)
 	}
-	a := &nft.Netlink{NetNS: int(topo.NodeHandle())}
+	a := &kernel.Netlink{NetNS: int(topo.NodeHandle())}
 	mustApplyRS(t, a, states[0])
 
 	const workers = 4

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // deleteIntervalEnd removes one element of an interval set the way a
@@ -137,7 +138,7 @@ func merged(rs []netipx.IPRange) []netipx.IPRange {
 // a repair replaces it).
 func TestIntervalDecodeMatchesNft(t *testing.T) {
 	topo := newTopology(t)
-	k := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+	k := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	defer k.Close()
 	rng := rand.New(rand.NewPCG(26, 3))
 	rounds := 25

@@ -15,14 +15,15 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
-// original programs, with the real iptables binary (tool: iptables-nft,
+// writeOriginal programs, with the real iptables binary (tool: iptables-nft,
 // ip6tables-nft, iptables-legacy), exactly what the original ip-masq-agent
 // writes at each resync: its chain (EnsureChain), the POSTROUTING jump
 // (EnsureRule: -C, then -A), and the chain rewritten whole with
 // iptables-restore --noflush.
-func original(t *testing.T, topo *testnet.Topology, tool, chain string, cidrs ...string) {
+func writeOriginal(t *testing.T, topo *testnet.Topology, tool, chain string, cidrs ...string) {
 	t.Helper()
 	run := func(stdin string, name string, args ...string) {
 		t.Helper()
@@ -34,7 +35,7 @@ func original(t *testing.T, topo *testnet.Topology, tool, chain string, cidrs ..
 			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 		}
 	}
-	jump := []string{"-t", "nat", "POSTROUTING", "-m", "comment", "--comment", nft.OriginalJumpComment(chain),
+	jump := []string{"-t", "nat", "POSTROUTING", "-m", "comment", "--comment", original.JumpComment(chain),
 		"-m", "addrtype", "!", "--dst-type", "LOCAL", "-j", chain}
 	if exec.Command("ip", append([]string{"netns", "exec", topo.NodeNS, tool, "-t", "nat", "-C"}, jump[2:]...)...).Run() != nil {
 		run("", tool, "-t", "nat", "-N", chain)
@@ -74,7 +75,7 @@ func TestIptablesOriginalRemovedWhenGone(t *testing.T) {
 	addDestinations(t, topo, internet1, private1)
 	// The original's list exempts 203.0.113.0/24 and masquerades 10.250/16;
 	// the agent's config masquerades 203.0.113.0/24 and exempts 10/8.
-	original(t, topo, "iptables-nft", nft.DefaultChain, "203.0.113.0/24")
+	writeOriginal(t, topo, "iptables-nft", nft.DefaultChain, "203.0.113.0/24")
 	d := startDaemon(t, topo, "--config", writeConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 1s\n"), "--http-address=127.0.0.1:0")
 	eventually(t, "the report of the original's rules", func() bool {
 		return strings.Contains(d.output(), "found the original ip-masq-agent's iptables rules")
@@ -96,7 +97,7 @@ func TestIptablesOriginalRemovedWhenGone(t *testing.T) {
 	var lastRewrite time.Time
 	for i := 0; i < 10; i++ {
 		lastRewrite = time.Now()
-		original(t, topo, "iptables-nft", nft.DefaultChain, "203.0.113.0/24")
+		writeOriginal(t, topo, "iptables-nft", nft.DefaultChain, "203.0.113.0/24")
 		if got := jumpHandle(); got != first {
 			t.Fatalf("rewrite %d: the original's jump changed (%q, was %q): the agent removed it while the original ran\n%s", i, got, first, d.output())
 		}
@@ -138,7 +139,7 @@ func TestIptablesCustomChainAndExemption(t *testing.T) {
 	testnet.Require(t, "iptables-nft", "iptables-nft-restore")
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1)
-	original(t, topo, "iptables-nft", "IP-MASQ")
+	writeOriginal(t, topo, "iptables-nft", "IP-MASQ")
 	if out, err := topo.RunInNode(context.Background(), "iptables-nft", "-t", "nat", "-I", "POSTROUTING", "-d", "203.0.113.0/24", "-j", "ACCEPT"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -168,8 +169,8 @@ func TestIptablesCleanupAndTools(t *testing.T) {
 	if code, out, _ := runTool(t, topo, "diff", "--config", cfg); code != 0 || strings.TrimSpace(out) != "in sync" {
 		t.Fatalf("diff before: %d %q", code, out)
 	}
-	original(t, topo, "iptables-nft", nft.DefaultChain, "203.0.113.0/24")
-	original(t, topo, "ip6tables-nft", nft.DefaultChain)
+	writeOriginal(t, topo, "iptables-nft", nft.DefaultChain, "203.0.113.0/24")
+	writeOriginal(t, topo, "ip6tables-nft", nft.DefaultChain)
 
 	code, out, stderr := runTool(t, topo, "diff", "--config", cfg)
 	if code != 1 || !strings.Contains(out, "table ip nat chain POSTROUTING: the original ip-masq-agent's jump to chain IP-MASQ-AGENT (its --masq-chain) decides first") ||
@@ -228,7 +229,7 @@ func TestIptablesAnyChainName(t *testing.T) {
 	addDestinations(t, topo, private1)
 	cfg := writeConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\n")
 	mustApply(t, topo, "nonMasqueradeCIDRs: [10.0.0.0/8]\n")
-	original(t, topo, "iptables-nft", nft.AddonChain)
+	writeOriginal(t, topo, "iptables-nft", original.AddonChain)
 	originalAzure(t, topo, "ip6tables-nft", "azure-masq")
 	for _, args := range [][]string{{"-N", nft.DefaultChain}, {"-A", nft.DefaultChain, "-j", "RETURN"}} {
 		if out, err := topo.RunInNode(context.Background(), "iptables-nft", append([]string{"-t", "nat"}, args...)...); err != nil {
@@ -276,7 +277,7 @@ func originalAzure(t *testing.T, topo *testnet.Topology, tool, chain string) {
 	t.Helper()
 	for _, args := range [][]string{
 		{"-N", chain},
-		{"-A", "POSTROUTING", "-m", "comment", "--comment", `"` + nft.OriginalJumpComment(chain) + `"`, "-m", "addrtype", "!", "--dst-type", "LOCAL", "-j", chain},
+		{"-A", "POSTROUTING", "-m", "comment", "--comment", `"` + original.JumpComment(chain) + `"`, "-m", "addrtype", "!", "--dst-type", "LOCAL", "-j", chain},
 		{"-A", chain, "-m", "comment", "--comment", "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)", "-j", "MASQUERADE"},
 	} {
 		if out, err := topo.RunInNode(context.Background(), tool, append([]string{"-t", "nat"}, args...)...); err != nil {

@@ -5,16 +5,16 @@ import (
 	"testing"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
-	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // kernelOwns reports whether the kernel can own the agent's table, learnt
-// as the agent learns it (nft.Netlink.Probe asks the kernel). A test of
+// as the agent learns it (kernel.Netlink.Probe asks the kernel). A test of
 // ownership asserts, on a kernel that cannot own (before 6.9), the
 // fallback: the table verified and repaired.
 func kernelOwns(t *testing.T, topo *testnet.Topology) bool {
 	t.Helper()
-	k := &nft.Netlink{NetNS: int(topo.NodeHandle())}
+	k := &kernel.Netlink{NetNS: int(topo.NodeHandle())}
 	defer k.Close()
 	if err := k.Probe(); err != nil {
 		t.Fatalf("probe: %v", err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 func build(t *testing.T, yaml string) nft.Table {
@@ -38,7 +39,7 @@ func manyCIDRs(n int, extra ...string) string {
 	return b.String()
 }
 
-func mustApplyRS(t *testing.T, a *nft.Netlink, rs nft.Table) nft.Result {
+func mustApplyRS(t *testing.T, a *kernel.Netlink, rs nft.Table) nft.Result {
 	t.Helper()
 	res, err := a.Apply(rs)
 	if err != nil {
@@ -53,7 +54,7 @@ func mustApplyRS(t *testing.T, a *nft.Netlink, rs nft.Table) nft.Result {
 func TestNoChurn(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, internet2, private1)
-	a := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+	a := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	rs := build(t, manyCIDRs(10_000, "10.0.0.0/8"))
 	if res := mustApplyRS(t, a, rs); !res.Created {
 		t.Errorf("first apply: %+v, want the table created", res)
@@ -113,7 +114,7 @@ func withoutSets(s string) string {
 func TestWatchRepairs(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
-	a := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+	a := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	rs := build(t, "")
 	mustApplyRS(t, a, rs)
 	want := withoutCounters(listTable(t, topo))

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // TestKernelProbe: this kernel has what the agent needs (the probe says
@@ -12,7 +12,7 @@ import (
 // generation.
 func TestKernelProbe(t *testing.T) {
 	topo := newTopology(t)
-	k := &nft.Netlink{NetNS: int(topo.NodeHandle())}
+	k := &kernel.Netlink{NetNS: int(topo.NodeHandle())}
 	defer k.Close()
 	_, before, err := k.Read()
 	if err != nil {

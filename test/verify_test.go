@@ -21,6 +21,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // TestOwnership: the agent's socket owns the table; the kernel refuses
@@ -30,7 +31,7 @@ func TestOwnership(t *testing.T) {
 	topo := newTopology(t)
 	ns := int(topo.NodeHandle())
 	owns := kernelOwns(t, topo)
-	a := &nft.Netlink{NetNS: ns} // not probed: its first create asks
+	a := &kernel.Netlink{NetNS: ns} // not probed: its first create asks
 	want := build(t, manyCIDRs(100, "10.0.0.0/8"))
 	res, err := a.Apply(want)
 	if err != nil {
@@ -62,7 +63,7 @@ func TestOwnership(t *testing.T) {
 	if out, err := topo.NFT("flush", "set", "inet", nft.TableName, nft.SetNonMasqV4); err == nil {
 		t.Fatalf("nft flush set on an owned table succeeded: %s", out)
 	}
-	other := &nft.Netlink{NetNS: ns}
+	other := &kernel.Netlink{NetNS: ns}
 	defer other.Close()
 	if _, err := other.Apply(want); !errors.Is(err, nft.ErrOwnedByOther) {
 		t.Fatalf("a second agent's apply: %v, want ErrOwnedByOther", err)
@@ -243,7 +244,7 @@ func TestTwoDaemons(t *testing.T) {
 // make.
 func TestStalePlanRefused(t *testing.T) {
 	topo := newTopology(t)
-	k := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+	k := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	defer k.Close()
 	want := build(t, "")
 	found, gen, err := k.Read()
@@ -279,7 +280,7 @@ func TestStalePlanRefused(t *testing.T) {
 // the agent reads it back and as nft lists it.
 func TestRandomPlansKernel(t *testing.T) {
 	topo := newTopology(t)
-	k := &nft.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
+	k := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	defer k.Close()
 	rng := rand.New(rand.NewPCG(7, 11))
 	prefix := func() string {

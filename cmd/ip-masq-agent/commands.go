@@ -17,6 +17,8 @@ import (
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 // command is one of the tools for operators: ip-masq-agent COMMAND ...
@@ -652,7 +654,7 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 // printOriginal prints the original agent's jumps that decide before the
 // agent's table, and the legacy tables it cannot see; it returns how many
 // jumps there are.
-func printOriginal(w io.Writer, o nft.Original) int {
+func printOriginal(w io.Writer, o original.Rules) int {
 	n := 0
 	for _, f := range o.Families {
 		for _, j := range f.Jumps {
@@ -674,17 +676,17 @@ func printOriginal(w io.Writer, o nft.Original) int {
 	}
 	for _, tool := range o.Legacy {
 		fmt.Fprintf(w, "note: a legacy %s nat table exists; rules there cannot be seen; if the original agent used iptables-legacy, remove them with (its --masq-chain for %s):\n  %s\n",
-			tool, chain, strings.Join(nft.LegacyCommands(chain, tool), "\n  "))
+			tool, chain, strings.Join(original.LegacyCommands(chain, tool), "\n  "))
 	}
 	return n
 }
 
 // readOriginal reads the original agent's rules once: found by what they
 // are, whatever --masq-chain the original ran with (chain: also by name).
-func readOriginal(chain string) (nft.Original, error) {
-	k := &nft.Netlink{}
-	defer k.Close()
-	return k.FindOriginal(chain)
+func readOriginal(chain string) (original.Rules, error) {
+	n := &kernel.Netlink{}
+	defer n.Close()
+	return original.Netlink{K: n}.FindOriginal(chain)
 }
 
 func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int {
@@ -705,8 +707,9 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	if *watch < 0 {
 		return usageError(c, stderr, "--watch %s: want 0 or more", *watch)
 	}
-	k := &nft.Netlink{}
-	defer k.Close()
+	n := &kernel.Netlink{}
+	defer n.Close()
+	k := original.Netlink{K: n}
 	o, err := k.FindOriginal(*chain)
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent cleanup-iptables: %v\n", hint(err))
@@ -718,13 +721,13 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	}
 	for _, tool := range o.Legacy {
 		fmt.Fprintf(stderr, "warning: a legacy %s nat table exists: rules written by %s-legacy cannot be seen over nftables; if the original agent used it, remove its rules with (its --masq-chain for %s):\n  %s\n",
-			tool, tool, legacyChain, strings.Join(nft.LegacyCommands(legacyChain, tool), "\n  "))
+			tool, tool, legacyChain, strings.Join(original.LegacyCommands(legacyChain, tool), "\n  "))
 	}
 	for _, f := range o.Foreign() {
 		fmt.Fprintf(stderr, "warning: not removed: %s: no rule carries the original ip-masq-agent's comments; if it is the original's, run: ip-masq-agent cleanup-iptables --masq-chain %s\n", f.Summary(), f.Chain)
 	}
 	if o.Fingerprint() == "" {
-		what := "no chain of the original ip-masq-agent's (found by its comments, or called " + nft.DefaultChain + " or " + nft.AddonChain + ")"
+		what := "no chain of the original ip-masq-agent's (found by its comments, or called " + nft.DefaultChain + " or " + original.AddonChain + ")"
 		if *chain != "" {
 			what += " and no chain " + *chain
 		}
@@ -747,7 +750,7 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 		o = again
 	}
 	removed, err := k.RemoveOriginal(*chain, o.Fingerprint())
-	if errors.Is(err, nft.ErrOriginalChanged) {
+	if errors.Is(err, original.ErrChanged) {
 		alive = true
 		removed, err = k.RemoveOriginal(*chain, "")
 	}
@@ -782,7 +785,7 @@ func liveTable(c *command, pos []string, stderr io.Writer) (t *nft.Table, code i
 
 // readTable reads the kernel's table once (nil: there is none).
 func readTable() (*nft.Table, error) {
-	k := &nft.Netlink{}
+	k := &kernel.Netlink{}
 	defer k.Close()
 	return k.ReadAll()
 }

@@ -25,6 +25,8 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/filewatch"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -173,7 +175,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	slog.SetDefault(log)
 	// --once --release-on-exit: no owner to release; the table is written unowned.
-	k := &nft.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
+	k := &kernel.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
 	defer k.Close()
 	m := metrics.New(version, func() ([]metrics.RuleCounter, error) {
 		cs, err := k.DecisionCounters(o.nft.Chain)
@@ -186,7 +188,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// The daemon also watches nftables notifications: a change by another
 	// process (possible when the table is not owned) is verified and
 	// repaired at once rather than at the next resync.
-	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once}
+	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once, Original: original.Netlink{K: k}}
 	if o.conntrack != conntrack.ModeNone && o.nft.CtLabel == nil {
 		log.Warn("conntrack cleanup without a mark (--conntrack-label=none): a change from masquerade to no masquerade also deletes the entries that another component (kube-proxy, a CNI) masqueraded to a node address", "mode", o.conntrack)
 	}

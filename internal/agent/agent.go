@@ -19,6 +19,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 // Kernel is nft.Kernel and its notifications.
@@ -30,10 +31,10 @@ type Kernel interface {
 }
 
 // OriginalRules finds and removes the original (iptables) ip-masq-agent's
-// rules; nft.Netlink and nft.Fake have it.
+// rules; kernel.Netlink and nft.Fake have it.
 type OriginalRules interface {
-	FindOriginal(chain string) (nft.Original, error)
-	RemoveOriginal(chain, fingerprint string) (nft.Original, error)
+	FindOriginal(chain string) (original.Rules, error)
+	RemoveOriginal(chain, fingerprint string) (original.Rules, error)
 }
 
 // Options are what the agent is run with.
@@ -48,6 +49,9 @@ type Options struct {
 	// Applied, if set, is called after the kernel took a new table that
 	// may change the decision for some destinations (the conntrack cleanup).
 	Applied func(old, new nft.Table)
+	// Original finds and removes the original agent's rules; nil: they
+	// are not looked for.
+	Original OriginalRules
 }
 
 // Agent keeps the kernel's table in line with the config.
@@ -72,16 +76,14 @@ type Agent struct {
 	lastWarnings []string
 	lastErr      string
 
-	configBad bool          // the last load of the config failed (not a partial directory)
-	notReady  string        // why the kernel's table is not the config's, though it was verified
-	orig      OriginalRules // nil: the kernel cannot look for the original's rules
+	configBad bool   // the last load of the config failed (not a partial directory)
+	notReady  string // why the kernel's table is not the config's, though it was verified
 	original  originalState
 }
 
 // New returns an agent; log and m must not be nil.
 func New(o Options, k Kernel, log *slog.Logger, m *metrics.Agent) *Agent {
 	a := &Agent{opts: o, kernel: k, log: log, metrics: m}
-	a.orig, _ = k.(OriginalRules)
 	return a
 }
 

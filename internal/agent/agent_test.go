@@ -21,6 +21,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 // t0 is the synthetic start of every test's clock.
@@ -49,6 +50,7 @@ type harness struct {
 	t       *testing.T
 	a       *Agent
 	fake    *nft.Fake
+	orig    *original.Fake
 	m       *metrics.Agent
 	path    string
 	logs    *syncBuffer
@@ -59,10 +61,11 @@ type harness struct {
 // written yet: the defaults) is h.path.
 func newHarness(t *testing.T, change func(*Options)) *harness {
 	t.Helper()
-	h := &harness{t: t, fake: &nft.Fake{}, m: metrics.New("test", nil), logs: &syncBuffer{}}
+	h := &harness{t: t, fake: &nft.Fake{}, orig: &original.Fake{}, m: metrics.New("test", nil), logs: &syncBuffer{}}
 	h.path = filepath.Join(t.TempDir(), "config")
 	o := Options{ConfigPath: h.path, NFT: nft.Options{Chain: nft.DefaultChain, RandomFully: true},
-		Applied: func(old, new nft.Table) { h.applied = append(h.applied, [2]nft.Table{old, new}) }}
+		Applied:  func(old, new nft.Table) { h.applied = append(h.applied, [2]nft.Table{old, new}) },
+		Original: h.orig}
 	if change != nil {
 		change(&o)
 	}

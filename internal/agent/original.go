@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 // The original (iptables) ip-masq-agent never removes its rules, and while
@@ -105,13 +106,13 @@ func (a *Agent) originalLook() time.Duration { return max(a.interval()/4, time.S
 // checkOriginal looks for the original's rules and removes them when the
 // original agent is gone.
 func (a *Agent) checkOriginal(now time.Time) {
-	if a.orig == nil {
+	if a.opts.Original == nil {
 		return
 	}
 	st := &a.original
 	st.checkAt = time.Time{}
 	// Found by what they are, whatever the chain's name.
-	o, err := a.orig.FindOriginal("")
+	o, err := a.opts.Original.FindOriginal("")
 	if err != nil {
 		if err.Error() != st.lastErr {
 			a.log.Warn("cannot look for the original ip-masq-agent's iptables rules", "err", err)
@@ -124,7 +125,7 @@ func (a *Agent) checkOriginal(now time.Time) {
 	a.reportLegacy(o)
 	a.reportForeign(o)
 	for _, fam := range []nft.Family{4, 6} {
-		a.metrics.LegacyRules(nft.OriginalFamily{Family: fam}.MetricFamily(), o.Removes(fam))
+		a.metrics.LegacyRules(original.Family{Family: fam}.MetricFamily(), o.Removes(fam))
 	}
 	fp := o.Fingerprint()
 	if fp == "" {
@@ -173,9 +174,9 @@ func (a *Agent) checkOriginal(now time.Time) {
 		st.checkAt = now.Add(a.interval())
 		return
 	}
-	removed, err := a.orig.RemoveOriginal("", fp)
+	removed, err := a.opts.Original.RemoveOriginal("", fp)
 	switch {
-	case errors.Is(err, nft.ErrOriginalChanged):
+	case errors.Is(err, original.ErrChanged):
 		st.fingerprint, st.changed = removed.Fingerprint(), now
 		st.checkAt = now.Add(a.originalQuiet())
 		a.log.Info("the original ip-masq-agent's rules changed just before their removal; leaving them alone", "chain", chains)
@@ -192,7 +193,7 @@ func (a *Agent) checkOriginal(now time.Time) {
 			}
 		}
 		for _, fam := range []nft.Family{4, 6} {
-			a.metrics.LegacyRules(nft.OriginalFamily{Family: fam}.MetricFamily(), false)
+			a.metrics.LegacyRules(original.Family{Family: fam}.MetricFamily(), false)
 		}
 		a.log.Info("removed the original ip-masq-agent's iptables rules: unchanged for "+now.Sub(st.changed).Round(time.Second).String()+", the original agent is gone",
 			"chain", chains, "removed", strings.Join(what, " | "))
@@ -203,7 +204,7 @@ func (a *Agent) checkOriginal(now time.Time) {
 // originalMasqChain says which --masq-chain the original agent ran with:
 // its chains' names, and the name its jump's comment gives when that
 // differs.
-func originalMasqChain(o nft.Original) string {
+func originalMasqChain(o original.Rules) string {
 	var w []string
 	for _, f := range o.Families {
 		if !o.Removable(f) {
@@ -222,7 +223,7 @@ func originalMasqChain(o nft.Original) string {
 
 // reportForeign warns, once until they change, about chains of the
 // original's well-known names that are not the original's.
-func (a *Agent) reportForeign(o nft.Original) {
+func (a *Agent) reportForeign(o original.Rules) {
 	var found []string
 	for _, f := range o.Foreign() {
 		found = append(found, f.Summary())
@@ -241,7 +242,7 @@ func (a *Agent) reportForeign(o nft.Original) {
 
 // reportExemptions warns, once until they change, about rules in iptables'
 // nat POSTROUTING that accept or return before the original's jump.
-func (a *Agent) reportExemptions(o nft.Original) {
+func (a *Agent) reportExemptions(o original.Rules) {
 	var rules []string
 	for _, f := range o.Families {
 		for _, r := range f.Exemptions {
@@ -263,7 +264,7 @@ func (a *Agent) reportExemptions(o nft.Original) {
 
 // reportLegacy warns, once, that a legacy (x_tables) nat table exists:
 // an original agent run with iptables-legacy wrote its rules there.
-func (a *Agent) reportLegacy(o nft.Original) {
+func (a *Agent) reportLegacy(o original.Rules) {
 	// Rules there cannot be seen: name the chain this agent was given
 	// (the operator copies the original's --masq-chain).
 	chain := a.opts.NFT.Chain
@@ -272,7 +273,7 @@ func (a *Agent) reportLegacy(o nft.Original) {
 	}
 	var cmds []string
 	for _, tool := range o.Legacy {
-		cmds = append(cmds, nft.LegacyCommands(chain, tool)...)
+		cmds = append(cmds, original.LegacyCommands(chain, tool)...)
 	}
 	s := strings.Join(cmds, "; ")
 	if s == a.original.legacy {

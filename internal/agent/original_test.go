@@ -7,16 +7,17 @@ import (
 	"time"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 // originalRules is what the original agent leaves in table ip nat with
 // --masq-chain chain (the fake's view of it).
-func originalRules(chain string, exemptions ...nft.XTRule) nft.Original {
-	return nft.Original{Chain: chain, Families: []nft.OriginalFamily{{
+func originalRules(chain string, exemptions ...original.XTRule) original.Rules {
+	return original.Rules{Chain: chain, Families: []original.Family{{
 		Family: 4, Chain: chain, ChainPresent: true, ChainHandle: 1,
-		Jumps: []nft.XTRule{{Handle: 3, Verdict: "jump " + chain, Comment: nft.OriginalJumpComment(chain),
-			Text: `-m comment --comment "` + nft.OriginalJumpComment(chain) + `" -m addrtype ! --dst-type LOCAL counter jump ` + chain}},
-		Rules: []nft.XTRule{
+		Jumps: []original.XTRule{{Handle: 3, Verdict: "jump " + chain, Comment: original.JumpComment(chain),
+			Text: `-m comment --comment "` + original.JumpComment(chain) + `" -m addrtype ! --dst-type LOCAL counter jump ` + chain}},
+		Rules: []original.XTRule{
 			{Handle: 4, Verdict: "return", Comment: "ip-masq-agent: local traffic is not subject to MASQUERADE", Text: "ip daddr 10.0.0.0/8 return"},
 			{Handle: 5, Verdict: "masquerade", Comment: "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)", Text: "-j MASQUERADE"},
 		},
@@ -25,7 +26,7 @@ func originalRules(chain string, exemptions ...nft.XTRule) nft.Original {
 }
 
 func (h *harness) originalPresent() bool {
-	o, err := h.fake.FindOriginal(h.a.opts.NFT.Chain)
+	o, err := h.orig.FindOriginal(h.a.opts.NFT.Chain)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func (h *harness) originalPresent() bool {
 func TestOriginalRemovedOnceQuiet(t *testing.T) {
 	h := newHarness(t, nil)
 	h.write("resyncInterval: 10s\n")
-	h.fake.SetOriginal(originalRules(nft.DefaultChain))
+	h.orig.SetOriginal(originalRules(nft.DefaultChain))
 	h.sync(at(0))
 	if got := h.metric(`ip_masq_agent_legacy_rules{family="ipv4"}`); !strings.HasSuffix(got, " 1") {
 		t.Errorf("gauge: %q, want 1", got)
@@ -53,7 +54,7 @@ func TestOriginalRemovedOnceQuiet(t *testing.T) {
 	}
 	// The original rewrites its chain every 10s for a minute: never removed.
 	for i := 1; i <= 6; i++ {
-		h.fake.RewriteOriginal()
+		h.orig.RewriteOriginal()
 		h.a.Tick(at(time.Duration(i) * 10 * time.Second))
 		if !h.originalPresent() {
 			t.Fatalf("removed while the original still ran (t=%ds)", i*10)
@@ -86,8 +87,8 @@ func TestOriginalRemovedOnceQuiet(t *testing.T) {
 			t.Errorf("%d lines with %q, want 1; log:\n%s", n, want, logs)
 		}
 	}
-	if h.fake.Removals() != 1 {
-		t.Errorf("%d removals, want 1", h.fake.Removals())
+	if h.orig.Removals() != 1 {
+		t.Errorf("%d removals, want 1", h.orig.Removals())
 	}
 	// Gone stays gone, quietly.
 	h.sync(at(200 * time.Second))
@@ -100,7 +101,7 @@ func TestOriginalRemovedOnceQuiet(t *testing.T) {
 func TestOriginalCustomChain(t *testing.T) {
 	h := newHarness(t, func(o *Options) { o.NFT.Chain = "IP-MASQ" })
 	h.write("resyncInterval: 1s\n")
-	h.fake.SetOriginal(originalRules("IP-MASQ"))
+	h.orig.SetOriginal(originalRules("IP-MASQ"))
 	h.sync(at(0))
 	if !strings.Contains(h.logs.String(), "chain IP-MASQ (2 rules)") {
 		t.Errorf("the custom chain was not reported; log:\n%s", h.logs)
@@ -114,7 +115,7 @@ func TestOriginalCustomChain(t *testing.T) {
 	// is, says which --masq-chain the original used, and removes it.
 	h2 := newHarness(t, nil)
 	h2.write("resyncInterval: 1s\n")
-	h2.fake.SetOriginal(originalRules("IP-MASQ"))
+	h2.orig.SetOriginal(originalRules("IP-MASQ"))
 	h2.sync(at(0))
 	if !strings.Contains(h2.logs.String(), `found the original`) || !strings.Contains(h2.logs.String(), `chain=IP-MASQ "original --masq-chain"=IP-MASQ`) {
 		t.Errorf("a chain of another name was not reported with its name; log:\n%s", h2.logs)
@@ -139,7 +140,7 @@ func TestOriginalCustomChain(t *testing.T) {
 func TestOriginalQuietCoversLongestInterval(t *testing.T) {
 	h := newHarness(t, nil)
 	h.write("resyncInterval: 20s\n")
-	h.fake.SetOriginal(originalRules(nft.DefaultChain))
+	h.orig.SetOriginal(originalRules(nft.DefaultChain))
 	h.sync(at(0)) // the original's last rewrite under 20s: seen at 0
 	h.write("resyncInterval: 2s\n")
 	h.sync(at(time.Second))
@@ -156,7 +157,7 @@ func TestOriginalQuietCoversLongestInterval(t *testing.T) {
 	}
 	// It wakes, rewrites, and from then on rewrites every 2s.
 	for s := 20; s <= 200; s += 2 {
-		h.fake.RewriteOriginal()
+		h.orig.RewriteOriginal()
 		h.a.Tick(at(time.Duration(s) * time.Second))
 		if !h.originalPresent() {
 			t.Fatalf("removed at %ds while the original ran", s)
@@ -181,7 +182,7 @@ func TestOriginalQuietCoversLongestInterval(t *testing.T) {
 func TestOriginalQuietLengthened(t *testing.T) {
 	h := newHarness(t, nil)
 	h.write("resyncInterval: 2s\n")
-	h.fake.SetOriginal(originalRules(nft.DefaultChain))
+	h.orig.SetOriginal(originalRules(nft.DefaultChain))
 	h.sync(at(0))
 	h.write("resyncInterval: 30s\n")
 	h.sync(at(time.Second))
@@ -196,7 +197,7 @@ func TestOriginalQuietLengthened(t *testing.T) {
 func TestOriginalNotRemovedOnBadConfig(t *testing.T) {
 	h := newHarness(t, nil)
 	h.write("resyncInterval: 1s\n")
-	h.fake.SetOriginal(originalRules(nft.DefaultChain))
+	h.orig.SetOriginal(originalRules(nft.DefaultChain))
 	h.sync(at(0))
 	h.write("nonMasqueradeCIDRs: [10.0.0.1/8]\nresyncInterval: 1s\n")
 	if h.a.Sync(at(1*time.Second)) == nil {
@@ -218,10 +219,10 @@ func TestOriginalNotRemovedOnBadConfig(t *testing.T) {
 func TestOriginalChangedAtRemoval(t *testing.T) {
 	h := newHarness(t, nil)
 	h.write("resyncInterval: 1s\n")
-	h.fake.SetOriginal(originalRules(nft.DefaultChain))
+	h.orig.SetOriginal(originalRules(nft.DefaultChain))
 	h.sync(at(0))
 	// Simulate a rewrite between FindOriginal and RemoveOriginal.
-	h.a.orig = &racing{OriginalRules: h.fake, before: h.fake.RewriteOriginal}
+	h.a.opts.Original = &racing{OriginalRules: h.orig, before: h.orig.RewriteOriginal}
 	h.a.Tick(at(7 * time.Second))
 	if !h.originalPresent() {
 		t.Fatal("removed although the rules changed")
@@ -229,14 +230,14 @@ func TestOriginalChangedAtRemoval(t *testing.T) {
 	if !strings.Contains(h.logs.String(), "changed just before their removal") {
 		t.Errorf("log:\n%s", h.logs)
 	}
-	h.a.orig = h.fake
-	h.fake.RemoveErr = errors.New("device or resource busy")
+	h.a.opts.Original = h.orig
+	h.orig.RemoveErr = errors.New("device or resource busy")
 	h.a.Tick(at(14 * time.Second))
 	h.a.Tick(at(20 * time.Second))
 	if n := strings.Count(h.logs.String(), "cannot remove the original"); n != 1 {
 		t.Errorf("%d error lines, want 1; log:\n%s", n, h.logs)
 	}
-	h.fake.RemoveErr = nil
+	h.orig.RemoveErr = nil
 	h.sync(at(21 * time.Second))
 	if h.originalPresent() {
 		t.Error("not removed after the error went away")
@@ -248,7 +249,7 @@ type racing struct {
 	before func()
 }
 
-func (r *racing) RemoveOriginal(chain, fp string) (nft.Original, error) {
+func (r *racing) RemoveOriginal(chain, fp string) (original.Rules, error) {
 	r.before()
 	return r.OriginalRules.RemoveOriginal(chain, fp)
 }
@@ -260,11 +261,11 @@ func (r *racing) RemoveOriginal(chain, fp string) (nft.Original, error) {
 func TestOriginalReports(t *testing.T) {
 	h := newHarness(t, nil)
 	h.write("resyncInterval: 1s\n")
-	o := originalRules(nft.DefaultChain, nft.XTRule{Handle: 2, Verdict: "accept", Text: "ip daddr 203.0.113.0/24 counter accept"})
+	o := originalRules(nft.DefaultChain, original.XTRule{Handle: 2, Verdict: "accept", Text: "ip daddr 203.0.113.0/24 counter accept"})
 	o.Legacy = []string{"iptables"}
-	o.Families[0].Rules = []nft.XTRule{{Handle: 9, Verdict: "return", Text: "ip daddr 10.0.0.0/8 return"}}
+	o.Families[0].Rules = []original.XTRule{{Handle: 9, Verdict: "return", Text: "ip daddr 10.0.0.0/8 return"}}
 	o.Families[0].Jumps[0].Comment = ""
-	h.fake.SetOriginal(o)
+	h.orig.SetOriginal(o)
 	h.sync(at(0))
 	h.sync(at(time.Second))
 	h.a.Tick(at(30 * time.Second))
@@ -283,17 +284,17 @@ func TestOriginalReports(t *testing.T) {
 	if !h.originalPresent() {
 		t.Error("a chain that is not the original's was removed")
 	}
-	h.fake.OriginalErr = errors.New("netlink: boom")
+	h.orig.OriginalErr = errors.New("netlink: boom")
 	h.sync(at(31 * time.Second))
 	h.sync(at(32 * time.Second))
 	if n := strings.Count(h.logs.String(), "cannot look for the original"); n != 1 {
 		t.Errorf("%d error lines, want 1", n)
 	}
 	// Gone by someone else's hand.
-	h.fake.OriginalErr = nil
-	h.fake.SetOriginal(originalRules(nft.DefaultChain))
+	h.orig.OriginalErr = nil
+	h.orig.SetOriginal(originalRules(nft.DefaultChain))
 	h.sync(at(32500 * time.Millisecond))
-	h.fake.SetOriginal(nft.Original{Chain: nft.DefaultChain, Families: []nft.OriginalFamily{{Family: 4, Chain: nft.DefaultChain}}})
+	h.orig.SetOriginal(original.Rules{Chain: nft.DefaultChain, Families: []original.Family{{Family: 4, Chain: nft.DefaultChain}}})
 	h.sync(at(33 * time.Second))
 	if !strings.Contains(h.logs.String(), "are gone (removed by someone else)") {
 		t.Errorf("log:\n%s", h.logs)

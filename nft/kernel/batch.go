@@ -1,4 +1,4 @@
-package nft
+package kernel
 
 import (
 	"encoding/binary"
@@ -9,6 +9,8 @@ import (
 	"slices"
 	"syscall"
 	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -39,7 +41,7 @@ type batch struct {
 const elementsPerMessage = 512
 
 // encode turns a plan into the messages of one transaction.
-func encode(p Plan) (*batch, error) {
+func encode(p nft.Plan) (*batch, error) {
 	b := &batch{}
 	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
 	b.cc, _ = nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
@@ -49,7 +51,7 @@ func encode(p Plan) (*batch, error) {
 		b.msgs = append(b.msgs, req[1:len(req)-1]...) // without its batch begin and end
 		return nil, nil
 	}))
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: nft.TableName}
 	for i, op := range p.Ops {
 		n := len(b.msgs)
 		if err := b.encodeOp(t, op); err != nil {
@@ -65,9 +67,9 @@ func encode(p Plan) (*batch, error) {
 	return b, nil
 }
 
-func (b *batch) encodeOp(t *nftables.Table, op Op) error {
+func (b *batch) encodeOp(t *nftables.Table, op nft.Op) error {
 	cc := b.cc
-	set := func(s *Set) *nftables.Set {
+	set := func(s *nft.Set) *nftables.Set {
 		key := nftables.TypeIPAddr
 		if s != nil && s.Family == 6 {
 			key = nftables.TypeIP6Addr
@@ -79,23 +81,23 @@ func (b *batch) encodeOp(t *nftables.Table, op Op) error {
 		return out
 	}
 	switch op.Kind {
-	case KindTable:
+	case nft.KindTable:
 		b.msgs = append(b.msgs, tableMessage(op))
-	case KindSet:
-		if op.Verb == Add {
+	case nft.KindSet:
+		if op.Verb == nft.Add {
 			return cc.AddSet(set(op.Set), nil)
 		}
 		cc.DelSet(set(nil))
-	case KindElements:
+	case nft.KindElements:
 		for start := 0; start < len(op.Elements); start += elementsPerMessage {
 			b.msgs = append(b.msgs, elementsMessage(op.Verb, op.Name, op.Elements[start:min(start+elementsPerMessage, len(op.Elements))]))
 		}
-	case KindChain:
+	case nft.KindChain:
 		c := &nftables.Chain{Table: t, Name: op.Name}
 		switch op.Verb {
-		case Flush:
+		case nft.Flush:
 			cc.FlushChain(c)
-		case Delete:
+		case nft.Delete:
 			cc.DelChain(c)
 		default:
 			if h := op.Chain.Hook; h != nil {
@@ -112,13 +114,13 @@ func (b *batch) encodeOp(t *nftables.Table, op Op) error {
 			}
 			cc.AddChain(c)
 		}
-	case KindRule:
+	case nft.KindRule:
 		m, err := ruleMessage(op.Name, *op.Rule)
 		if err != nil {
 			return err
 		}
 		b.msgs = append(b.msgs, m)
-	case KindObject:
+	case nft.KindObject:
 		b.msgs = append(b.msgs, objectMessage(*op.Object))
 	}
 	return nil
@@ -127,10 +129,10 @@ func (b *batch) encodeOp(t *nftables.Table, op Op) error {
 // tableMessage encodes add, create, update or delete table, with the
 // flags: google/nftables v0.3.0 always sends flags 0 (which would turn an
 // owned table's update into EOPNOTSUPP) and cannot create exclusively.
-func tableMessage(op Op) netlink.Message {
+func tableMessage(op nft.Op) netlink.Message {
 	typ, flags := unix.NFT_MSG_NEWTABLE, netlink.Request|netlink.Create
-	attrs := []netlink.Attribute{attr(unix.NFTA_TABLE_NAME, cstring(TableName))}
-	if op.Verb == Delete {
+	attrs := []netlink.Attribute{attr(unix.NFTA_TABLE_NAME, cstring(nft.TableName))}
+	if op.Verb == nft.Delete {
 		typ, flags = unix.NFT_MSG_DELTABLE, netlink.Request
 	} else {
 		var f uint32
@@ -156,27 +158,27 @@ func tableMessage(op Op) netlink.Message {
 // interval set (see intervals), by hand: google/nftables builds several
 // attribute values per element, which costs more than the kernel's work at
 // 100,000 CIDRs.
-func elementsMessage(verb Verb, set string, rs []netipx.IPRange) netlink.Message {
+func elementsMessage(verb nft.Verb, set string, rs []netipx.IPRange) netlink.Message {
 	typ := unix.NFT_MSG_NEWSETELEM
 	flags := netlink.Request | netlink.Create
-	if verb == Delete {
+	if verb == nft.Delete {
 		typ, flags = unix.NFT_MSG_DELSETELEM, netlink.Request
 	}
 	// An element takes at most 36 bytes (an IPv6 key with its flag).
 	b := append(make([]byte, 0, 64+len(set)+2*36*len(rs)), nfgenmsg(unix.NFPROTO_INET, 0)...)
-	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_TABLE, cstring(TableName))
+	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_TABLE, cstring(nft.TableName))
 	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_SET, cstring(set))
 	list := len(b)
 	b = appendAttr(b, unix.NLA_F_NESTED|unix.NFTA_SET_ELEM_LIST_ELEMENTS, nil)
-	for _, e := range intervals(rs) {
+	for _, e := range nft.Bounds(rs) {
 		elem := len(b)
 		b = appendAttr(b, unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, nil)
-		if e.IntervalEnd {
+		if e.End {
 			b = appendAttr(b, unix.NFTA_SET_ELEM_FLAGS, binary.BigEndian.AppendUint32(nil, unix.NFT_SET_ELEM_INTERVAL_END))
 		}
 		key := len(b)
 		b = appendAttr(b, unix.NLA_F_NESTED|unix.NFTA_SET_ELEM_KEY, nil)
-		b = appendAttr(b, unix.NFTA_DATA_VALUE, e.Key)
+		b = appendAttr(b, unix.NFTA_DATA_VALUE, e.Addr.AsSlice())
 		b = endNested(b, key)
 		b = endNested(b, elem)
 	}
@@ -206,13 +208,13 @@ func endNested(b []byte, start int) []byte {
 }
 
 // objectMessage deletes a stateful object or a flowtable.
-func objectMessage(o Object) netlink.Message {
+func objectMessage(o nft.Object) netlink.Message {
 	typ := unix.NFT_MSG_DELOBJ
-	attrs := []netlink.Attribute{attr(unix.NFTA_OBJ_TABLE, cstring(TableName)), attr(unix.NFTA_OBJ_NAME, cstring(o.Name)),
+	attrs := []netlink.Attribute{attr(unix.NFTA_OBJ_TABLE, cstring(nft.TableName)), attr(unix.NFTA_OBJ_NAME, cstring(o.Name)),
 		attr(unix.NFTA_OBJ_TYPE, binaryutil.BigEndian.PutUint32(o.Type))}
 	if o.Kind == "flowtable" {
 		typ = unix.NFT_MSG_DELFLOWTABLE
-		attrs = []netlink.Attribute{attr(flowtableAttrTable, cstring(TableName)), attr(flowtableAttrName, cstring(o.Name))}
+		attrs = []netlink.Attribute{attr(flowtableAttrTable, cstring(nft.TableName)), attr(flowtableAttrName, cstring(o.Name))}
 	}
 	data, _ := netlink.MarshalAttributes(attrs)
 	return netlink.Message{
@@ -223,18 +225,15 @@ func objectMessage(o Object) netlink.Message {
 
 // ruleMessage encodes a NEWRULE message (appended to its chain; without
 // the echo that nftables.Conn.AddRule asks for).
-func ruleMessage(chain string, r Rule) (netlink.Message, error) {
-	// Written from the model, never from a found rule's decoded
-	// expressions: google/nftables' decoders drop what they do not know
-	// (a ct set's source register, for one), so the kernel would refuse
-	// them (EINVAL), e.g. when Release re-creates the found table.
-	r.exprs = nil
-	exprs, err := marshalExprs(r.expressions())
+func ruleMessage(chain string, r nft.Rule) (netlink.Message, error) {
+	// Written from the model (Encode), also when Release re-creates a
+	// found table.
+	exprs, err := marshalExprs(r.Encode())
 	if err != nil {
 		return netlink.Message{}, err
 	}
 	data, err := netlink.MarshalAttributes([]netlink.Attribute{
-		attr(unix.NFTA_RULE_TABLE, cstring(TableName)),
+		attr(unix.NFTA_RULE_TABLE, cstring(nft.TableName)),
 		attr(unix.NFTA_RULE_CHAIN, cstring(chain)),
 		attr(unix.NLA_F_NESTED|unix.NFTA_RULE_EXPRESSIONS, exprs),
 		attr(unix.NFTA_RULE_USERDATA, userdata.AppendString(nil, userdata.TypeComment, r.Comment)),
@@ -293,9 +292,6 @@ func sendAll(conn *netlink.Conn, msgs []netlink.Message, size int) error {
 	return serr
 }
 
-// errNoAnswer: the kernel did not answer in time; the socket is out of step.
-var errNoAnswer = errors.New("no answer from the kernel")
-
 // send sends the batch as one transaction on conn and waits for the
 // kernel's verdict; with gen not 0 the kernel refuses the batch with
 // ERESTART if the generation moved on. Only the last message asks for an
@@ -352,7 +348,7 @@ func (b *batch) wait(conn *netlink.Conn, begin, last uint32) (int, error) {
 		msgs, err := receive(conn, buf)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				err = fmt.Errorf("%w within %s", errNoAnswer, replyTimeout)
+				err = fmt.Errorf("%w within %s", nft.ErrNoAnswer, replyTimeout)
 			}
 			return failed, errors.Join(append(errs, fmt.Errorf("receive the kernel's answer: %w", err))...)
 		}

@@ -1,4 +1,4 @@
-package nft
+package kernel
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -28,13 +29,13 @@ type monitor struct {
 	mu      sync.Mutex
 	conn    *netlink.Conn
 	buf     []byte
-	touched bool     // a foreign transaction touched the table
-	lost    bool     // notifications were lost: anything may have happened
-	what    []string // what the transaction under way did to the table
-	lastGen uint32   // the last transaction's generation; 0: unknown
-	skipped bool     // our own commit ran while paused: its generations were not seen
-	watched bool     // a Watch runs
-	events  []Event  // for the Watch, delivered outside mu
+	touched bool        // a foreign transaction touched the table
+	lost    bool        // notifications were lost: anything may have happened
+	what    []string    // what the transaction under way did to the table
+	lastGen uint32      // the last transaction's generation; 0: unknown
+	skipped bool        // our own commit ran while paused: its generations were not seen
+	watched bool        // a Watch runs
+	events  []nft.Event // for the Watch, delivered outside mu
 }
 
 // watchBuffer is the monitor socket's receive buffer.
@@ -109,7 +110,7 @@ func (m *monitor) drain(fd int) error {
 			// The kernel dropped notifications until the queue had
 			// room: anything may have happened.
 			m.what, m.lastGen, m.lost = nil, 0, true
-			m.emit(Event{What: "notifications lost (receive buffer overrun)", Lost: true})
+			m.emit(nft.Event{What: "notifications lost (receive buffer overrun)", Lost: true})
 			continue
 		case errors.Is(err, unix.EINTR):
 			continue
@@ -145,15 +146,15 @@ func (m *monitor) message(msg syscall.NetlinkMessage) {
 	gen, ok := genID(msg.Data)
 	switch {
 	case len(m.what) > 0:
-		m.emit(Event{What: joinUnique(m.what)})
+		m.emit(nft.Event{What: joinUnique(m.what)})
 	case ok && !m.skipped && m.lastGen != 0 && gen != m.lastGen+1:
 		m.lost = true
-		m.emit(Event{What: fmt.Sprintf("generation %d follows %d: notifications lost", gen, m.lastGen), Lost: true})
+		m.emit(nft.Event{What: fmt.Sprintf("generation %d follows %d: notifications lost", gen, m.lastGen), Lost: true})
 	}
 	m.what, m.lastGen, m.skipped = nil, gen, false
 }
 
-func (m *monitor) emit(e Event) {
+func (m *monitor) emit(e nft.Event) {
 	if m.watched {
 		m.events = append(m.events, e)
 	}
@@ -161,7 +162,7 @@ func (m *monitor) emit(e Event) {
 
 // watch calls notify for every foreign transaction that touches the table
 // and every loss of notifications, until ctx is done.
-func (m *monitor) watch(ctx context.Context, notify func(Event)) error {
+func (m *monitor) watch(ctx context.Context, notify func(nft.Event)) error {
 	m.mu.Lock()
 	if m.watched {
 		m.mu.Unlock()
@@ -181,7 +182,7 @@ func (m *monitor) watch(ctx context.Context, notify func(Event)) error {
 	stop := context.AfterFunc(ctx, func() { _ = m.conn.SetReadDeadline(aLongTimeAgo) })
 	defer stop()
 	defer m.conn.SetReadDeadline(noDeadline)
-	notify(Event{What: "watch started", Lost: true})
+	notify(nft.Event{What: "watch started", Lost: true})
 	var derr error
 	err = raw.Read(func(fd uintptr) bool {
 		m.mu.Lock()

@@ -1,4 +1,4 @@
-package nft
+package original
 
 // The original ip-masq-agent's rules, as iptables-nft writes them: found,
 // described and removed over the agent's own netlink socket.
@@ -31,18 +31,18 @@ package nft
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"net/netip"
 	"os"
 	"runtime"
 	"slices"
 	"strings"
 
-	"github.com/google/nftables/binaryutil"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
+
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/google/nftables/xt"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -65,7 +65,7 @@ const (
 
 // wellKnownChains are looked for by name too: a chain of the original's
 // left without its jump carries no jump comment to be found by.
-var wellKnownChains = []string{DefaultChain, AddonChain}
+var wellKnownChains = []string{nft.DefaultChain, AddonChain}
 
 // isOriginalJumpComment reports whether c is the comment of the original's
 // POSTROUTING jump (Azure's agent and the original's v2.10.0-v2.12.1 keep
@@ -80,9 +80,9 @@ func isOriginalJumpComment(c string) (chain string, ok bool) {
 	return name, ok && name != ""
 }
 
-// OriginalJumpComment is the comment the original agent gives its
+// JumpComment is the comment the original agent gives its
 // POSTROUTING jump to chain.
-func OriginalJumpComment(chain string) string { return fmt.Sprintf(originalJumpCommentFormat, chain) }
+func JumpComment(chain string) string { return fmt.Sprintf(originalJumpCommentFormat, chain) }
 
 // XTRule is a rule of an iptables-nft table.
 type XTRule struct {
@@ -96,14 +96,14 @@ type XTRule struct {
 
 func (r XTRule) String() string { return fmt.Sprintf("%s # handle %d", r.Text, r.Handle) }
 
-// OriginalFamily is what one family's nat table holds of one chain of the
+// Family is what one family's nat table holds of one chain of the
 // original agent's: the chain and the jumps to it. A family's nat table
 // may hold several (an original run twice with different --masq-chain);
 // a family with none has one entry that is not Present, for its
 // exemptions.
-type OriginalFamily struct {
-	Family       Family // 4: table ip nat (iptables), 6: table ip6 nat (ip6tables)
-	Chain        string // the chain's name: the original's --masq-chain
+type Family struct {
+	Family       nft.Family // 4: table ip nat (iptables), 6: table ip6 nat (ip6tables)
+	Chain        string     // the chain's name: the original's --masq-chain
 	ChainPresent bool
 	ChainHandle  uint64
 	Jumps        []XTRule // the rules of nat POSTROUTING that jump to (or goto) Chain
@@ -123,10 +123,10 @@ type OriginalFamily struct {
 }
 
 // Present reports whether the family holds the chain or a jump to it.
-func (f OriginalFamily) Present() bool { return f.ChainPresent || len(f.Jumps) > 0 }
+func (f Family) Present() bool { return f.ChainPresent || len(f.Jumps) > 0 }
 
 // Table names the family's nat table in nft's terms.
-func (f OriginalFamily) Table() string {
+func (f Family) Table() string {
 	if f.Family == 6 {
 		return "ip6 nat"
 	}
@@ -134,7 +134,7 @@ func (f OriginalFamily) Table() string {
 }
 
 // Tool is the iptables command of the family.
-func (f OriginalFamily) Tool() string {
+func (f Family) Tool() string {
 	if f.Family == 6 {
 		return "ip6tables"
 	}
@@ -142,7 +142,7 @@ func (f OriginalFamily) Tool() string {
 }
 
 // MetricFamily is "ipv4" or "ipv6".
-func (f OriginalFamily) MetricFamily() string {
+func (f Family) MetricFamily() string {
 	if f.Family == 6 {
 		return "ipv6"
 	}
@@ -153,7 +153,7 @@ func (f OriginalFamily) MetricFamily() string {
 // jump with its comment, or a chain whose every rule has one of its
 // comments. Anything else under the chain's name is reported, never
 // removed by the daemon.
-func (f OriginalFamily) Recognised() bool {
+func (f Family) Recognised() bool {
 	for _, j := range f.Jumps {
 		if _, ok := isOriginalJumpComment(j.Comment); ok {
 			return true
@@ -171,7 +171,7 @@ func (f OriginalFamily) Recognised() bool {
 }
 
 // Summary is one line: where the chain and the jump are.
-func (f OriginalFamily) Summary() string {
+func (f Family) Summary() string {
 	var w []string
 	if f.ChainPresent {
 		w = append(w, fmt.Sprintf("chain %s (%d rules)", f.Chain, len(f.Rules)))
@@ -189,13 +189,13 @@ func (f OriginalFamily) Summary() string {
 	return "table " + f.Table() + ": " + strings.Join(w, "; ")
 }
 
-// Original is what the node's iptables-nft nat tables hold of the original
+// Rules is what the node's iptables-nft nat tables hold of the original
 // agent's rules, and whether legacy iptables nat tables exist.
-type Original struct {
+type Rules struct {
 	// Chain is the name asked for ("": none): a chain of that name is
 	// removable whatever it holds (cleanup-iptables --masq-chain NAME).
 	Chain    string
-	Families []OriginalFamily // IPv4's entries, then IPv6's; at least one each
+	Families []Family // IPv4's entries, then IPv6's; at least one each
 	// Legacy names the tools ("iptables", "ip6tables") whose legacy
 	// (x_tables) nat table exists in the network namespace: rules there
 	// cannot be seen over nftables netlink.
@@ -205,7 +205,7 @@ type Original struct {
 }
 
 // Present reports whether any family holds the chain or a jump to it.
-func (o Original) Present() bool {
+func (o Rules) Present() bool {
 	for _, f := range o.Families {
 		if f.Present() {
 			return true
@@ -216,7 +216,7 @@ func (o Original) Present() bool {
 
 // FamilyPresent reports whether the family (4 or 6) holds any of the
 // original's chains or jumps.
-func (o Original) FamilyPresent(family Family) bool {
+func (o Rules) FamilyPresent(family nft.Family) bool {
 	for _, f := range o.Families {
 		if f.Family == family && f.Present() {
 			return true
@@ -227,7 +227,7 @@ func (o Original) FamilyPresent(family Family) bool {
 
 // Removes reports whether the family (4 or 6) holds removable chains or
 // jumps: the original agent's.
-func (o Original) Removes(family Family) bool {
+func (o Rules) Removes(family nft.Family) bool {
 	for _, f := range o.Families {
 		if f.Family == family && o.Removable(f) {
 			return true
@@ -238,27 +238,27 @@ func (o Original) Removes(family Family) bool {
 
 // Jumped returns the family's (4 or 6) entries that nat POSTROUTING jumps
 // to, in the order of their first jump.
-func (o Original) Jumped(family Family) []*OriginalFamily {
-	var out []*OriginalFamily
+func (o Rules) Jumped(family nft.Family) []*Family {
+	var out []*Family
 	for i := range o.Families {
 		if o.Families[i].Family == family && len(o.Families[i].Jumps) > 0 {
 			out = append(out, &o.Families[i])
 		}
 	}
-	slices.SortStableFunc(out, func(a, b *OriginalFamily) int { return a.first - b.first })
+	slices.SortStableFunc(out, func(a, b *Family) int { return a.first - b.first })
 	return out
 }
 
 // Removable reports whether the entry may be removed: it is the original
 // agent's (Recognised), or it is the chain asked for by name.
-func (o Original) Removable(f OriginalFamily) bool {
+func (o Rules) Removable(f Family) bool {
 	return f.Present() && (f.Recognised() || (o.Chain != "" && f.Chain == o.Chain))
 }
 
 // Foreign returns the entries present that are not removable: chains of
 // the original's names that hold something else.
-func (o Original) Foreign() []OriginalFamily {
-	var out []OriginalFamily
+func (o Rules) Foreign() []Family {
+	var out []Family
 	for _, f := range o.Families {
 		if f.Present() && !o.Removable(f) {
 			out = append(out, f)
@@ -268,7 +268,7 @@ func (o Original) Foreign() []OriginalFamily {
 }
 
 // Chains lists the names of the chains found, once each, in order.
-func (o Original) Chains() []string {
+func (o Rules) Chains() []string {
 	var out []string
 	for _, f := range o.Families {
 		if f.Present() && !slices.Contains(out, f.Chain) {
@@ -280,7 +280,7 @@ func (o Original) Chains() []string {
 
 // RemovableChains lists the names of the removable chains found (the
 // original agent's), once each, in order.
-func (o Original) RemovableChains() []string {
+func (o Rules) RemovableChains() []string {
 	var out []string
 	for _, f := range o.Families {
 		if o.Removable(f) && !slices.Contains(out, f.Chain) {
@@ -292,7 +292,7 @@ func (o Original) RemovableChains() []string {
 
 // Fingerprint changes whenever the original agent rewrites one of its
 // removable chains (the rewritten rules get new handles) or a jump.
-func (o Original) Fingerprint() string {
+func (o Rules) Fingerprint() string {
 	var b strings.Builder
 	for _, f := range o.Families {
 		if !o.Removable(f) {
@@ -316,62 +316,60 @@ func (o Original) Fingerprint() string {
 func LegacyCommands(chain, tool string) []string {
 	t := tool + "-legacy"
 	return []string{
-		fmt.Sprintf(`%s -t nat -D POSTROUTING -m comment --comment "%s" -m addrtype ! --dst-type LOCAL -j %s`, t, OriginalJumpComment(chain), chain),
+		fmt.Sprintf(`%s -t nat -D POSTROUTING -m comment --comment "%s" -m addrtype ! --dst-type LOCAL -j %s`, t, JumpComment(chain), chain),
 		fmt.Sprintf("%s -t nat -F %s", t, chain),
 		fmt.Sprintf("%s -t nat -X %s", t, chain),
 	}
 }
 
-// ErrOriginalChanged: the original's rules changed since they were found
+// ErrChanged: the original's rules changed since they were found
 // (the original agent still runs): nothing was removed.
-var ErrOriginalChanged = errors.New("the original agent's rules changed since they were read (is it still running?)")
+var ErrChanged = errors.New("the original agent's rules changed since they were read (is it still running?)")
+
+// Netlink finds and removes the original's rules on the sockets of the
+// agent's kernel.Netlink (Fake is the in-memory one).
+type Netlink struct{ K *kernel.Netlink }
 
 // FindOriginal reads the iptables-nft nat tables (ip and ip6) for the
 // original agent's chains, whatever their names, their jumps and the
 // exemptions before them, as one consistent read (the generation did not
 // move while reading), and looks for legacy nat tables. chain, if not
 // empty, is also looked for by name, and is removable whatever it holds.
-func (n *Netlink) FindOriginal(chain string) (Original, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	o, err := n.findOriginal(chain)
-	if err != nil {
-		return o, err
-	}
-	o.Legacy = n.legacyNat()
-	return o, nil
+func (n Netlink) FindOriginal(chain string) (o Rules, err error) {
+	err = n.K.Session(func(s kernel.Session) error {
+		if o, err = find(s, chain); err != nil {
+			return err
+		}
+		o.Legacy = legacyNat(s.NetNS())
+		return nil
+	})
+	return o, err
 }
 
-func (n *Netlink) findOriginal(chain string) (Original, error) {
-	conn, err := n.reader()
-	if err != nil {
-		return Original{}, err
-	}
+// find reads the original's rules in a session.
+func find(s kernel.Session, chain string) (Rules, error) {
 	for attempt := 1; ; attempt++ {
-		before, err := generation(conn)
+		before, err := s.Generation()
 		if err != nil {
-			n.brokenReader()
-			return Original{}, fmt.Errorf("read the nftables generation: %w", err)
+			return Rules{}, err
 		}
-		o := Original{Chain: chain, Gen: before}
-		for _, fam := range []Family{4, 6} {
-			fs, err := readOriginalFamily(conn, fam, chain)
+		o := Rules{Chain: chain, Gen: before}
+		for _, fam := range []nft.Family{4, 6} {
+			fs, err := readOriginalFamily(s, fam, chain)
 			if err != nil {
-				n.brokenReader()
-				return Original{}, fmt.Errorf("read table %s: %w", OriginalFamily{Family: fam}.Table(), err)
+				return Rules{}, fmt.Errorf("read table %s: %w", Family{Family: fam}.Table(), err)
 			}
 			o.Families = append(o.Families, fs...)
 		}
-		after, err := generation(conn)
+		after, err := s.Generation()
 		if err != nil {
-			n.brokenReader()
-			return Original{}, fmt.Errorf("read the nftables generation: %w", err)
+			return Rules{}, err
 		}
 		if before == after {
 			return o, nil
 		}
-		if attempt == maxAttempts {
-			return Original{}, fmt.Errorf("read the iptables nat tables: the ruleset kept changing while it was read (%d tries)", attempt)
+		if attempt == nft.MaxAttempts {
+			return Rules{}, fmt.Errorf("read the iptables nat tables: the ruleset kept changing while it was read (%d tries)", attempt)
 		}
 	}
 }
@@ -381,9 +379,9 @@ func (n *Netlink) findOriginal(chain string) (Original, error) {
 // original's comment, the chains those comments name, the well-known
 // names and chain). It returns an entry per chain present or jumped to;
 // at least one, which holds the exemptions.
-func readOriginalFamily(conn *netlink.Conn, fam Family, chain string) ([]OriginalFamily, error) {
-	proto := nfproto(fam)
-	post, err := readXTRules(conn, proto, postrouting)
+func readOriginalFamily(s kernel.Session, fam nft.Family, chain string) ([]Family, error) {
+	proto := nft.NFProto(fam)
+	post, err := readXTRules(s, proto, postrouting)
 	if err != nil {
 		return nil, fmt.Errorf("list chain %s: %w", postrouting, err)
 	}
@@ -403,10 +401,10 @@ func readOriginalFamily(conn *netlink.Conn, fam Family, chain string) ([]Origina
 	for _, c := range wellKnownChains {
 		add(c)
 	}
-	var out []OriginalFamily
+	var out []Family
 	for _, c := range candidates {
-		f := OriginalFamily{Family: fam, Chain: c}
-		if err := readOriginalChain(conn, proto, &f); err != nil {
+		f := Family{Family: fam, Chain: c}
+		if err := readOriginalChain(s, proto, &f); err != nil {
 			return nil, err
 		}
 		if f.Present() {
@@ -417,29 +415,12 @@ func readOriginalFamily(conn *netlink.Conn, fam Family, chain string) ([]Origina
 }
 
 // readOriginalChain reads chain f.Chain of the nat table, if there.
-func readOriginalChain(conn *netlink.Conn, proto uint8, f *OriginalFamily) error {
-	msgs, err := requestFamily(conn, proto, unix.NFT_MSG_GETCHAIN, false,
-		attr(unix.NFTA_CHAIN_TABLE, cstring(natTable)), attr(unix.NFTA_CHAIN_NAME, cstring(f.Chain)))
-	switch {
-	case errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist):
-		return nil
-	case err != nil:
-		return fmt.Errorf("get chain %s: %w", f.Chain, err)
+func readOriginalChain(s kernel.Session, proto uint8, f *Family) (err error) {
+	if f.ChainHandle, f.ChainPresent, err = s.Chain(proto, natTable, f.Chain); err != nil || !f.ChainPresent {
+		return err
 	}
-	for _, m := range msgs {
-		f.ChainPresent = true
-		if err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
-			if ad.Type() == unix.NFTA_CHAIN_HANDLE {
-				f.ChainHandle = ad.Uint64()
-			}
-		}); err != nil {
-			return err
-		}
-	}
-	if f.ChainPresent {
-		if f.Rules, err = readXTRules(conn, proto, f.Chain); err != nil {
-			return fmt.Errorf("list chain %s: %w", f.Chain, err)
-		}
+	if f.Rules, err = readXTRules(s, proto, f.Chain); err != nil {
+		return fmt.Errorf("list chain %s: %w", f.Chain, err)
 	}
 	return nil
 }
@@ -449,8 +430,8 @@ func readOriginalChain(conn *netlink.Conn, proto uint8, f *OriginalFamily) error
 // first entry gets the exemptions: the accept and return rules before the
 // first jump to any of them. A family with no entry left gets one that
 // is not present, named chain (or the default), with the exemptions.
-func withJumps(fam Family, chain string, post []XTRule, found []OriginalFamily) []OriginalFamily {
-	var out []OriginalFamily
+func withJumps(fam nft.Family, chain string, post []XTRule, found []Family) []Family {
+	var out []Family
 	firstJump := len(post)
 	for _, f := range found {
 		f.first = -1
@@ -480,9 +461,9 @@ func withJumps(fam Family, chain string, post []XTRule, found []OriginalFamily) 
 	if len(out) == 0 {
 		c := chain
 		if c == "" {
-			c = DefaultChain
+			c = nft.DefaultChain
 		}
-		out = append(out, OriginalFamily{Family: fam, Chain: c, first: -1})
+		out = append(out, Family{Family: fam, Chain: c, first: -1})
 	}
 	out[0].Exemptions = exemptions
 	return out
@@ -498,28 +479,14 @@ func jumpTarget(verdict string) string {
 }
 
 // readXTRules reads a chain of a nat table; no table or chain is no rules.
-func readXTRules(conn *netlink.Conn, proto uint8, chain string) ([]XTRule, error) {
-	msgs, err := requestFamily(conn, proto, unix.NFT_MSG_GETRULE, true,
-		attr(unix.NFTA_RULE_TABLE, cstring(natTable)), attr(unix.NFTA_RULE_CHAIN, cstring(chain)))
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+func readXTRules(s kernel.Session, proto uint8, chain string) ([]XTRule, error) {
+	rules, err := s.Rules(proto, natTable, chain)
 	if err != nil {
 		return nil, err
 	}
 	var out []XTRule
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		d, err := decodeRuleAttrs(m.Data[4:], proto)
-		if err != nil {
-			return nil, err
-		}
-		if d.chain != chain {
-			continue
-		}
-		out = append(out, newXTRule(d.handle, d.exprs, d.userData))
+	for _, r := range rules {
+		out = append(out, newXTRule(r.Handle, r.Exprs, r.UserData))
 	}
 	return out, nil
 }
@@ -534,7 +501,7 @@ func newXTRule(handle uint64, exprs []expr.Any, userData []byte) XTRule {
 				r.Comment = string(*c)
 			}
 		case *expr.Verdict:
-			r.Verdict = verdictName(e)
+			r.Verdict = nft.VerdictName(e)
 		case *expr.Target:
 			if e.Name == "MASQUERADE" {
 				r.Verdict = "masquerade"
@@ -545,7 +512,7 @@ func newXTRule(handle uint64, exprs []expr.Any, userData []byte) XTRule {
 			r.Verdict = "masquerade"
 		}
 	}
-	r.Text = describeExprs(exprs)
+	r.Text = nft.DescribeExprs(exprs)
 	if c, ok := userdata.GetString(userData, userdata.TypeComment); ok && c != "" {
 		if r.Comment == "" {
 			r.Comment = c
@@ -555,102 +522,48 @@ func newXTRule(handle uint64, exprs []expr.Any, userData []byte) XTRule {
 	return r
 }
 
-// xtText writes an xtables match or target as iptables would.
-func xtText(name string, info xt.InfoAny, target bool) string {
-	if target {
-		switch name {
-		case "MASQUERADE":
-			s := "-j MASQUERADE"
-			if r, ok := info.(*xt.NatRange); ok && r.Flags&uint(xt.NatRangeProtoRandomFully) != 0 {
-				s += " --random-fully"
-			}
-			return s
-		}
-		return "-j " + name
-	}
-	switch i := info.(type) {
-	case *xt.Comment:
-		return fmt.Sprintf("-m comment --comment %q", string(*i))
-	case *xt.AddrTypeV1:
-		var w []string
-		if i.Source != 0 {
-			if i.Flags&0x1 != 0 {
-				w = append(w, "!")
-			}
-			w = append(w, "--src-type", addrTypes(i.Source))
-		}
-		if i.Dest != 0 {
-			if i.Flags&0x2 != 0 {
-				w = append(w, "!")
-			}
-			w = append(w, "--dst-type", addrTypes(i.Dest))
-		}
-		return "-m addrtype " + strings.Join(w, " ")
-	}
-	return "-m " + name
-}
-
-func addrTypes(t uint16) string {
-	names := []string{"UNSPEC", "UNICAST", "LOCAL", "BROADCAST", "ANYCAST", "MULTICAST", "BLACKHOLE",
-		"UNREACHABLE", "PROHIBIT", "THROW", "NAT", "XRESOLVE"}
-	var w []string
-	for i, n := range names {
-		if t&(1<<i) != 0 {
-			w = append(w, n)
-		}
-	}
-	return strings.Join(w, ",")
-}
-
 // RemoveOriginal removes the original agent's rules from the iptables-nft
 // nat tables in one transaction: for each removable chain found (the
 // original's, whatever its name, and chain if not empty), its jumps from
 // POSTROUTING (by handle), then the chain, flushed and deleted, for both
 // families; nothing else. With fingerprint not empty, it removes nothing
-// and returns ErrOriginalChanged if the rules are no longer the ones with
+// and returns ErrChanged if the rules are no longer the ones with
 // that fingerprint. The transaction carries the generation of its read, so
 // that it is refused if anything changed in between (then it reads and
 // tries again). It returns what it removed: Families holds the removed
 // entries only (none, when nothing removable was there).
-func (n *Netlink) RemoveOriginal(chain, fingerprint string) (Original, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for attempt := 1; ; attempt++ {
-		o, err := n.findOriginal(chain)
-		if err != nil {
-			return o, err
+func (n Netlink) RemoveOriginal(chain, fingerprint string) (o Rules, err error) {
+	err = n.K.Session(func(s kernel.Session) error {
+		for attempt := 1; ; attempt++ {
+			if o, err = find(s, chain); err != nil {
+				return err
+			}
+			if fingerprint != "" && o.Fingerprint() != fingerprint {
+				return ErrChanged
+			}
+			o = o.removable()
+			if !o.Present() {
+				return nil
+			}
+			err = s.Delete(o.Gen, deletions(o))
+			switch {
+			case err == nil:
+				return nil
+			case errors.Is(err, unix.ERESTART) && attempt < nft.MaxAttempts:
+				continue
+			case errors.Is(err, unix.ERESTART):
+				return fmt.Errorf("%w: %w", nft.ErrStale, err)
+			case errors.Is(err, unix.EBUSY):
+				err = fmt.Errorf("%w (chain %s is still referenced by a rule other than POSTROUTING's jumps)", err, chain)
+			}
+			return fmt.Errorf("remove the original agent's rules: %w", err)
 		}
-		if fingerprint != "" && o.Fingerprint() != fingerprint {
-			return o, ErrOriginalChanged
-		}
-		o = o.removable()
-		if !o.Present() {
-			return o, nil
-		}
-		conn, err := n.socket()
-		if err != nil {
-			return o, err
-		}
-		b := &batch{msgs: removeOriginalMessages(o)}
-		_, err = b.send(conn, o.Gen)
-		switch {
-		case err == nil:
-			return o, nil
-		case errors.Is(err, unix.ERESTART) && attempt < maxAttempts:
-			continue
-		case errors.Is(err, unix.ERESTART):
-			return o, fmt.Errorf("%w: %w", ErrStale, err)
-		case errors.Is(err, errNoAnswer):
-			n.broken()
-		case errors.Is(err, unix.EBUSY):
-			err = fmt.Errorf("%w (chain %s is still referenced by a rule other than POSTROUTING's jumps)", err, chain)
-		}
-		return o, fmt.Errorf("remove the original agent's rules: %w", err)
-	}
+	})
+	return o, err
 }
 
 // removable is o with only its removable entries.
-func (o Original) removable() Original {
+func (o Rules) removable() Rules {
 	r := o
 	r.Families = nil
 	for _, f := range o.Families {
@@ -661,35 +574,26 @@ func (o Original) removable() Original {
 	return r
 }
 
-// removeOriginalMessages encodes the removal: the jumps by handle, then
-// each chain flushed (a DELRULE without a handle) and deleted.
-func removeOriginalMessages(o Original) []netlink.Message {
-	var msgs []netlink.Message
-	msg := func(proto uint8, typ int, attrs ...netlink.Attribute) {
-		data, _ := netlink.MarshalAttributes(attrs)
-		msgs = append(msgs, netlink.Message{
-			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: netlink.Request},
-			Data:   append(nfgenmsg(proto, 0), data...),
-		})
-	}
+// deletions are the removal: the jumps by handle, then each chain
+// flushed and deleted.
+func deletions(o Rules) []kernel.Deletion {
+	var out []kernel.Deletion
 	for _, f := range o.Families {
-		proto := nfproto(f.Family)
+		proto := nft.NFProto(f.Family)
 		for _, j := range f.Jumps {
-			msg(proto, unix.NFT_MSG_DELRULE, attr(unix.NFTA_RULE_TABLE, cstring(natTable)),
-				attr(unix.NFTA_RULE_CHAIN, cstring(postrouting)), attr(unix.NFTA_RULE_HANDLE, binaryutil.BigEndian.PutUint64(j.Handle)))
+			out = append(out, kernel.Deletion{Family: proto, Table: natTable, Chain: postrouting, Handle: j.Handle})
 		}
 		if f.ChainPresent {
-			msg(proto, unix.NFT_MSG_DELRULE, attr(unix.NFTA_RULE_TABLE, cstring(natTable)), attr(unix.NFTA_RULE_CHAIN, cstring(f.Chain)))
-			msg(proto, unix.NFT_MSG_DELCHAIN, attr(unix.NFTA_CHAIN_TABLE, cstring(natTable)), attr(unix.NFTA_CHAIN_NAME, cstring(f.Chain)))
+			out = append(out, kernel.Deletion{Family: proto, Table: natTable, Chain: f.Chain})
 		}
 	}
-	return msgs
+	return out
 }
 
 // legacyNat returns the tools whose legacy nat table exists in the
 // namespace (/proc/net/ip_tables_names and ip6_tables_names are per
-// network namespace). Called with n.mu held.
-func (n *Netlink) legacyNat() []string {
+// network namespace).
+func legacyNat(netns int) []string {
 	var out []string
 	read := func() {
 		for _, x := range []struct{ file, tool string }{
@@ -704,7 +608,7 @@ func (n *Netlink) legacyNat() []string {
 			}
 		}
 	}
-	if n.NetNS == 0 {
+	if netns == 0 {
 		read()
 		return out
 	}
@@ -713,7 +617,7 @@ func (n *Netlink) legacyNat() []string {
 	go func() {
 		defer close(done)
 		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		if unix.Unshare(unix.CLONE_FS) != nil || unix.Setns(n.NetNS, unix.CLONE_NEWNET) != nil {
+		if unix.Unshare(unix.CLONE_FS) != nil || unix.Setns(netns, unix.CLONE_NEWNET) != nil {
 			return
 		}
 		read()
@@ -727,9 +631,9 @@ func (n *Netlink) legacyNat() []string {
 // nat POSTROUTING runs at priority srcnat, the agent's chain at srcnat +
 // 10). decided is false when they leave the decision to the agent's table.
 // The original's chains are taken in the order of their jumps.
-func (o Original) ExplainOriginal(a netip.Addr, local bool) (e Explanation, decided bool) {
+func (o Rules) ExplainOriginal(a netip.Addr, local bool) (e nft.Explanation, decided bool) {
 	a = a.Unmap()
-	fam := Family(4)
+	fam := nft.Family(4)
 	if a.Is6() {
 		fam = 6
 	}
@@ -744,10 +648,10 @@ func (o Original) ExplainOriginal(a netip.Addr, local bool) (e Explanation, deci
 		}
 		for _, x := range f.Exemptions {
 			switch xtMatch(x, a, local) {
-			case matchYes:
-				e.Reason = fmt.Sprintf("nat POSTROUTING rule %q %ss it before the original agent's jump: not masqueraded by iptables; table inet %s decides next", x.Text, x.Verdict, TableName)
+			case nft.MatchYes:
+				e.Reason = fmt.Sprintf("nat POSTROUTING rule %q %ss it before the original agent's jump: not masqueraded by iptables; table inet %s decides next", x.Text, x.Verdict, nft.TableName)
 				return e, false
-			case matchUnknown:
+			case nft.MatchUnknown:
 				e.Undetermined = true
 				e.Reason = fmt.Sprintf("nat POSTROUTING rule %q may %s it before the original agent's jump (it matches on more than the destination)", x.Text, x.Verdict)
 				e.Rule = x.Text
@@ -770,13 +674,13 @@ func (o Original) ExplainOriginal(a netip.Addr, local bool) (e Explanation, deci
 }
 
 // explain evaluates one of the original's chains, entered by its first jump.
-func (f *OriginalFamily) explain(e Explanation, a netip.Addr, local bool) (Explanation, bool) {
-	where := fmt.Sprintf("the original ip-masq-agent's rules in table %s (iptables nat POSTROUTING, priority srcnat: before table inet %s)", f.Table(), TableName)
+func (f *Family) explain(e nft.Explanation, a netip.Addr, local bool) (nft.Explanation, bool) {
+	where := fmt.Sprintf("the original ip-masq-agent's rules in table %s (iptables nat POSTROUTING, priority srcnat: before table inet %s)", f.Table(), nft.TableName)
 	j := f.Jumps[0]
 	switch xtMatch(j, a, local) {
-	case matchNo:
+	case nft.MatchNo:
 		return e, false // a local destination: the jump is not taken
-	case matchUnknown:
+	case nft.MatchUnknown:
 		e.Undetermined, e.Reason, e.Rule = true, where+" jump for some packets only", j.Text
 		return e, true
 	}
@@ -784,14 +688,14 @@ func (f *OriginalFamily) explain(e Explanation, a netip.Addr, local bool) (Expla
 	for i, r := range f.Rules {
 		m := xtMatch(r, a, local)
 		switch {
-		case m == matchNo || r.Verdict == "":
+		case m == nft.MatchNo || r.Verdict == "":
 			continue
-		case m == matchUnknown && r.Verdict == "masquerade":
+		case m == nft.MatchUnknown && r.Verdict == "masquerade":
 			if maybe == nil {
 				maybe = &f.Rules[i]
 			}
 			continue
-		case m == matchUnknown:
+		case m == nft.MatchUnknown:
 			e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s rule %d matches on more than the destination", where, f.Chain, i+1), r.Text
 			return e, true
 		}
@@ -804,7 +708,7 @@ func (f *OriginalFamily) explain(e Explanation, a netip.Addr, local bool) (Expla
 				e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s masquerades some packets to it", where, f.Chain), maybe.Text
 				return e, true
 			}
-			e.Reason, e.Rule = fmt.Sprintf("not masqueraded by %s (chain %s rule %d returns); table inet %s decides next", where, f.Chain, i+1, TableName), r.Text
+			e.Reason, e.Rule = fmt.Sprintf("not masqueraded by %s (chain %s rule %d returns); table inet %s decides next", where, f.Chain, i+1, nft.TableName), r.Text
 			return e, false
 		default:
 			e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s rule %d: %s", where, f.Chain, i+1, r.Verdict), r.Text
@@ -815,7 +719,7 @@ func (f *OriginalFamily) explain(e Explanation, a netip.Addr, local bool) (Expla
 		e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s masquerades some packets to it", where, f.Chain), maybe.Text
 		return e, true
 	}
-	e.Reason = fmt.Sprintf("no rule of %s matched; table inet %s decides next", where, TableName)
+	e.Reason = fmt.Sprintf("no rule of %s matched; table inet %s decides next", where, nft.TableName)
 	return e, false
 }
 
@@ -823,33 +727,6 @@ func (f *OriginalFamily) explain(e Explanation, a netip.Addr, local bool) (Expla
 // a pod to a, with ExplainTable's evaluator: destination prefixes, comments
 // and the destination's address type are known; anything else (the source,
 // interfaces, marks) is not.
-func xtMatch(r XTRule, a netip.Addr, local bool) match {
-	m, _ := (&evaluator{addr: a, local: local}).match(Rule{exprs: r.exprs})
-	return m
-}
-
-// prefixText shows a comparison of part of an address (iptables-nft loads
-// only the bytes a prefix covers, and masks the last one) as a prefix.
-func prefixText(data, mask []byte, full int) (string, bool) {
-	if len(data) == 0 || len(data) > full || (full != 4 && full != 16) {
-		return "", false
-	}
-	addr := make([]byte, full)
-	copy(addr, data)
-	n := len(data) * 8
-	if mask != nil {
-		if len(mask) != len(data) {
-			return "", false
-		}
-		n = 0
-		for _, m := range mask {
-			n += bits.OnesCount8(m)
-		}
-	}
-	a, _ := netip.AddrFromSlice(addr)
-	p := netip.PrefixFrom(a, n)
-	if !p.IsValid() {
-		return "", false
-	}
-	return p.String(), true
+func xtMatch(r XTRule, a netip.Addr, local bool) nft.Match {
+	return nft.MatchExprs(r.exprs, a, local)
 }

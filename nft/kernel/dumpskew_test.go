@@ -1,4 +1,4 @@
-package nft
+package kernel
 
 import (
 	"fmt"
@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
 	"errors"
 
@@ -56,7 +58,7 @@ func TestChainDumpSkewedByOtherTable(t *testing.T) {
 	}
 	t.Logf("our chains: %v", want)
 	// A foreign chain in our table, which the agent must find and remove.
-	if out, err := topo.NFT("add", "chain", "inet", TableName, "zz-evil", "{ type filter hook postrouting priority 0; policy drop; }"); err != nil {
+	if out, err := topo.NFT("add", "chain", "inet", nft.TableName, "zz-evil", "{ type filter hook postrouting priority 0; policy drop; }"); err != nil {
 		t.Fatalf("%v %s", err, out)
 	}
 	hidden := 0
@@ -115,7 +117,7 @@ func TestChainDumpSkewedByOtherTable(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 	if hidden > 0 {
-		t.Errorf("%d of %d reads hid the foreign chain zz-evil in table inet %s", hidden, reads, TableName)
+		t.Errorf("%d of %d reads hid the foreign chain zz-evil in table inet %s", hidden, reads, nft.TableName)
 	}
 	if skewed > 0 {
 		t.Errorf("%d of %d reads accepted (no error) with our chains %v read as: %s", skewed, reads, want, strings.Join(examples, " | "))
@@ -135,8 +137,8 @@ func TestCatchAllElementOdd(t *testing.T) {
 	elem := appendAttr(nil, unix.NFTA_SET_ELEM_FLAGS, []byte{0, 0, 0, 2}) // NFT_SET_ELEM_CATCHALL
 	list := appendAttr(nil, 1|unix.NLA_F_NESTED, elem)
 	data := nfgenmsg(unix.NFPROTO_INET, 0)
-	data = appendAttr(data, unix.NFTA_SET_ELEM_LIST_TABLE, cstring(TableName))
-	data = appendAttr(data, unix.NFTA_SET_ELEM_LIST_SET, cstring(SetNonMasqV4))
+	data = appendAttr(data, unix.NFTA_SET_ELEM_LIST_TABLE, cstring(nft.TableName))
+	data = appendAttr(data, unix.NFTA_SET_ELEM_LIST_SET, cstring(nft.SetNonMasqV4))
 	data = appendAttr(data, unix.NFTA_SET_ELEM_LIST_ELEMENTS|unix.NLA_F_NESTED, list)
 	b := &batch{msgs: []netlink.Message{{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSETELEM), Flags: netlink.Request | netlink.Create},
@@ -150,20 +152,20 @@ func TestCatchAllElementOdd(t *testing.T) {
 	if _, err := b.send(other, 0); err != nil {
 		t.Skipf("the kernel refused a catch-all element in an interval set: %v", err)
 	}
-	out, _ := topo.NFT("list", "set", "inet", TableName, SetNonMasqV4)
+	out, _ := topo.NFT("list", "set", "inet", nft.TableName, nft.SetNonMasqV4)
 	t.Logf("nft list:\n%s", out)
 	got, _, err := n.Read()
-	for errors.Is(err, ErrStale) {
+	for errors.Is(err, nft.ErrStale) {
 		got, _, err = n.Read()
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	want.Owner = NotOwned
+	want.Owner = nft.NotOwned
 	if want.Equal(*got) {
 		t.Errorf("the agent reads its set as wanted though it holds a catch-all element")
 	}
-	if s := got.Set(SetNonMasqV4); s != nil {
+	if s := got.Set(nft.SetNonMasqV4); s != nil {
 		t.Logf("read: odd %q", s.Odd)
 	}
 }

@@ -1,9 +1,11 @@
-package nft
+package kernel
 
 import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
@@ -30,8 +32,8 @@ func kernelNetlink(t *testing.T) (*Netlink, *testnet.Topology) {
 	return n, topo
 }
 
-func defaultTable() Table {
-	return Build(config.Default(config.Flags{}), Options{Chain: DefaultChain, RandomFully: true})
+func defaultTable() nft.Table {
+	return nft.Build(config.Default(config.Flags{}), nft.Options{Chain: nft.DefaultChain, RandomFully: true})
 }
 
 // TestCountersFailureKeepsOwnership: a /metrics scrape whose counter read
@@ -45,28 +47,28 @@ func TestCountersFailureKeepsOwnership(t *testing.T) {
 	if !n.Owns() {
 		t.Skip("this kernel cannot own a persistent table (Linux 6.9 or later): nothing to orphan")
 	}
-	if _, err := n.DecisionCounters(DefaultChain); err != nil {
+	if _, err := n.DecisionCounters(nft.DefaultChain); err != nil {
 		t.Fatalf("counters: %v", err)
 	}
 	// Break the socket the counters are read on, as a failed read would.
 	n.cmu.Lock()
 	n.counters.Close()
 	n.cmu.Unlock()
-	if _, err := n.DecisionCounters(DefaultChain); err == nil {
+	if _, err := n.DecisionCounters(nft.DefaultChain); err == nil {
 		t.Fatal("a read on a closed socket succeeded")
 	}
 	if n.conn == nil {
 		t.Fatal("a failed counters read closed the socket that owns the table")
 	}
 	head, err := readHead(n.conn, n.conn.PID())
-	if err != nil || head == nil || head.Owner != OwnedByUs {
+	if err != nil || head == nil || head.Owner != nft.OwnedByUs {
 		t.Fatalf("after a failed counters read the table is %+v (%v), want owned by the agent's socket", head, err)
 	}
-	if out, err := topo.NFT("delete", "table", "inet", TableName); err == nil {
+	if out, err := topo.NFT("delete", "table", "inet", nft.TableName); err == nil {
 		t.Errorf("nft deleted the table after a failed counters read: it was orphaned\n%s", out)
 	}
 	// And the next read works again, on a new socket.
-	if cs, err := n.DecisionCounters(DefaultChain); err != nil || len(cs) == 0 {
+	if cs, err := n.DecisionCounters(nft.DefaultChain); err != nil || len(cs) == 0 {
 		t.Errorf("counters after the failure: %v, %v", cs, err)
 	}
 }
@@ -118,11 +120,11 @@ func TestFence(t *testing.T) {
 		t.Errorf("read after a commit to another table: %p %v, want the last read %p", got, err, last)
 	}
 	// Ours: a touch, and the next read reads again.
-	if out, err := topo.NFT("add", "element", "inet", TableName, SetNonMasqV4, "{ 198.51.100.0/24 }"); err != nil {
+	if out, err := topo.NFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 198.51.100.0/24 }"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	got, _, err := n.Read()
-	if err != nil || got == last || got.Set(SetNonMasqV4) == nil || len(got.Set(SetNonMasqV4).Elements) != 5 {
+	if err != nil || got == last || got.Set(nft.SetNonMasqV4) == nil || len(got.Set(nft.SetNonMasqV4).Elements) != 5 {
 		t.Errorf("read after a foreign change: %v, %v", got, err)
 	}
 	if res, err := n.Apply(defaultTable()); err != nil || res.Unchanged {
@@ -139,33 +141,33 @@ func TestReadStaleDuringForeignCommit(t *testing.T) {
 	if _, err := n.Apply(defaultTable()); err != nil {
 		t.Fatal(err)
 	}
-	nft := func(args ...string) {
+	runNFT := func(args ...string) {
 		if out, err := topo.NFT(args...); err != nil {
 			t.Fatalf("nft %v: %v\n%s", args, err, out)
 		}
 	}
-	n.afterDump = func() { nft("add", "table", "inet", "neighbour") }
+	n.afterDump = func() { runNFT("add", "table", "inet", "neighbour") }
 	if got, _, err := n.Read(); err != nil || got == nil {
 		t.Fatalf("a commit to another table during the read: %v", err)
 	}
-	n.afterDump = func() { nft("add", "element", "inet", TableName, SetNonMasqV4, "{ 198.51.100.0/24 }") }
+	n.afterDump = func() { runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 198.51.100.0/24 }") }
 	n.last = nil
-	if _, _, err := n.Read(); !errors.Is(err, ErrStale) {
+	if _, _, err := n.Read(); !errors.Is(err, nft.ErrStale) {
 		t.Fatalf("a commit to the table during the read: %v, want ErrStale", err)
 	}
 	n.afterDump = nil
 	got, _, err := n.Read()
-	if err != nil || len(got.Set(SetNonMasqV4).Elements) != 5 {
+	if err != nil || len(got.Set(nft.SetNonMasqV4).Elements) != 5 {
 		t.Fatalf("the read after: %v, %v", got, err)
 	}
 	// Ensure reads again by itself.
 	n.afterDump = func() {
 		n.afterDump = nil
-		nft("add", "element", "inet", TableName, SetNonMasqV4, "{ 192.0.2.0/24 }")
+		runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 192.0.2.0/24 }")
 	}
 	n.last = nil
 	res, err := n.Apply(defaultTable())
-	if err != nil || res.Stale != 1 || res.Found == nil || len(res.Found.Set(SetNonMasqV4).Elements) != 6 {
+	if err != nil || res.Stale != 1 || res.Found == nil || len(res.Found.Set(nft.SetNonMasqV4).Elements) != 6 {
 		t.Errorf("Ensure with a commit during its first read: %+v, %v", res, err)
 	}
 }

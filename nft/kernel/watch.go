@@ -1,22 +1,15 @@
-package nft
+package kernel
 
 import (
 	"bytes"
 	"context"
 	"slices"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
-
-// Event is a notification that the table may have changed: a transaction
-// of another process that touched it, or a loss of notifications after
-// which anything may have happened. It says nothing about who: the
-// receiver reads the table back and compares.
-type Event struct {
-	What string // e.g. "delete table, add rule"; or why notifications were lost
-	Lost bool   // notifications were lost (receive buffer overrun, generation gap)
-}
 
 // Watch calls notify, from Watch's goroutine, after every transaction of
 // another process that touched table inet ip-masq-agent and whenever
@@ -29,7 +22,7 @@ type Event struct {
 // It reads raw netlink rather than google/nftables' monitor, which (v0.3.0)
 // decodes every element of every set, cannot filter by object type, closes
 // its channel on a receive buffer overrun and cannot be stopped when lasting.
-func (n *Netlink) Watch(ctx context.Context, notify func(Event)) error {
+func (n *Netlink) Watch(ctx context.Context, notify func(nft.Event)) error {
 	n.mu.Lock()
 	m, err := n.monitor()
 	n.mu.Unlock()
@@ -62,7 +55,7 @@ func touchesTable(typ int, data []byte) bool {
 	}
 	for ad.Next() {
 		if ad.Type() == 1 {
-			return bytes.Equal(bytes.TrimRight(ad.Bytes(), "\x00"), []byte(TableName))
+			return bytes.Equal(bytes.TrimRight(ad.Bytes(), "\x00"), []byte(nft.TableName))
 		}
 	}
 	return false

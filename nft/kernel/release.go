@@ -1,8 +1,10 @@
-package nft
+package kernel
 
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
 // Release hands the table this socket owns back as an ordinary table: in
@@ -18,28 +20,28 @@ import (
 func (n *Netlink) Release() (released bool, err error) {
 	for attempt := 1; ; attempt++ {
 		found, gen, err := n.Read()
-		if err != nil || found == nil || found.Owner != OwnedByUs {
+		if err != nil || found == nil || found.Owner != nft.OwnedByUs {
 			return false, err
 		}
 		if odd := foreignContent(found); odd != "" {
-			return false, fmt.Errorf("table inet %s not released: it holds %s, which the agent did not make", TableName, odd)
+			return false, fmt.Errorf("table inet %s not released: it holds %s, which the agent did not make", nft.TableName, odd)
 		}
 		want := *found.Clone()
-		want.Owner, want.Persist = NotOwned, false
-		_, err = n.Send(Recreate(found, want, "released at exit"), gen)
+		want.Owner, want.Persist = nft.NotOwned, false
+		_, err = n.Send(nft.Recreate(found, want, "released at exit"), gen)
 		switch {
 		case err == nil:
 			return true, nil
-		case errors.Is(err, ErrStale) && attempt < maxAttempts:
+		case errors.Is(err, nft.ErrStale) && attempt < nft.MaxAttempts:
 			continue
 		}
-		return false, fmt.Errorf("release table inet %s: %w", TableName, err)
+		return false, fmt.Errorf("release table inet %s: %w", nft.TableName, err)
 	}
 }
 
 // foreignContent names what a table read from the kernel holds that the
 // agent does not make ("" when nothing).
-func foreignContent(t *Table) string {
+func foreignContent(t *nft.Table) string {
 	switch {
 	case len(t.Objects) > 0:
 		return t.Objects[0].String()

@@ -1,6 +1,10 @@
-package nft
+package kernel
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
 
 // RuleCounter is the kernel's counter of one decision rule.
 type RuleCounter struct {
@@ -41,9 +45,9 @@ func (n *Netlink) DecisionCounters(chain string) ([]RuleCounter, error) {
 			rc.Family = "ipv6"
 		}
 		switch r.DaddrSet {
-		case SetMasqV4, SetMasqV6:
+		case nft.SetMasqV4, nft.SetMasqV6:
 			rc.Reason = "cidrs"
-		case SetNonMasqV4, SetNonMasqV6:
+		case nft.SetNonMasqV4, nft.SetNonMasqV6:
 			rc.Decision, rc.Reason = "nonmasquerade", "cidrs"
 		}
 		out = append(out, rc)

@@ -1,9 +1,11 @@
-package nft
+package original
 
 import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
@@ -11,21 +13,21 @@ import (
 
 // xtRules are rules as iptables-nft writes the original agent's: a prefix
 // as a short payload load, comments and addrtype as xtables matches.
-func originalForTest() Original {
+func originalForTest() Rules {
 	comment := func(s string) *expr.Match { c := xt.Comment(s); return &expr.Match{Name: "comment", Info: &c} }
 	ret := &expr.Verdict{Kind: expr.VerdictReturn}
 	jump := newXTRule(3, []expr.Any{
-		comment(OriginalJumpComment(DefaultChain)),
+		comment(JumpComment(nft.DefaultChain)),
 		&expr.Match{Name: "addrtype", Rev: 1, Info: &xt.AddrTypeV1{Dest: uint16(xt.AddrTypeLocal), Flags: 0x2}},
-		&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: DefaultChain},
+		&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: nft.DefaultChain},
 	}, nil)
 	accept := newXTRule(2, []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 255, 240, 0}, Xor: []byte{0, 0, 0, 0}},
 		&expr.Cmp{Register: 1, Data: []byte{192, 168, 0, 0}}, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept},
 	}, nil)
-	fams := withJumps(4, "", []XTRule{accept, jump}, []OriginalFamily{{
-		Family: 4, Chain: DefaultChain, ChainPresent: true, ChainHandle: 1,
+	fams := withJumps(4, "", []XTRule{accept, jump}, []Family{{
+		Family: 4, Chain: nft.DefaultChain, ChainPresent: true, ChainHandle: 1,
 		Rules: []XTRule{
 			newXTRule(4, []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 1},
 				&expr.Cmp{Register: 1, Data: []byte{10}}, comment("ip-masq-agent: local traffic is not subject to MASQUERADE"), &expr.Counter{}, ret}, nil),
@@ -33,16 +35,16 @@ func originalForTest() Original {
 				&expr.Counter{}, &expr.Target{Name: "MASQUERADE"}}, nil),
 		},
 	}})
-	return Original{Families: append(fams, withJumps(6, "", nil, nil)...)}
+	return Rules{Families: append(fams, withJumps(6, "", nil, nil)...)}
 }
 
 // The jump's comment is recognised whatever chain it names, with the
 // double quotes that Azure's ip-masq-agent-v2 leaves in it.
 func TestOriginalJumpComment(t *testing.T) {
 	for c, want := range map[string]string{
-		OriginalJumpComment("IP-MASQ"):                              "IP-MASQ",
-		OriginalJumpComment("my-chain"):                             "my-chain",
-		`"` + OriginalJumpComment("X") + `"`:                        "X",
+		JumpComment("IP-MASQ"):                                      "IP-MASQ",
+		JumpComment("my-chain"):                                     "my-chain",
+		`"` + JumpComment("X") + `"`:                                "X",
 		"ip-masq-agent: local traffic is not subject to MASQUERADE": "",
 		"ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom  chain": "",
 		"": "",
@@ -65,30 +67,30 @@ func TestOriginalByIdentity(t *testing.T) {
 	ret10 := newXTRule(21, []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 1},
 		&expr.Cmp{Register: 1, Data: []byte{10}}, comment("ip-masq-agent: local traffic is not subject to MASQUERADE"), &expr.Verdict{Kind: expr.VerdictReturn}}, nil)
 	post := []XTRule{
-		jump(1, "custom-masq", `"`+OriginalJumpComment("custom-masq")+`"`),
-		jump(2, AddonChain, OriginalJumpComment(DefaultChain)), // a comment naming another chain
+		jump(1, "custom-masq", `"`+JumpComment("custom-masq")+`"`),
+		jump(2, AddonChain, JumpComment(nft.DefaultChain)), // a comment naming another chain
 	}
-	fams := withJumps(4, "", post, []OriginalFamily{
+	fams := withJumps(4, "", post, []Family{
 		{Family: 4, Chain: AddonChain, ChainPresent: true, ChainHandle: 8, Rules: []XTRule{masq}},
 		{Family: 4, Chain: "custom-masq", ChainPresent: true, ChainHandle: 9, Rules: []XTRule{ret10}},
-		{Family: 4, Chain: DefaultChain, ChainPresent: true, ChainHandle: 10, Rules: []XTRule{{Handle: 30, Verdict: "accept", Text: "accept"}}},
+		{Family: 4, Chain: nft.DefaultChain, ChainPresent: true, ChainHandle: 10, Rules: []XTRule{{Handle: 30, Verdict: "accept", Text: "accept"}}},
 	})
-	o := Original{Families: append(fams, withJumps(6, "", nil, nil)...)}
+	o := Rules{Families: append(fams, withJumps(6, "", nil, nil)...)}
 	if got := strings.Join(o.Chains(), ","); got != "IP-MASQ,custom-masq,IP-MASQ-AGENT" {
 		t.Errorf("chains %s", got)
 	}
-	if f := o.Families[0]; f.CommentChain != DefaultChain || len(f.Jumps) != 1 || f.Jumps[0].Handle != 2 {
+	if f := o.Families[0]; f.CommentChain != nft.DefaultChain || len(f.Jumps) != 1 || f.Jumps[0].Handle != 2 {
 		t.Errorf("IP-MASQ's entry: %+v", f)
 	}
-	if foreign := o.Foreign(); len(foreign) != 1 || foreign[0].Chain != DefaultChain {
+	if foreign := o.Foreign(); len(foreign) != 1 || foreign[0].Chain != nft.DefaultChain {
 		t.Errorf("foreign %+v", foreign)
 	}
-	if n := len(removeOriginalMessages(o.removable())); n != 6 {
+	if n := messages(o.removable()); n != 6 {
 		t.Errorf("%d removal messages, want 6 (2 jumps, 2 flushes, 2 deletes)", n)
 	}
 	named := o
-	named.Chain = DefaultChain
-	if n := len(removeOriginalMessages(named.removable())); n != 8 || named.Fingerprint() == o.Fingerprint() {
+	named.Chain = nft.DefaultChain
+	if n := messages(named.removable()); n != 8 || named.Fingerprint() == o.Fingerprint() {
 		t.Errorf("%d removal messages with the chain named, want 8", n)
 	}
 	// custom-masq is jumped to first: 10.1.2.3 returns there, then IP-MASQ masquerades it.
@@ -124,12 +126,12 @@ func TestOriginalDescribe(t *testing.T) {
 	if c := LegacyCommands("IP-MASQ", "ip6tables"); len(c) != 3 || !strings.HasPrefix(c[0], `ip6tables-legacy -t nat -D POSTROUTING -m comment --comment "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom IP-MASQ chain" -m addrtype ! --dst-type LOCAL -j IP-MASQ`) || c[2] != "ip6tables-legacy -t nat -X IP-MASQ" {
 		t.Errorf("legacy commands %q", c)
 	}
-	if n := len(removeOriginalMessages(o)); n != 3 { // the jump, flush, delete chain
+	if n := messages(o); n != 3 { // the jump, flush, delete chain
 		t.Errorf("%d removal messages, want 3", n)
 	}
 	// A chain without the original's comments is not recognised.
-	g := OriginalFamily{Family: 4, Chain: "X", ChainPresent: true, Rules: []XTRule{{Text: "accept"}}}
-	if g.Recognised() || (OriginalFamily{}).Recognised() {
+	g := Family{Family: 4, Chain: "X", ChainPresent: true, Rules: []XTRule{{Text: "accept"}}}
+	if g.Recognised() || (Family{}).Recognised() {
 		t.Error("a foreign chain recognised")
 	}
 }
@@ -168,19 +170,31 @@ func TestOriginalExplain(t *testing.T) {
 func TestFakeOriginal(t *testing.T) {
 	f := &Fake{}
 	f.SetOriginal(originalForTest())
-	o, _ := f.FindOriginal(DefaultChain)
+	o, _ := f.FindOriginal(nft.DefaultChain)
 	fp := o.Fingerprint()
 	f.RewriteOriginal()
-	if _, err := f.RemoveOriginal(DefaultChain, fp); err != ErrOriginalChanged {
+	if _, err := f.RemoveOriginal(nft.DefaultChain, fp); err != ErrChanged {
 		t.Fatalf("stale removal: %v", err)
 	}
 	if other, _ := f.FindOriginal("IP-MASQ"); !other.Present() {
 		t.Error("the rules are found by what they are, not by the name asked for")
 	}
-	if _, err := f.RemoveOriginal(DefaultChain, ""); err != nil || f.Removals() != 1 {
+	if _, err := f.RemoveOriginal(nft.DefaultChain, ""); err != nil || f.Removals() != 1 {
 		t.Fatalf("removal: %v", err)
 	}
-	if o, _ := f.FindOriginal(DefaultChain); o.Present() {
+	if o, _ := f.FindOriginal(nft.DefaultChain); o.Present() {
 		t.Error("still present")
 	}
+}
+
+// messages counts the netlink messages of a removal: a jump by handle is
+// one, a chain two (its flush and its deletion).
+func messages(o Rules) (n int) {
+	for _, d := range deletions(o) {
+		n++
+		if d.Handle == 0 {
+			n++
+		}
+	}
+	return n
 }

@@ -1,4 +1,9 @@
-package nft
+// Package kernel is the only code on the netfilter socket: it sends the
+// plans of package nft as netlink transactions, reads table inet
+// ip-masq-agent back (netlink.go, read.go), watches nftables
+// notifications (monitor.go, watch.go), reads counters, probes what the
+// kernel can do, and lends its sockets to original/ (session.go).
+package kernel
 
 import (
 	"encoding/binary"
@@ -10,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -61,11 +68,11 @@ type Netlink struct {
 	// The last table read whole (nil: none). It is the kernel's table for
 	// as long as nothing but this socket can change it (owned), or no
 	// transaction of another process has touched it since (the monitor).
-	last   *Table
+	last   *nft.Table
 	lastAt time.Time
 
-	afterDump func() // tests: a commit by another process during a read
-	lostRead  *Table // the last read thrown away for lost notifications only
+	afterDump func()     // tests: a commit by another process during a read
+	lostRead  *nft.Table // the last read thrown away for lost notifications only
 }
 
 // maxReuse bounds how long a read may be answered from the last one: a
@@ -80,7 +87,7 @@ func (n *Netlink) Owns() bool {
 }
 
 // Apply makes the kernel hold t (see Ensure).
-func (n *Netlink) Apply(t Table) (Result, error) { return Ensure(n, t) }
+func (n *Netlink) Apply(t nft.Table) (nft.Result, error) { return nft.Ensure(n, t) }
 
 // Close closes the sockets. An owned table stays in force, orphaned, for
 // the next agent to adopt.
@@ -192,36 +199,36 @@ func (n *Netlink) brokenReader() {
 // it (ErrStale) if any transaction committed in the namespace since
 // generation gen (NFNL_BATCH_GENID), so that a plan made from a read is
 // never applied to anything but what was read.
-func (n *Netlink) Send(p Plan, gen uint32) (Sent, error) {
+func (n *Netlink) Send(p nft.Plan, gen uint32) (nft.Sent, error) {
 	if p.Empty() {
-		return Sent{}, nil
+		return nft.Sent{}, nil
 	}
 	b, err := encode(p)
 	if err != nil {
-		return Sent{}, err
+		return nft.Sent{}, err
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	conn, err := n.socket()
 	if err != nil {
-		return Sent{}, err
+		return nft.Sent{}, err
 	}
 	if n.mon != nil {
 		defer n.mon.pause()()
 	}
 	n.last = nil // whatever happens, the next read reads the table whole
-	sent := Sent{Messages: len(b.msgs), Bytes: b.size()}
+	sent := nft.Sent{Messages: len(b.msgs), Bytes: b.size()}
 	failed, err := b.send(conn, gen)
 	switch {
 	case errors.Is(err, unix.ERESTART):
-		return sent, fmt.Errorf("%w: %w", ErrStale, err)
-	case err != nil && failed >= 0 && p.Ops[b.op[failed]].Kind == KindTable && p.Ops[b.op[failed]].Exclusive &&
+		return sent, fmt.Errorf("%w: %w", nft.ErrStale, err)
+	case err != nil && failed >= 0 && p.Ops[b.op[failed]].Kind == nft.KindTable && p.Ops[b.op[failed]].Exclusive &&
 		errors.Is(err, unix.EEXIST):
-		return sent, fmt.Errorf("%w: the table appeared since it was read: %w", ErrStale, err)
-	case err != nil && failed >= 0 && refusesOwnership(p.Ops[b.op[failed]], err):
+		return sent, fmt.Errorf("%w: the table appeared since it was read: %w", nft.ErrStale, err)
+	case err != nil && failed >= 0 && nft.RefusesOwnership(p.Ops[b.op[failed]], err):
 		n.unsupported = true
-		return sent, cannotOwn(err)
-	case errors.Is(err, errNoAnswer):
+		return sent, nft.CannotOwn(err)
+	case errors.Is(err, nft.ErrNoAnswer):
 		n.broken()
 	}
 	if err != nil && failed >= 0 {
@@ -236,17 +243,17 @@ func (n *Netlink) Send(p Plan, gen uint32) (Sent, error) {
 func (n *Netlink) Delete() error {
 	for attempt := 1; ; attempt++ {
 		found, gen, err := n.Read()
-		if errors.Is(err, ErrStale) && attempt < maxAttempts {
+		if errors.Is(err, nft.ErrStale) && attempt < nft.MaxAttempts {
 			continue
 		}
 		if err != nil || found == nil {
 			return err
 		}
-		if found.Owner == OwnedByOther {
-			return ErrOwnedByOther
+		if found.Owner == nft.OwnedByOther {
+			return nft.ErrOwnedByOther
 		}
-		_, err = n.Send(Plan{Ops: []Op{{Verb: Delete, Kind: KindTable}}}, gen)
-		if !errors.Is(err, ErrStale) || attempt == maxAttempts {
+		_, err = n.Send(nft.Plan{Ops: []nft.Op{{Verb: nft.Delete, Kind: nft.KindTable}}}, gen)
+		if !errors.Is(err, nft.ErrStale) || attempt == nft.MaxAttempts {
 			return err
 		}
 	}
@@ -268,34 +275,34 @@ func (n *Netlink) Delete() error {
 // tables, every second on a busy node, cost a fence, not a read. Either
 // way a whole read at least every maxReuse. The table returned may be
 // returned again by later reads: callers must not modify it (Clone it).
-func (n *Netlink) Read() (*Table, uint32, error) { return n.read(false) }
+func (n *Netlink) Read() (*nft.Table, uint32, error) { return n.read(false) }
 
 // ReadAll is Read that also reads the contents of a table owned by another
 // process (for list, diff and explain --live), and reads again after a
 // stale read, for up to Patience.
-func (n *Netlink) ReadAll() (*Table, error) {
-	deadline := time.Now().Add(Patience)
+func (n *Netlink) ReadAll() (*nft.Table, error) {
+	deadline := time.Now().Add(nft.Patience)
 	for try := 1; ; try++ {
 		t, _, err := n.read(true)
-		if !errors.Is(err, ErrStale) || time.Now().Add(backoff(try)).After(deadline) {
+		if !errors.Is(err, nft.ErrStale) || time.Now().Add(nft.Backoff(try)).After(deadline) {
 			return t, err
 		}
-		time.Sleep(backoff(try))
+		time.Sleep(nft.Backoff(try))
 	}
 }
 
-func (n *Netlink) read(all bool) (*Table, uint32, error) {
+func (n *Netlink) read(all bool) (*nft.Table, uint32, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	t, gen, err := n.readLocked(all)
-	if err != nil && !errors.Is(err, ErrStale) {
+	if err != nil && !errors.Is(err, nft.ErrStale) {
 		n.brokenReader()
-		return nil, 0, fmt.Errorf("read table inet %s: %w", TableName, err)
+		return nil, 0, fmt.Errorf("read table inet %s: %w", nft.TableName, err)
 	}
 	return t, gen, err
 }
 
-func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
+func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 	conn, err := n.reader()
 	if err != nil {
 		return nil, 0, err
@@ -312,10 +319,10 @@ func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
 		// table appears before it.
 		n.last = nil
 		return nil, 0, nil
-	case head.Owner == OwnedByUs:
+	case head.Owner == nft.OwnedByUs:
 		// Nobody else can change it, and no commit is under way: ours
 		// are synchronous. No fence, no generation.
-		if fresh && n.last.Owner == OwnedByUs && n.last.Dormant == head.Dormant {
+		if fresh && n.last.Owner == nft.OwnedByUs && n.last.Dormant == head.Dormant {
 			return n.last, 0, nil
 		}
 		t, err := readContents(conn, head)
@@ -324,7 +331,7 @@ func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
 		}
 		n.last, n.lastAt = t, time.Now()
 		return t, 0, nil
-	case head.Owner == OwnedByOther && !all:
+	case head.Owner == nft.OwnedByOther && !all:
 		// Its owner can change it without telling anyone (its exit
 		// orphans or deletes it): nothing is kept.
 		n.last = nil
@@ -372,7 +379,7 @@ func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
 	switch {
 	case touched:
 		n.lostRead = nil
-		return nil, 0, fmt.Errorf("%w: another process changed table inet %s while it was read", ErrStale, TableName)
+		return nil, 0, fmt.Errorf("%w: another process changed table inet %s while it was read", nft.ErrStale, nft.TableName)
 	case lost && (n.lostRead == nil || !sameRead(t, n.lostRead)):
 		// Notifications were lost during the read (a neighbour's rule
 		// too large for a notification makes the kernel report a loss to
@@ -382,29 +389,29 @@ func (n *Netlink) readLocked(all bool) (*Table, uint32, error) {
 		if t == nil {
 			n.lostRead = noTable
 		}
-		return nil, 0, fmt.Errorf("%w: nftables notifications were lost while table inet %s was read", ErrStale, TableName)
+		return nil, 0, fmt.Errorf("%w: nftables notifications were lost while table inet %s was read", nft.ErrStale, nft.TableName)
 	}
 	n.lostRead = nil
-	if t != nil && t.Owner == NotOwned {
+	if t != nil && t.Owner == nft.NotOwned {
 		n.last, n.lastAt = t, time.Now()
 	}
 	return t, gen, nil
 }
 
 // noTable stands for a read that found no table, in lostRead.
-var noTable = &Table{}
+var noTable = &nft.Table{}
 
 // sameRead reports whether a read found what the last one did.
-func sameRead(t, last *Table) bool {
+func sameRead(t, last *nft.Table) bool {
 	if t == nil || last == noTable {
 		return t == nil && last == noTable
 	}
-	return t.Persist == last.Persist && t.use == last.use && t.Equal(*last) && last.Equal(*t)
+	return t.Persist == last.Persist && t.Use == last.Use && t.Equal(*last) && last.Equal(*t)
 }
 
 // readTable reads table inet ip-masq-agent, all of it: nil if there is none.
 // ours is the port id whose ownership makes it OwnedByUs.
-func readTable(conn *netlink.Conn, ours uint32) (*Table, error) {
+func readTable(conn *netlink.Conn, ours uint32) (*nft.Table, error) {
 	head, err := readHead(conn, ours)
 	if err != nil || head == nil {
 		return head, err
@@ -413,8 +420,8 @@ func readTable(conn *netlink.Conn, ours uint32) (*Table, error) {
 }
 
 // readContents reads the sets, chains and objects of the table head.
-func readContents(conn *netlink.Conn, head *Table) (*Table, error) {
-	t := &Table{Owner: head.Owner, Dormant: head.Dormant, Persist: head.Persist, use: head.use}
+func readContents(conn *netlink.Conn, head *nft.Table) (*nft.Table, error) {
+	t := &nft.Table{Owner: head.Owner, Dormant: head.Dormant, Persist: head.Persist, Use: head.Use}
 	if err := readSets(conn, t); err != nil {
 		return nil, err
 	}
@@ -429,22 +436,22 @@ func readContents(conn *netlink.Conn, head *Table) (*Table, error) {
 	// skip one of ours or list it twice, and the kernel does not always
 	// flag it (NLM_F_DUMP_INTR; not within the last part). The table's own
 	// count of what it holds says whether the read is whole.
-	if n := len(t.Sets) + len(t.Chains) + len(t.Objects); uint32(n) != t.use {
-		return nil, fmt.Errorf("%w: read %d sets, chains and objects of table inet %s, which holds %d", ErrStale, n, TableName, t.use)
+	if n := len(t.Sets) + len(t.Chains) + len(t.Objects); uint32(n) != t.Use {
+		return nil, fmt.Errorf("%w: read %d sets, chains and objects of table inet %s, which holds %d", nft.ErrStale, n, nft.TableName, t.Use)
 	}
 	return t, nil
 }
 
 // readHead reads the table's flags and owner: nil if there is no table.
-func readHead(conn *netlink.Conn, ours uint32) (*Table, error) {
-	msgs, err := request(conn, unix.NFT_MSG_GETTABLE, false, attr(unix.NFTA_TABLE_NAME, cstring(TableName)))
+func readHead(conn *netlink.Conn, ours uint32) (*nft.Table, error) {
+	msgs, err := request(conn, unix.NFT_MSG_GETTABLE, false, attr(unix.NFTA_TABLE_NAME, cstring(nft.TableName)))
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	t := &Table{}
+	t := &nft.Table{}
 	for _, m := range msgs {
 		var flags uint32
 		owner := uint32(0)
@@ -455,7 +462,7 @@ func readHead(conn *netlink.Conn, ours uint32) (*Table, error) {
 			case tableAttrOwner:
 				owner = ad.Uint32()
 			case unix.NFTA_TABLE_USE:
-				t.use = ad.Uint32()
+				t.Use = ad.Uint32()
 			}
 		})
 		if err != nil {
@@ -465,31 +472,31 @@ func readHead(conn *netlink.Conn, ours uint32) (*Table, error) {
 		t.Persist = flags&tableFlagPersist != 0
 		switch {
 		case flags&tableFlagOwner == 0:
-			t.Owner = NotOwned
+			t.Owner = nft.NotOwned
 		case ours != 0 && owner == ours:
 			// Port ids are unique among a namespace's open sockets, and
 			// our commit socket is open: the kernel says the table is ours.
-			t.Owner = OwnedByUs
+			t.Owner = nft.OwnedByUs
 		default:
-			t.Owner = OwnedByOther
+			t.Owner = nft.OwnedByOther
 		}
 	}
 	return t, nil
 }
 
-func readSets(conn *netlink.Conn, t *Table) error {
-	msgs, err := request(conn, unix.NFT_MSG_GETSET, true, attr(unix.NFTA_SET_TABLE, cstring(TableName)))
+func readSets(conn *netlink.Conn, t *nft.Table) error {
+	msgs, err := request(conn, unix.NFT_MSG_GETSET, true, attr(unix.NFTA_SET_TABLE, cstring(nft.TableName)))
 	if err != nil {
 		return fmt.Errorf("list sets: %w", err)
 	}
 	for _, m := range msgs {
-		var s Set
+		var s nft.Set
 		var flags, keyType, keyLen uint32
 		var odd []string
 		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
 			switch ad.Type() &^ unix.NLA_F_NESTED {
 			case unix.NFTA_SET_TABLE:
-				if ad.String() != TableName {
+				if ad.String() != nft.TableName {
 					odd = append(odd, "other table")
 				}
 			case unix.NFTA_SET_NAME:
@@ -536,7 +543,7 @@ func readSets(conn *netlink.Conn, t *Table) error {
 			odd = append(odd, fmt.Sprintf("flags %#x", flags))
 		}
 		var oddElems []string
-		if slices.Contains([]string{SetMasqV4, SetNonMasqV4, SetMasqV6, SetNonMasqV6}, s.Name) {
+		if slices.Contains([]string{nft.SetMasqV4, nft.SetNonMasqV4, nft.SetMasqV6, nft.SetNonMasqV6}, s.Name) {
 			if oddElems, err = readElements(conn, &s); err != nil {
 				return fmt.Errorf("list set %s: %w", s.Name, err)
 			}
@@ -553,9 +560,9 @@ func readSets(conn *netlink.Conn, t *Table) error {
 
 // readElements reads a set's elements as ranges, and what is odd about
 // them (timeouts, expressions, comments: never the agent's).
-func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
+func readElements(conn *netlink.Conn, s *nft.Set) ([]string, error) {
 	msgs, err := request(conn, unix.NFT_MSG_GETSETELEM, true,
-		attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstring(TableName)), attr(unix.NFTA_SET_ELEM_LIST_SET, cstring(s.Name)))
+		attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstring(nft.TableName)), attr(unix.NFTA_SET_ELEM_LIST_SET, cstring(s.Name)))
 	if err != nil {
 		return nil, err
 	}
@@ -565,7 +572,7 @@ func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
 	for _, m := range msgs {
 		size += len(m.Data)
 	}
-	bs := make([]bound, 0, size/24) // an IPv4 element takes 24 to 32 bytes
+	bs := make([]nft.Bound, 0, size/24) // an IPv4 element takes 24 to 32 bytes
 	var odd []string
 	for _, m := range msgs {
 		ok := walkAttrs(m.Data[4:], func(typ uint16, list []byte) bool {
@@ -573,16 +580,16 @@ func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
 				return true
 			}
 			return walkAttrs(list, func(_ uint16, elem []byte) bool {
-				var b bound
+				var b nft.Bound
 				var keyEnd netip.Addr
 				ok := walkAttrs(elem, func(typ uint16, v []byte) bool {
 					switch typ {
 					case unix.NFTA_SET_ELEM_KEY:
-						b.addr = dataValue(v)
+						b.Addr = dataValue(v)
 					case elemAttrKeyEnd:
 						keyEnd = dataValue(v)
 					case unix.NFTA_SET_ELEM_FLAGS:
-						b.end = len(v) == 4 && binary.BigEndian.Uint32(v)&unix.NFT_SET_ELEM_INTERVAL_END != 0
+						b.End = len(v) == 4 && binary.BigEndian.Uint32(v)&unix.NFT_SET_ELEM_INTERVAL_END != 0
 					case unix.NFTA_SET_ELEM_TIMEOUT, unix.NFTA_SET_ELEM_EXPIRATION:
 						odd = append(odd, "elements with a timeout")
 					case unix.NFTA_SET_ELEM_EXPR, elemAttrExprs:
@@ -597,13 +604,13 @@ func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
 				switch {
 				case !ok:
 					return false
-				case !b.addr.IsValid():
+				case !b.Addr.IsValid():
 					odd = append(odd, "elements that are not addresses")
 					return true
 				}
 				bs = append(bs, b)
 				if keyEnd.IsValid() && keyEnd.Next().IsValid() { // a range as one element (pipapo)
-					bs = append(bs, bound{addr: keyEnd.Next(), end: true})
+					bs = append(bs, nft.Bound{Addr: keyEnd.Next(), End: true})
 				}
 				return true
 			})
@@ -613,18 +620,18 @@ func readElements(conn *netlink.Conn, s *Set) ([]string, error) {
 		}
 	}
 	var shape []string
-	s.Elements, shape = rangesFromBounds(bs)
+	s.Elements, shape = nft.RangesFromBounds(bs)
 	return append(odd, shape...), nil
 }
 
-func readChains(conn *netlink.Conn, t *Table) error {
+func readChains(conn *netlink.Conn, t *nft.Table) error {
 	// The chain dump cannot be filtered by table: every inet chain comes,
 	// and only the agent's are kept.
 	msgs, err := requestWhole(conn, unix.NFT_MSG_GETCHAIN, func(b []byte) bool {
 		ours := false
 		walkAttrs(b, func(typ uint16, v []byte) bool {
 			if typ == unix.NFTA_CHAIN_TABLE {
-				ours = string(v) == TableName+"\x00"
+				ours = string(v) == nft.TableName+"\x00"
 				return false
 			}
 			return true
@@ -635,9 +642,9 @@ func readChains(conn *netlink.Conn, t *Table) error {
 		return fmt.Errorf("list chains: %w", err)
 	}
 	for _, m := range msgs {
-		var c Chain
+		var c nft.Chain
 		var table string
-		var hook *Hook
+		var hook *nft.Hook
 		var odd []string
 		hooknum := uint32(0)
 		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
@@ -648,7 +655,7 @@ func readChains(conn *netlink.Conn, t *Table) error {
 				c.Name = ad.String()
 			case unix.NFTA_CHAIN_HOOK:
 				if hook == nil {
-					hook = &Hook{Policy: "accept"}
+					hook = &nft.Hook{Policy: "accept"}
 				}
 				ad.Nested(func(h *netlink.AttributeDecoder) error {
 					for h.Next() {
@@ -665,12 +672,12 @@ func readChains(conn *netlink.Conn, t *Table) error {
 				})
 			case unix.NFTA_CHAIN_TYPE:
 				if hook == nil {
-					hook = &Hook{Policy: "accept"}
+					hook = &nft.Hook{Policy: "accept"}
 				}
 				hook.Type = ad.String()
 			case unix.NFTA_CHAIN_POLICY:
 				if hook == nil {
-					hook = &Hook{Policy: "accept"}
+					hook = &nft.Hook{Policy: "accept"}
 				}
 				if ad.Uint32() == 0 { // NF_DROP
 					hook.Policy = "drop"
@@ -684,7 +691,7 @@ func readChains(conn *netlink.Conn, t *Table) error {
 		if err != nil {
 			return err
 		}
-		if table != TableName {
+		if table != nft.TableName {
 			continue
 		}
 		if hook != nil {
@@ -716,12 +723,12 @@ func hookName(n uint32) string {
 // messages itself: google/nftables v0.3.0 fails a whole GetRules on a
 // byteorder expression (which --to-ports rules hold), and drops
 // expressions it does not know.
-func readRules(conn *netlink.Conn) (map[string][]Rule, error) {
-	msgs, err := request(conn, unix.NFT_MSG_GETRULE, true, attr(unix.NFTA_RULE_TABLE, cstring(TableName)))
+func readRules(conn *netlink.Conn) (map[string][]nft.Rule, error) {
+	msgs, err := request(conn, unix.NFT_MSG_GETRULE, true, attr(unix.NFTA_RULE_TABLE, cstring(nft.TableName)))
 	if err != nil {
 		return nil, err
 	}
-	out := map[string][]Rule{}
+	out := map[string][]nft.Rule{}
 	for _, m := range msgs {
 		if len(m.Data) < 4 {
 			continue
@@ -735,15 +742,15 @@ func readRules(conn *netlink.Conn) (map[string][]Rule, error) {
 	return out, nil
 }
 
-func readObjects(conn *netlink.Conn, t *Table) error {
-	msgs, err := requestWhole(conn, unix.NFT_MSG_GETOBJ, nil, attr(unix.NFTA_OBJ_TABLE, cstring(TableName)))
+func readObjects(conn *netlink.Conn, t *nft.Table) error {
+	msgs, err := requestWhole(conn, unix.NFT_MSG_GETOBJ, nil, attr(unix.NFTA_OBJ_TABLE, cstring(nft.TableName)))
 	if err != nil {
 		return fmt.Errorf("list objects: %w", err)
 	}
 	kinds := map[uint32]string{1: "counter", 2: "quota", 3: "ct helper", 4: "limit", 5: "connlimit",
 		6: "tunnel", 7: "ct timeout", 8: "secmark", 9: "ct expectation", 10: "synproxy"}
 	for _, m := range msgs {
-		var o Object
+		var o nft.Object
 		table := ""
 		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
 			switch ad.Type() {
@@ -758,7 +765,7 @@ func readObjects(conn *netlink.Conn, t *Table) error {
 		if err != nil {
 			return err
 		}
-		if table == TableName {
+		if table == nft.TableName {
 			o.Kind = kinds[o.Type]
 			if o.Kind == "" {
 				o.Kind = fmt.Sprintf("object type %d", o.Type)
@@ -766,12 +773,12 @@ func readObjects(conn *netlink.Conn, t *Table) error {
 			t.Objects = append(t.Objects, o)
 		}
 	}
-	msgs, err = requestWhole(conn, unix.NFT_MSG_GETFLOWTABLE, nil, attr(flowtableAttrTable, cstring(TableName)))
+	msgs, err = requestWhole(conn, unix.NFT_MSG_GETFLOWTABLE, nil, attr(flowtableAttrTable, cstring(nft.TableName)))
 	if err != nil {
 		return fmt.Errorf("list flowtables: %w", err)
 	}
 	for _, m := range msgs {
-		o := Object{Kind: "flowtable"}
+		o := nft.Object{Kind: "flowtable"}
 		table := ""
 		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
 			switch ad.Type() {
@@ -784,7 +791,7 @@ func readObjects(conn *netlink.Conn, t *Table) error {
 		if err != nil {
 			return err
 		}
-		if table == TableName {
+		if table == nft.TableName {
 			t.Objects = append(t.Objects, o)
 		}
 	}
@@ -817,7 +824,7 @@ func requestKeep(conn *netlink.Conn, family uint8, typ int, dump bool, keep func
 
 // errDumpInterrupted: a dump that walks other tables' objects too was
 // interrupted by a commit (NLM_F_DUMP_INTR).
-var errDumpInterrupted = fmt.Errorf("%w: a dump was interrupted by a commit", ErrStale)
+var errDumpInterrupted = fmt.Errorf("%w: a dump was interrupted by a commit", nft.ErrStale)
 
 // requestWhole is requestKeep for a dump the kernel resumes by an index
 // over every table of the family (chains, objects, flowtables): a

@@ -1,7 +1,9 @@
-package nft
+package kernel
 
 import (
 	"fmt"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -11,7 +13,7 @@ import (
 )
 
 // probeTable is the table of the probe transaction, which never commits.
-const probeTable = TableName + "-probe"
+const probeTable = nft.TableName + "-probe"
 
 // feature is what the agent's table needs of the kernel, one part of the
 // probe transaction each: what it is, the oldest mainline kernel that has
@@ -39,14 +41,14 @@ var features = []feature{{
 }, {
 	what: "the fib expression", since: "4.10", module: "nft_fib_inet",
 	add: func(cc *nftables.Conn, t *nftables.Table) {
-		f := fibDaddrType
+		f := expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true} // fib daddr type
 		cc.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: "c"}, Exprs: []expr.Any{&f,
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)}}})
 	},
 }, {
 	what: "set lookups of the destination address", since: "3.13", module: "nf_tables",
 	add: func(cc *nftables.Conn, t *nftables.Table) {
-		p := daddr(4)
+		p := expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4} // ip daddr
 		cc.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: "c"}, Exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
 			&p, &expr.Lookup{SourceRegister: 1, SetName: "s"}}})
@@ -98,7 +100,7 @@ func (n *Netlink) Probe() error {
 		n.mu.Lock()
 		n.unsupported = true
 		n.mu.Unlock()
-		cannotOwn(err)
+		nft.CannotOwn(err)
 		return nil
 	}
 	if err == nil {
