@@ -1,16 +1,9 @@
 package nft
 
 import (
-	"net/netip"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
-)
-
-var (
-	linkLocal4 = netip.MustParsePrefix("169.254.0.0/16")
-	linkLocal6 = netip.MustParsePrefix("fe80::/10") // RFC 4291
 )
 
 // Comments of the original agent's rules (and Baidu CCE's for
@@ -31,10 +24,10 @@ func Build(c config.Config, o Options) Table {
 	// Link-local is not masqueraded unless asked, and is not counted
 	// against cidrLimit (config does the counting).
 	if !c.MasqLinkLocal {
-		nonMasq4 = append(nonMasq4, linkLocal4)
+		nonMasq4 = append(nonMasq4, config.LinkLocalIPv4)
 	}
 	if !c.MasqLinkLocalIPv6 {
-		nonMasq6 = append(nonMasq6, linkLocal6)
+		nonMasq6 = append(nonMasq6, config.LinkLocalIPv6)
 	}
 	// Without --enable-ipv6 the agent leaves IPv6 alone: no rules, empty sets.
 	if !o.EnableIPv6 {

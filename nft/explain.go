@@ -111,9 +111,9 @@ func source(key string, list []netip.Prefix, p netip.Prefix, defaults bool) stri
 		}
 	}
 	switch p {
-	case linkLocal4:
+	case config.LinkLocalIPv4:
 		return fmt.Sprintf("link-local %s (masqLinkLocal: false)", p)
-	case linkLocal6:
+	case config.LinkLocalIPv6:
 		return fmt.Sprintf("link-local %s (masqLinkLocalIPv6: false)", p)
 	}
 	return fmt.Sprintf("%s %s", key, p)

@@ -183,9 +183,9 @@ func modelMasquerades(c config.Config, o Options, a netip.Addr) bool {
 		return true
 	case in(c.NonMasqueradeCIDRs):
 		return false
-	case a.Is4() && !c.MasqLinkLocal && linkLocal4.Contains(a):
+	case a.Is4() && !c.MasqLinkLocal && config.LinkLocalIPv4.Contains(a):
 		return false
-	case a.Is6() && !c.MasqLinkLocalIPv6 && linkLocal6.Contains(a):
+	case a.Is6() && !c.MasqLinkLocalIPv6 && config.LinkLocalIPv6.Contains(a):
 		return false
 	case a.Is4():
 		return c.MasqOutBound
@@ -302,10 +302,10 @@ func checkSets(t *testing.T, c config.Config, o Options, rs Table) {
 		want[name] = append(want[name], p)
 	}
 	if !c.MasqLinkLocal {
-		want[SetNonMasqV4] = append(want[SetNonMasqV4], linkLocal4)
+		want[SetNonMasqV4] = append(want[SetNonMasqV4], config.LinkLocalIPv4)
 	}
 	if !c.MasqLinkLocalIPv6 {
-		want[SetNonMasqV6] = append(want[SetNonMasqV6], linkLocal6)
+		want[SetNonMasqV6] = append(want[SetNonMasqV6], config.LinkLocalIPv6)
 	}
 	if !o.EnableIPv6 {
 		delete(want, SetMasqV6)
@@ -412,7 +412,7 @@ func probeAddrs(c config.Config, rng *rand.Rand) []netip.Addr {
 			add(last.Next())
 		}
 	}
-	for _, p := range append(append([]netip.Prefix{linkLocal4, linkLocal6}, c.MasqueradeCIDRs...), c.NonMasqueradeCIDRs...) {
+	for _, p := range append(append([]netip.Prefix{config.LinkLocalIPv4, config.LinkLocalIPv6}, c.MasqueradeCIDRs...), c.NonMasqueradeCIDRs...) {
 		edges(p)
 	}
 	for _, s := range []string{"0.0.0.0", "255.255.255.255", "::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "10.0.0.1", "fe80::1"} {

@@ -82,11 +82,7 @@ func (f *Fake) findOriginal(chain string) (Rules, error) {
 			found = append(found, e)
 		}
 		if len(found) == 0 {
-			c := chain
-			if c == "" {
-				c = nft.DefaultChain
-			}
-			found = append(found, Family{Family: fam, Chain: c, first: -1})
+			found = append(found, absent(fam, chain))
 		}
 		found[0].Exemptions = slices.Clone(exemptions)
 		o.Families = append(o.Families, found...)

@@ -459,14 +459,19 @@ func withJumps(fam nft.Family, chain string, post []XTRule, found []Family) []Fa
 		}
 	}
 	if len(out) == 0 {
-		c := chain
-		if c == "" {
-			c = nft.DefaultChain
-		}
-		out = append(out, Family{Family: fam, Chain: c, first: -1})
+		out = append(out, absent(fam, chain))
 	}
 	out[0].Exemptions = exemptions
 	return out
+}
+
+// absent is the entry of a family without the original's rules: named
+// chain, or the default.
+func absent(fam nft.Family, chain string) Family {
+	if chain == "" {
+		chain = nft.DefaultChain
+	}
+	return Family{Family: fam, Chain: chain, first: -1}
 }
 
 // jumpTarget is the chain a verdict jumps or goes to ("" for others).

@@ -127,8 +127,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // notOwnedDaemon is a topology with internet1 (masqueraded) and private1,
 // and the agent, with its table not owned (others may change it) and
-// resyncInterval 1h (a repair comes from the watch), in force: it returns
-// the table as the agent wrote it (withoutCounters).
+// resyncInterval 1h (a repair comes from the watch), in force and its
+// first apply logged: it returns the table as the agent wrote it
+// (withoutCounters).
 func notOwnedDaemon(t *testing.T) (*testnet.Topology, *daemon, string) {
 	t.Helper()
 	topo := newTopology(t)
@@ -136,6 +137,9 @@ func notOwnedDaemon(t *testing.T) (*testnet.Topology, *daemon, string) {
 	cm := newConfigMapDir(t, "resyncInterval: 1h\n")
 	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+	// A change before the first apply is verified is put back by that
+	// apply, and logged as it: a test tampers after it.
+	eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
 	return topo, d, withoutCounters(listTable(t, topo))
 }
 

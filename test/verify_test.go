@@ -425,6 +425,7 @@ func TestHiddenRuleChangeRepaired(t *testing.T) {
 	cm := newConfigMapDir(t, "resyncInterval: 1h\n")
 	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
+	eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
 	before := listTable(t, topo)
 	out, err := topo.NFT("-a", "list", "chain", "inet", nft.TableName, nft.MasqChainName)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/windows"
 )
 
 // command is one of the tools for operators: ip-masq-agent COMMAND ...
@@ -515,11 +516,11 @@ func runRender(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprint(stdout, nft.Render(nft.Build(cfg, r.nft)))
 	case "windows-cni":
-		p, warns := nft.Windows(cfg, r.flags.EnableIPv6)
+		p, warns := windows.For(cfg, r.flags.EnableIPv6)
 		for _, w := range warns {
 			fmt.Fprintln(stderr, "warning: "+w)
 		}
-		fmt.Fprint(stdout, nft.RenderWindows(p))
+		fmt.Fprint(stdout, windows.Render(p))
 	default:
 		return usageError(c, stderr, "--format %q: want nft or windows-cni", *format)
 	}

@@ -229,11 +229,7 @@ func (a *Agent) reportForeign(o original.Rules) {
 		found = append(found, f.Summary())
 	}
 	s := strings.Join(found, " | ")
-	if s == a.original.foreign {
-		return
-	}
-	a.original.foreign = s
-	if s == "" {
+	if !news(&a.original.foreign, s) {
 		return
 	}
 	a.log.Warn("a chain of the original ip-masq-agent's name is not the original ip-masq-agent's (no rule carries its comments); "+
@@ -250,11 +246,7 @@ func (a *Agent) reportExemptions(o original.Rules) {
 		}
 	}
 	s := strings.Join(rules, " | ")
-	if s == a.original.exemptions {
-		return
-	}
-	a.original.exemptions = s
-	if s == "" {
+	if !news(&a.original.exemptions, s) {
 		return
 	}
 	a.log.Warn("rules in iptables nat POSTROUTING exempt traffic from masquerade before the original agent's jump; "+
@@ -276,14 +268,21 @@ func (a *Agent) reportLegacy(o original.Rules) {
 		cmds = append(cmds, original.LegacyCommands(chain, tool)...)
 	}
 	s := strings.Join(cmds, "; ")
-	if s == a.original.legacy {
-		return
-	}
-	a.original.legacy = s
-	if s == "" {
+	if !news(&a.original.legacy, s) {
 		return
 	}
 	a.log.Warn("a legacy iptables nat table exists in the node's network namespace ("+strings.Join(o.Legacy, ", ")+
 		"-legacy): rules there cannot be seen over nftables and are not removed by this agent; "+
 		"if the original agent ran with iptables-legacy, remove its rules on the node with these commands", "commands", s)
+}
+
+// news records s in *last and reports whether it is news: not empty and
+// not what was reported last, so that each warning is logged once until
+// what it is about changes.
+func news(last *string, s string) bool {
+	if s == *last {
+		return false
+	}
+	*last = s
+	return s != ""
 }

@@ -81,20 +81,23 @@ func (m *monitor) take() (touched, lost bool, err error) {
 	return touched, lost, derr
 }
 
-// pause leaves the notification group for the length of our own commit:
-// otherwise the kernel builds one notification per element of it for this
-// socket. Whatever happened meanwhile counts as a touch: the read after
-// our commit reads the whole table anyway.
-func (m *monitor) pause() (resume func()) {
+// leave leaves the notification group for the length of our own commit
+// (rejoin ends it): otherwise the kernel builds one notification per
+// element of it for this socket.
+func (m *monitor) leave() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	_ = m.conn.LeaveGroup(unix.NFNLGRP_NFTABLES)
-	return func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		_ = m.conn.JoinGroup(unix.NFNLGRP_NFTABLES)
-		m.lost, m.skipped = true, true
-	}
+}
+
+// rejoin joins the notification group again after our own commit.
+// Whatever happened meanwhile counts as a touch: the read after our
+// commit reads the whole table anyway.
+func (m *monitor) rejoin() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_ = m.conn.JoinGroup(unix.NFNLGRP_NFTABLES)
+	m.lost, m.skipped = true, true
 }
 
 // drain reads every queued notification, without waiting; m.mu is held.

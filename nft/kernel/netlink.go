@@ -213,8 +213,9 @@ func (n *Netlink) Send(p nft.Plan, gen uint32) (nft.Sent, error) {
 	if err != nil {
 		return nft.Sent{}, err
 	}
-	if n.mon != nil {
-		defer n.mon.pause()()
+	if m := n.mon; m != nil {
+		m.leave()
+		defer m.rejoin()
 	}
 	n.last = nil // whatever happens, the next read reads the table whole
 	sent := nft.Sent{Messages: len(b.msgs), Bytes: b.size()}
@@ -566,8 +567,14 @@ func readElements(conn *netlink.Conn, s *nft.Set) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Walked by hand: 100,000 CIDRs are 200,000 elements, and an
-	// AttributeDecoder per element costs more than the kernel's dump.
+	return decodeElements(msgs, s)
+}
+
+// decodeElements decodes a set's element dump into s.Elements and says
+// what about them the agent would never write. Walked by hand: 100,000
+// CIDRs are 200,000 elements, and an AttributeDecoder per element costs
+// more than the kernel's dump.
+func decodeElements(msgs []netlink.Message, s *nft.Set) ([]string, error) {
 	size := 0
 	for _, m := range msgs {
 		size += len(m.Data)
@@ -728,6 +735,11 @@ func readRules(conn *netlink.Conn) (map[string][]nft.Rule, error) {
 	if err != nil {
 		return nil, err
 	}
+	return decodeRules(msgs)
+}
+
+// decodeRules decodes a rule dump, by chain.
+func decodeRules(msgs []netlink.Message) (map[string][]nft.Rule, error) {
 	out := map[string][]nft.Rule{}
 	for _, m := range msgs {
 		if len(m.Data) < 4 {

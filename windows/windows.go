@@ -1,4 +1,6 @@
-package nft
+// Package windows renders a config as the OutBoundNAT endpoint policy of
+// Windows nodes' CNI plugins (ip-masq-agent render --windows).
+package windows
 
 import (
 	"encoding/json"
@@ -8,11 +10,11 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
 
-// WindowsPolicy is the endpoint policy that Windows nodes' CNI plugins
+// Policy is the endpoint policy that Windows nodes' CNI plugins
 // (win-bridge, win-overlay) take in their config's "policies" list:
 // outbound traffic is masqueraded (OutBoundNAT) except to the
 // ExceptionList.
-type WindowsPolicy struct {
+type Policy struct {
 	Name  string `json:"name"`
 	Value struct {
 		Type          string   `json:"Type"`
@@ -20,14 +22,14 @@ type WindowsPolicy struct {
 	} `json:"value"`
 }
 
-// Windows returns the OutBoundNAT policy equivalent to cfg, and a warning
+// For returns the OutBoundNAT policy equivalent to cfg, and a warning
 // for each part of cfg that the policy cannot express: masqueradeCIDRs,
 // masqOutBound: false, and IPv6 CIDRs (with enableIPv6). The
 // ExceptionList holds the IPv4 nonMasqueradeCIDRs as written (IPv4-mapped
 // ones unmapped, repeats dropped), then 169.254.0.0/16 unless
 // masqLinkLocal is true.
-func Windows(cfg config.Config, enableIPv6 bool) (WindowsPolicy, []string) {
-	var p WindowsPolicy
+func For(cfg config.Config, enableIPv6 bool) (Policy, []string) {
+	var p Policy
 	p.Name = "EndpointPolicy"
 	p.Value.Type = "OutBoundNAT"
 	p.Value.ExceptionList = []string{}
@@ -51,7 +53,7 @@ func Windows(cfg config.Config, enableIPv6 bool) (WindowsPolicy, []string) {
 		add(q)
 	}
 	if !cfg.MasqLinkLocal {
-		add(linkLocal4)
+		add(config.LinkLocalIPv4)
 	}
 	if n := len(cfg.MasqueradeCIDRs); n > 0 {
 		warns = append(warns, fmt.Sprintf("masqueradeCIDRs (%d) cannot be expressed: OutBoundNAT masquerades everything "+
@@ -66,8 +68,8 @@ func Windows(cfg config.Config, enableIPv6 bool) (WindowsPolicy, []string) {
 	return p, warns
 }
 
-// RenderWindows returns Windows' policy as indented JSON, ending in a newline.
-func RenderWindows(p WindowsPolicy) string {
+// Render returns Windows' policy as indented JSON, ending in a newline.
+func Render(p Policy) string {
 	b, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {
 		panic(err) // strings and a list of strings always marshal

@@ -1,7 +1,8 @@
-package nft
+package windows
 
 import (
 	"encoding/json"
+	"flag"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 func TestWindowsGolden(t *testing.T) {
 	for _, tc := range []struct {
@@ -35,7 +38,7 @@ masqOutBoundIPv6: true
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, warns := Windows(cfg, tc.flags.EnableIPv6)
+			p, warns := For(cfg, tc.flags.EnableIPv6)
 			if len(warns) != len(tc.warns) {
 				t.Errorf("warnings %q, want %d", warns, len(tc.warns))
 			}
@@ -44,7 +47,7 @@ masqOutBoundIPv6: true
 					t.Errorf("warning %q lacks %q", warns[i], tc.warns[i])
 				}
 			}
-			got := RenderWindows(p)
+			got := Render(p)
 			path := filepath.Join("testdata", "windows-cni", tc.name+".json")
 			if *update {
 				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
