@@ -144,16 +144,14 @@ func shadowed(c Config, present map[string]bool) []shadow {
 		}
 		return at{}, false
 	}
-	lists := []struct {
-		name string
-		ps   []netip.Prefix
-	}{{keyNonMasq, c.NonMasqueradeCIDRs}, {keyMasq, c.MasqueradeCIDRs}}
-	for _, l := range lists {
-		if !present[l.name] {
+	for _, k := range keys {
+		ps := k.cidrs(&c)
+		if ps == nil || !present[k.Name()] {
 			continue
 		}
-		m := index(l.ps)
-		for i, p := range l.ps {
+		name := k.Name()
+		m := index(*ps)
+		for i, p := range *ps {
 			if !p.IsValid() {
 				continue
 			}
@@ -162,8 +160,8 @@ func shadowed(c Config, present map[string]bool) []shadow {
 				if e.p == p {
 					how = "duplicates"
 				}
-				out = append(out, shadow{l.name, i, fmt.Sprintf("%q %s %s[%d] %q, so it has no effect",
-					p.String(), how, l.name, e.index, e.p.String())})
+				out = append(out, shadow{name, i, fmt.Sprintf("%q %s %s[%d] %q, so it has no effect",
+					p.String(), how, name, e.index, e.p.String())})
 			}
 		}
 	}

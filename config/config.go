@@ -10,15 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
 	"net/netip"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -64,38 +61,11 @@ const (
 	ipv4MappedBits   = 96          // ::ffff:0:0/96 holds the IPv4 space
 )
 
-// The keys of the file, as the original agent and CCE spell them.
-const (
-	keyNonMasq    = "nonMasqueradeCIDRs"
-	keyMasq       = "masqueradeCIDRs"
-	keyLimit      = "cidrLimit"
-	keyLinkLocal  = "masqLinkLocal"
-	keyLinkLocal6 = "masqLinkLocalIPv6"
-	keyOutBound   = "masqOutBound"
-	keyOutBound6  = "masqOutBoundIPv6"
-	keyResync     = "resyncInterval"
-)
-
-var knownKeys = [...]string{keyNonMasq, keyMasq, keyLimit, keyLinkLocal, keyLinkLocal6, keyOutBound, keyOutBound6, keyResync}
-
 // Default returns the configuration used when there is no file.
 func Default(f Flags) Config {
-	cidrs := []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
-	if f.NoMasqAllReservedRanges {
-		cidrs = append(cidrs, "100.64.0.0/10", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24",
-			"198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4")
-	}
-	c := Config{
-		MasqOutBound:     true,
-		MasqOutBoundIPv6: true,
-		ResyncInterval:   defaultResync,
-		CIDRLimit:        defaultCIDRLimit,
-	}
-	if f.ResyncInterval > 0 {
-		c.ResyncInterval = f.ResyncInterval
-	}
-	for _, s := range cidrs {
-		c.NonMasqueradeCIDRs = append(c.NonMasqueradeCIDRs, netip.MustParsePrefix(s))
+	var c Config
+	for _, k := range keys {
+		k.setDefault(&c, f)
 	}
 	return c
 }
@@ -103,14 +73,12 @@ func Default(f Flags) Config {
 // Equal reports whether two configs are the same (for change detection).
 // A nil and an empty list are the same.
 func (c Config) Equal(o Config) bool {
-	return slices.Equal(c.NonMasqueradeCIDRs, o.NonMasqueradeCIDRs) &&
-		slices.Equal(c.MasqueradeCIDRs, o.MasqueradeCIDRs) &&
-		c.MasqLinkLocal == o.MasqLinkLocal &&
-		c.MasqLinkLocalIPv6 == o.MasqLinkLocalIPv6 &&
-		c.MasqOutBound == o.MasqOutBound &&
-		c.MasqOutBoundIPv6 == o.MasqOutBoundIPv6 &&
-		c.ResyncInterval == o.ResyncInterval &&
-		c.CIDRLimit == o.CIDRLimit
+	for _, k := range keys {
+		if !k.equal(&c, &o) {
+			return false
+		}
+	}
+	return true
 }
 
 // Hash identifies c: the first 16 hex digits of the SHA-256 of c.String().
@@ -125,14 +93,9 @@ func (c Config) Hash() string {
 // Parsing it with the same Flags gives back c.
 func (c Config) String() string {
 	var b strings.Builder
-	writeList(&b, keyNonMasq, c.NonMasqueradeCIDRs)
-	writeList(&b, keyMasq, c.MasqueradeCIDRs)
-	fmt.Fprintf(&b, "%s: %d\n", keyLimit, c.CIDRLimit)
-	fmt.Fprintf(&b, "%s: %t\n", keyLinkLocal, c.MasqLinkLocal)
-	fmt.Fprintf(&b, "%s: %t\n", keyLinkLocal6, c.MasqLinkLocalIPv6)
-	fmt.Fprintf(&b, "%s: %t\n", keyOutBound, c.MasqOutBound)
-	fmt.Fprintf(&b, "%s: %t\n", keyOutBound6, c.MasqOutBoundIPv6)
-	fmt.Fprintf(&b, "%s: %q\n", keyResync, c.ResyncInterval.String())
+	for _, k := range keys {
+		k.write(&b, &c)
+	}
 	return b.String()
 }
 
@@ -145,89 +108,6 @@ func writeList(b *strings.Builder, key string, ps []netip.Prefix) {
 	for _, p := range ps {
 		fmt.Fprintf(b, "  - %q\n", p.String()) // quoted: "::/0" is not a plain YAML scalar
 	}
-}
-
-// Load reads path; a missing file (or a path that does not exist) gives
-// Default(f) and a warning naming the path, an empty/whitespace-only file
-// gives Default(f). A ConfigMap manifest (kind: ConfigMap) is read as the
-// tools read it: the value of its data key "config" (or of the one key
-// named ip-masq...). Errors and warnings are prefixed with the path. It
-// follows symlinks, as Kubernetes mounts ConfigMap keys as symlinks through
-// "..data".
-func Load(path string, f Flags) (Config, []string, error) {
-	data, err := readFile(path)
-	return loadData(path, data, err, f)
-}
-
-// loadData is Load of what reading path gave.
-func loadData(path string, data []byte, err error, f Flags) (Config, []string, error) {
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
-		return Default(f), []string{path + ": " + MsgMissing}, nil
-	}
-	if err != nil {
-		return Config{}, nil, fmt.Errorf("%s: %w", path, err)
-	}
-	content, isManifest, err := FromManifest(data)
-	if err != nil {
-		return Config{}, nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if isManifest {
-		data = content
-	}
-	c, warns, err := Parse(data, f)
-	for i := range warns {
-		warns[i] = path + ": " + warns[i]
-	}
-	if err != nil {
-		return Config{}, warns, fmt.Errorf("%s: %w", path, err)
-	}
-	return c, warns, nil
-}
-
-// MsgMissing is the warning about a config file that does not exist.
-const MsgMissing = `does not exist: the defaults are in force (no ConfigMap "ip-masq-agent", or no key "config" in it, or a wrong --config?)`
-
-func readFile(path string) ([]byte, error) {
-	// O_NONBLOCK: opening a FIFO must not block the daemon's loop forever.
-	file, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, unwrapPath(err)
-	}
-	defer file.Close()
-	fi, err := file.Stat()
-	if err != nil {
-		return nil, unwrapPath(err)
-	}
-	if fi.IsDir() {
-		return nil, errors.New("is a directory, expected a file")
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("is not a regular file (%s)", fi.Mode().Type())
-	}
-	tooBig := fmt.Errorf("file is larger than the limit of %d bytes", MaxFileSize)
-	if fi.Size() > MaxFileSize {
-		return nil, tooBig
-	}
-	// Size is meaningless for pipes and devices, so bound the read as well.
-	// Room for the whole file (and for the read that sees its end) at once.
-	var buf bytes.Buffer
-	buf.Grow(int(fi.Size()) + bytes.MinRead)
-	if _, err := buf.ReadFrom(io.LimitReader(file, MaxFileSize+1)); err != nil {
-		return nil, unwrapPath(err)
-	}
-	if buf.Len() > MaxFileSize {
-		return nil, tooBig
-	}
-	return buf.Bytes(), nil
-}
-
-// unwrapPath drops the path from an *fs.PathError, since Load adds it itself.
-func unwrapPath(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return fmt.Errorf("cannot %s: %w", pe.Op, pe.Err)
-	}
-	return err
 }
 
 type entry struct {
@@ -514,6 +394,7 @@ type decoder struct {
 	found         []finding         // errors and warnings, in the order found
 	dropped       [2]int            // errors, warnings not stored past maxStored
 	present       map[string]bool   // known keys (canonical) set to a non-null value (or a null list)
+	name          string            // the known key (canonical) being decoded
 	written       map[string]string // known keys (canonical) as written (the one that decided)
 	badLimit      bool              // cidrLimit is invalid, so the lists cannot be checked against it
 	entryFindings int               // found[:entryFindings] are about single keys (sorted into file order)
@@ -622,28 +503,33 @@ func keyPath(key string, index int) string {
 func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 	c := Default(f)
 	d := &decoder{f: f, present: make(map[string]bool), lists: make(map[string]*list)}
-	for _, name := range []string{keyNonMasq, keyMasq} {
-		l := &list{}
-		for _, p := range defaultList(c, name) {
-			l.items = append(l.items, item{s: p.String(), set: true, index: -1})
+	for _, k := range keys {
+		if ps := k.cidrs(&c); ps != nil {
+			l := &list{}
+			for _, p := range *ps {
+				l.items = append(l.items, item{s: p.String(), set: true, index: -1})
+			}
+			l.n = len(l.items)
+			d.lists[k.Name()] = l
 		}
-		l.n = len(l.items)
-		d.lists[name] = l
 	}
 	seen := make(map[string][]string) // known key -> keys as written, in decoding order
 	for _, e := range entries {
-		name := canonical(e.key)
+		k := keyNamed(canonical(e.key))
 		switch {
-		case name == "":
+		case k == nil:
 			d.add(finding{warning: true, key: e.key, index: -1, msg: "unknown key ignored" + suggest(e.key),
 				text: fmt.Sprintf("unknown key %s ignored%s", quote(e.key), suggest(e.key))})
 		default:
+			name := k.Name()
 			if name != e.key && !slices.Contains(seen[name], e.key) {
 				d.add(finding{warning: true, key: e.key, index: -1, msg: fmt.Sprintf("read as %q; please spell it exactly", name),
 					text: fmt.Sprintf("key %s read as %q; please spell it exactly", quote(e.key), name)})
 			}
 			seen[name] = append(seen[name], e.key)
-			d.field(&c, name, e.key, e.val)
+			if k.decodeInto(d, &c, e.key, e.val) {
+				d.present[name] = true
+			}
 		}
 	}
 	d.written = make(map[string]string, len(seen))
@@ -660,33 +546,33 @@ func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 				text: fmt.Sprintf("key %s given more than once (keys match case-insensitively); the value of the last one read, %s, is used, as in the original agent", quote(name), quote(last))})
 		}
 	}
-	c.NonMasqueradeCIDRs = d.checkList(keyNonMasq)
-	c.MasqueradeCIDRs = d.checkList(keyMasq)
+	for _, k := range keys {
+		if ps := k.cidrs(&c); ps != nil {
+			*ps = d.checkList(k.Name())
+		}
+	}
 	// The extension keys change what the original agent would have done
 	// with the same file only when they are not at their defaults (and
 	// the file is valid).
-	for _, e := range []struct {
-		name    string
-		changes bool
-	}{{keyMasq, len(c.MasqueradeCIDRs) > 0}, {keyOutBound, !c.MasqOutBound}, {keyOutBound6, !c.MasqOutBoundIPv6}} {
-		if e.changes && len(d.messages(false)) == 0 {
-			d.warnAt(d.written[e.name], -1, "%s", msgExtension)
+	def := Default(f)
+	for _, k := range keys {
+		if !k.isOriginal() && !k.equal(&c, &def) && len(d.messages(false)) == 0 {
+			d.warnAt(d.written[k.Name()], -1, "%s", msgExtension)
 		}
 	}
 	d.entryFindings = len(d.found)
 	if !d.badLimit {
-		for _, l := range []struct {
-			name string
-			n    int
-		}{{keyNonMasq, len(c.NonMasqueradeCIDRs)}, {keyMasq, len(c.MasqueradeCIDRs)}} {
-			if l.n <= c.CIDRLimit {
+		for _, k := range keys {
+			ps := k.cidrs(&c)
+			if ps == nil || len(*ps) <= c.CIDRLimit {
 				continue
 			}
-			if key, ok := d.written[l.name]; ok {
-				d.errorAt(key, -1, "%d CIDRs exceed cidrLimit %d", l.n, c.CIDRLimit)
-			} else if l.name == keyNonMasq {
-				d.add(finding{key: l.name, index: -1, at: d.written[keyLimit],
-					msg: fmt.Sprintf("%d CIDRs (the defaults) exceed cidrLimit %d", l.n, c.CIDRLimit)})
+			name, n := k.Name(), len(*ps)
+			if key, ok := d.written[name]; ok {
+				d.errorAt(key, -1, "%d CIDRs exceed cidrLimit %d", n, c.CIDRLimit)
+			} else if n > 0 { // not written: its defaults exceed the limit
+				d.add(finding{key: name, index: -1, at: d.written[keyLimit],
+					msg: fmt.Sprintf("%d CIDRs (the defaults) exceed cidrLimit %d", n, c.CIDRLimit)})
 			}
 		}
 	}
@@ -695,11 +581,14 @@ func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 
 const msgExtension = "an extension of this agent (from Baidu CCE): the original agent ignores this key, so with it the same file means something else there"
 
-func defaultList(c Config, name string) []netip.Prefix {
-	if name == keyNonMasq {
-		return c.NonMasqueradeCIDRs
+// keyNamed returns the key of that (canonical) name, or nil.
+func keyNamed(name string) key {
+	for _, k := range keys {
+		if k.Name() == name {
+			return k
+		}
 	}
-	return c.MasqueradeCIDRs
+	return nil
 }
 
 func canonical(key string) string {
@@ -718,40 +607,11 @@ func canonical(key string) string {
 	return ""
 }
 
-// field decodes the value of a known key into c, as encoding/json did:
-// null leaves a boolean or the limit unchanged and empties a list.
-func (d *decoder) field(c *Config, name, key string, v any) {
-	if v == nil {
-		switch name {
-		case keyNonMasq, keyMasq:
-			d.present[name] = true
-			d.lists[name] = &list{}
-			if name == keyNonMasq {
-				d.warnAt(key, -1, "null means an empty list, as in the original agent: every destination but link-local is masqueraded (write [] to say so)")
-			}
-		case keyResync:
-			// metav1.Duration reads null as "", which is not a duration.
-			d.errorAt(key, -1, "expected a duration string such as \"60s\", got null")
-		}
-		return
-	}
-	d.present[name] = true
-	switch name {
-	case keyNonMasq, keyMasq:
-		d.decodeList(name, key, v)
-	case keyLimit:
-		c.CIDRLimit = d.limit(key, v)
-	case keyLinkLocal:
-		c.MasqLinkLocal = d.boolean(key, v, c.MasqLinkLocal)
-	case keyLinkLocal6:
-		c.MasqLinkLocalIPv6 = d.boolean(key, v, c.MasqLinkLocalIPv6)
-	case keyOutBound:
-		c.MasqOutBound = d.boolean(key, v, c.MasqOutBound)
-	case keyOutBound6:
-		c.MasqOutBoundIPv6 = d.boolean(key, v, c.MasqOutBoundIPv6)
-	case keyResync:
-		c.ResyncInterval = d.duration(key, v, c.ResyncInterval)
-	}
+// cidrList decodes a list of the key being decoded into its list (see
+// list), which checkList makes the key's CIDRs at the end: old stays.
+func (d *decoder) cidrList(key string, v any, old []netip.Prefix) []netip.Prefix {
+	d.decodeList(d.name, key, v)
+	return old
 }
 
 // decodeList decodes a list into the list of name as encoding/json decodes
@@ -922,8 +782,9 @@ func (d *decoder) boolean(key string, v any, old bool) bool {
 }
 
 // limit reads cidrLimit as encoding/json reads an int: an integer literal
-// (YAML's 64.0 and 0x40 reach it as 64), any sign.
-func (d *decoder) limit(key string, v any) int {
+// (YAML's 64.0 and 0x40 reach it as 64), any sign. An invalid limit is 0,
+// not the old one, and the lists are not checked against it (badLimit).
+func (d *decoder) limit(key string, v any, _ int) int {
 	num, ok := v.(json.Number)
 	if !ok {
 		d.badLimit = true

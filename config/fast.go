@@ -51,7 +51,7 @@ func fastYAML(data []byte) (entries []entry, order map[string]int, ok bool) {
 	)
 	closeList := func() bool {
 		if open >= 0 && len(items) > 0 {
-			if k := entries[open].key; k != keyNonMasq && k != keyMasq {
+			if k := keyNamed(entries[open].key); k == nil || !k.list() {
 				return false // a list under a key that takes no list: let the library say so
 			}
 			entries[open].val = items
@@ -87,7 +87,7 @@ func fastYAML(data []byte) (entries []entry, order map[string]int, ok bool) {
 			return nil, nil, false
 		}
 		key, rest, found := strings.Cut(line, ":")
-		if !found || !slices.Contains(knownKeys[:], key) {
+		if !found || !slices.Contains(knownKeys, key) {
 			return nil, nil, false
 		}
 		if _, dup := order[key]; dup {

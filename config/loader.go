@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"time"
 )
 
 // Loader loads the config from a file, as Load does, or from a directory
@@ -39,45 +36,6 @@ type file struct {
 	cfg   Config
 	warns []string
 	err   error
-}
-
-// SourceKind is what --config names: one file, a directory of files, or
-// nothing. A Loader decides it once, at its first Load of a path (the
-// agent's start), from the path and what is there; a path that later
-// changes kind is not read (the error says why), so that the rules in
-// force stay rather than change meaning under the agent.
-type SourceKind int
-
-const (
-	// SourceFile: one file, read by Load. It may be missing, at start or
-	// later: the defaults are in force, with a warning naming the path.
-	SourceFile SourceKind = iota
-	// SourceDir: a directory whose files named ip-masq* are merged.
-	SourceDir
-	// SourceNone: --config="": no config; the defaults, without a warning.
-	SourceNone
-)
-
-func (k SourceKind) String() string {
-	switch k {
-	case SourceDir:
-		return "directory"
-	case SourceNone:
-		return "none"
-	}
-	return "file"
-}
-
-// KindOf returns the kind of config source path is now: "" is none, a
-// directory is a directory, anything else (a missing path too) a file.
-func KindOf(path string) SourceKind {
-	if path == "" {
-		return SourceNone
-	}
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return SourceDir
-	}
-	return SourceFile
 }
 
 // part is one file's config and the keys it sets.
@@ -178,7 +136,7 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 	case serr == nil && !fi.IsDir():
 		return Config{}, nil, fmt.Errorf("%s: is a file now, but was a directory when the agent started: not read; restart the agent to read it as a file", path)
 	}
-	entries, err := os.ReadDir(path)
+	entries, err := dirFiles(path)
 	if err != nil {
 		return Config{}, nil, fmt.Errorf("%s: %w", path, unwrapPath(err))
 	}
@@ -191,15 +149,12 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 		de    DirError
 		seen  = make(map[string]bool)
 	)
-	for _, e := range entries { // sorted by name
-		if !IsConfigName(e.Name()) {
-			continue
-		}
-		file := filepath.Join(path, e.Name())
-		if fi, err := os.Stat(file); err == nil && fi.IsDir() {
+	for _, e := range entries {
+		file := e.path
+		if e.dir {
 			warns = append(warns, file+": a directory, not read")
 			continue
-		} else if errors.Is(err, fs.ErrNotExist) {
+		} else if errors.Is(e.err, fs.ErrNotExist) {
 			continue // a dangling symlink, or gone since the listing
 		}
 		seen[file] = true
@@ -244,72 +199,26 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 	return merge(f, parts), warns, nil
 }
 
-// merge combines the configs of a directory's files (see Loader.Load).
+// merge combines the configs of a directory's files (see Loader.Load):
+// each key by its merge rule (keys) over the files that set it.
 func merge(f Flags, parts []part) Config {
 	c := Default(f)
-	var nonMasq, masq []netip.Prefix
-	setNonMasq := false
-	inNonMasq, inMasq := make(map[netip.Prefix]bool), make(map[netip.Prefix]bool)
-	// union appends the prefixes of one file that no earlier file has
-	// (a file's own duplicates are kept, as Parse keeps them).
-	union := func(dst []netip.Prefix, seen map[netip.Prefix]bool, ps []netip.Prefix) []netip.Prefix {
-		for _, p := range ps {
-			if !seen[p] {
-				dst = append(dst, p)
+	for _, k := range keys {
+		var set []*Config
+		for i := range parts {
+			if parts[i].present[k.Name()] {
+				set = append(set, &parts[i].c)
 			}
 		}
-		for _, p := range ps {
-			seen[p] = true
-		}
-		return dst
-	}
-	bools := []struct {
-		key string
-		get func(*Config) *bool
-	}{
-		{keyLinkLocal, func(c *Config) *bool { return &c.MasqLinkLocal }},
-		{keyLinkLocal6, func(c *Config) *bool { return &c.MasqLinkLocalIPv6 }},
-		{keyOutBound, func(c *Config) *bool { return &c.MasqOutBound }},
-		{keyOutBound6, func(c *Config) *bool { return &c.MasqOutBoundIPv6 }},
-	}
-	setBool := make(map[string]bool)
-	var resync time.Duration
-	limit := 0
-	for _, p := range parts {
-		if p.present[keyNonMasq] {
-			setNonMasq = true
-			nonMasq = union(nonMasq, inNonMasq, p.c.NonMasqueradeCIDRs)
-		}
-		if p.present[keyMasq] {
-			masq = union(masq, inMasq, p.c.MasqueradeCIDRs)
-		}
-		for _, b := range bools {
-			if !p.present[b.key] {
-				continue
-			}
-			if !setBool[b.key] {
-				*b.get(&c) = false
-				setBool[b.key] = true
-			}
-			*b.get(&c) = *b.get(&c) || *b.get(&p.c)
-		}
-		if p.present[keyResync] && (resync == 0 || p.c.ResyncInterval < resync) {
-			resync = p.c.ResyncInterval
-		}
-		if p.present[keyLimit] {
-			limit = max(limit, p.c.CIDRLimit)
+		if len(set) > 0 {
+			k.mergeInto(&c, set)
 		}
 	}
-	if setNonMasq {
-		c.NonMasqueradeCIDRs = nonMasq
+	// The limit applied to each file; the merge is not limited.
+	for _, k := range keys {
+		if ps := k.cidrs(&c); ps != nil {
+			c.CIDRLimit = max(c.CIDRLimit, len(*ps))
+		}
 	}
-	c.MasqueradeCIDRs = masq
-	if resync != 0 {
-		c.ResyncInterval = resync
-	}
-	if limit != 0 {
-		c.CIDRLimit = limit
-	}
-	c.CIDRLimit = max(c.CIDRLimit, len(c.NonMasqueradeCIDRs), len(c.MasqueradeCIDRs))
 	return c
 }

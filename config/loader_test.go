@@ -254,3 +254,36 @@ func TestLoaderKindDecidedOnce(t *testing.T) {
 		t.Errorf("no config: %s, %q, %v", c, warns, err)
 	}
 }
+
+// Files lists what the agent reads of a directory: its files named
+// ip-masq*, not the directories among them nor dangling symlinks.
+func TestFiles(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"ip-masq-b", "ip-masq-a", "other"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Mkdir(filepath.Join(dir, "ip-masq-dir"), 0o755)
+	os.Symlink(filepath.Join(dir, "gone"), filepath.Join(dir, "ip-masq-dangling"))
+	files, warn := Files(dir)
+	if want := []string{filepath.Join(dir, "ip-masq-a"), filepath.Join(dir, "ip-masq-b")}; !slices.Equal(files, want) || warn != "" {
+		t.Errorf("Files(dir) = %q, %q; want %q", files, warn, want)
+	}
+	if files, warn := Files(t.TempDir()); files != nil || !strings.Contains(warn, "the agent would use the defaults") {
+		t.Errorf("Files(empty dir) = %q, %q", files, warn)
+	}
+	if files, warn := Files("-"); !slices.Equal(files, []string{"-"}) || warn != "" {
+		t.Errorf("Files(-) = %q, %q", files, warn)
+	}
+	if data, err := ReadInput("-", strings.NewReader("x: 1\n")); string(data) != "x: 1\n" || err != nil {
+		t.Errorf("ReadInput(-) = %q, %v", data, err)
+	}
+	if _, err := ReadInput(dir, nil); errString(err) != "is a directory" {
+		t.Errorf("ReadInput(dir) = %v", err)
+	}
+	big := strings.NewReader(strings.Repeat("#", MaxFileSize+1))
+	if _, err := ReadInput("-", big); errString(err) != "larger than the limit of 4194304 bytes" {
+		t.Errorf("ReadInput of a large stdin = %v", err)
+	}
+}

@@ -20,11 +20,6 @@ type embeddedConfig struct {
 	warning bool // the problem is a warning
 }
 
-// IsConfigName reports whether a file in a config directory, or a key of a
-// ConfigMap's data, holds agent config: its name starts with "ip-masq"
-// (not the kubelet's ..data and other dot entries).
-func IsConfigName(name string) bool { return strings.HasPrefix(name, "ip-masq") }
-
 // manifestConfigs finds the configs in a Kubernetes manifest (one or
 // several YAML documents, or JSON): the ConfigMaps' data keys "config"
 // (the original agent's) and ip-masq... (Azure's ip-masq-agent-v2's). ok

@@ -87,15 +87,20 @@ func (c *conn) send(b []byte) error {
 	return unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
 }
 
-// recv reads one datagram of netlink messages.
+// recv reads one datagram of netlink messages from the kernel; another
+// process's datagram to our port (any process with CAP_NET_ADMIN can
+// send one) is no answer and is dropped.
 func (c *conn) recv() ([]byte, error) {
 	for {
-		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
+		n, from, err := unix.Recvfrom(c.fd, c.buf, 0)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
 			return nil, err
+		}
+		if nl, ok := from.(*unix.SockaddrNetlink); !ok || nl.Pid != 0 {
+			continue
 		}
 		return c.buf[:n], nil
 	}

@@ -111,31 +111,47 @@ func TestSplitFamiliesUnmaps(t *testing.T) {
 	}
 }
 
+// --to-ports accepts what the original's parser (pkg/interval) accepts,
+// with the same ranges.
 func TestParsePorts(t *testing.T) {
-	for _, tc := range []struct {
+	r := func(a, b uint16) PortRange { return PortRange{First: a, Last: b} }
+	tests := []struct {
 		in      string
 		want    []PortRange
 		wantErr string
 	}{
-		{"", nil, ""},
-		{"1024-29999,32768-65535", []PortRange{{1024, 29999}, {32768, 65535}}, ""},
-		{"8080", []PortRange{{8080, 8080}}, ""},
-		{" 1024-2000 , 3000 ", []PortRange{{1024, 2000}, {3000, 3000}}, ""},
-		{"0-100", nil, "not a port"},
-		{"100-10", nil, "not a port"},
-		{"70000", nil, "not a port"},
-		{"a-b", nil, "not a port"},
-		{"1024-2000,1500-3000", nil, "overlap"},
-	} {
-		got, err := ParsePorts(tc.in)
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "--to-ports") {
-				t.Errorf("ParsePorts(%q) error = %v, want one containing %q", tc.in, err, tc.wantErr)
+		{in: "", want: nil},
+		{in: "1024-29999,32768-65535", want: []PortRange{r(1024, 29999), r(32768, 65535)}},
+		{in: "8080", want: []PortRange{r(8080, 8080)}},
+		{in: "1-1", want: []PortRange{r(1, 1)}},
+		{in: "+1024-01999", want: []PortRange{r(1024, 1999)}}, // strconv.Atoi
+		{in: "2000-3000,1000-1500", want: []PortRange{r(2000, 3000), r(1000, 1500)}},
+		{in: "1024-2000,1500-3000", want: []PortRange{r(1024, 2000), r(1500, 3000)}}, // overlap: kept, as the original
+		{in: "5,5", want: []PortRange{r(5, 5), r(5, 5)}},
+		{in: "65535", want: []PortRange{r(65535, 65535)}},
+		{in: "2000-1000", wantErr: `first is greater than last in "2000-1000"`},
+		{in: "1-2-3", wantErr: `"1-2-3" is not a port or a range FIRST-LAST`},
+		{in: "1024,", wantErr: `"" is not a port or a range FIRST-LAST`},
+		{in: " 1024", wantErr: `" 1024" is not a port or a range FIRST-LAST`},
+		{in: "1024 - 2048", wantErr: `"1024 - 2048" is not a port or a range FIRST-LAST`},
+		{in: "-1024", wantErr: `"-1024" is not a port or a range FIRST-LAST`},
+		{in: "http", wantErr: `"http" is not a port or a range FIRST-LAST`},
+		// The original's parser took these, and iptables then refused the
+		// rule at every sync; refused at start here.
+		{in: "0", wantErr: "0 is not a port (1-65535)"},
+		{in: "0-1024", wantErr: "0 is not a port (1-65535)"},
+		{in: "65536", wantErr: "65536 is not a port (1-65535)"},
+	}
+	for _, tt := range tests {
+		got, err := ParsePorts(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("ParsePorts(%q) = %v, %v; want an error with %q", tt.in, got, err, tt.wantErr)
 			}
 			continue
 		}
-		if err != nil || !slices.Equal(got, tc.want) {
-			t.Errorf("ParsePorts(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		if err != nil || !slices.Equal(got, tt.want) {
+			t.Errorf("ParsePorts(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}
 	}
 }

@@ -302,30 +302,45 @@ func ValidateChain(name string) error {
 	return nil
 }
 
-// ParsePorts parses --to-ports: comma-separated ports or port ranges, as in
-// "1024-29999,32768-65535". Empty means no port restriction.
+// ParsePorts parses --to-ports as the original agent did
+// (pkg/interval.ParseIntervals, then iptables' --to-ports): ports or
+// ranges FIRST-LAST separated by commas, each number as strconv.Atoi reads
+// it ("+1024" and "01024" are 1024), FIRST <= LAST; no spaces. Ranges may
+// overlap: each range is chosen with a probability proportional to its
+// size, as the original's "-m statistic" rules did. Empty means no port
+// restriction.
+//
+// One difference: a port outside 1-65535 passed the original's parser but
+// iptables-restore refused the rule at every sync, so the original never
+// programmed anything; here it is refused at start.
 func ParsePorts(s string) ([]PortRange, error) {
-	if strings.TrimSpace(s) == "" {
+	if s == "" {
 		return nil, nil
 	}
 	var out []PortRange
 	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
-		first, err1 := strconv.ParseUint(lo, 10, 16)
-		last, err2 := first, error(nil)
-		if isRange {
-			last, err2 = strconv.ParseUint(hi, 10, 16)
+		fields := strings.Split(part, "-")
+		if len(fields) > 2 {
+			return nil, fmt.Errorf("--to-ports %q: %q is not a port or a range FIRST-LAST", s, part)
 		}
-		if err1 != nil || err2 != nil || first == 0 || last < first {
-			return nil, fmt.Errorf("--to-ports %q: %q is not a port (1-65535) or a range first-last", s, part)
-		}
-		r := PortRange{uint16(first), uint16(last)}
-		for _, o := range out {
-			if r.First <= o.Last && o.First <= r.Last {
-				return nil, fmt.Errorf("--to-ports %q: ranges %s and %s overlap", s, o, r)
+		var ports [2]int
+		for i, f := range fields {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				return nil, fmt.Errorf("--to-ports %q: %q is not a port or a range FIRST-LAST", s, part)
 			}
+			if n < 1 || n > 65535 {
+				return nil, fmt.Errorf("--to-ports %q: %d is not a port (1-65535)", s, n)
+			}
+			ports[i] = n
 		}
-		out = append(out, r)
+		if len(fields) == 1 {
+			ports[1] = ports[0]
+		}
+		if ports[0] > ports[1] {
+			return nil, fmt.Errorf("--to-ports %q: first is greater than last in %q", s, part)
+		}
+		out = append(out, PortRange{First: uint16(ports[0]), Last: uint16(ports[1])})
 	}
 	return out, nil
 }

@@ -126,19 +126,19 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // notOwnedDaemon is a topology with internet1 (masqueraded) and private1,
-// and the agent, with its table not owned (others may change it) and
-// resyncInterval 1h (a repair comes from the watch), in force and its
-// first apply logged: it returns the table as the agent wrote it
+// and the agent on config (resyncInterval: 1h: a repair comes from the
+// watch), with its table not owned (others may change it), in force and
+// its first apply logged: it returns the table as the agent wrote it
 // (withoutCounters).
-func notOwnedDaemon(t *testing.T) (*testnet.Topology, *daemon, string) {
+func notOwnedDaemon(t *testing.T, config string) (*testnet.Topology, *daemon, string) {
 	t.Helper()
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
-	cm := newConfigMapDir(t, "resyncInterval: 1h\n")
+	cm := newConfigMapDir(t, config)
 	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
-	// A change before the first apply is verified is put back by that
-	// apply, and logged as it: a test tampers after it.
+	// The first sync reads its commit back: a tamper before it ends is
+	// repaired by it, as part of the first apply, not logged as a repair.
 	eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
 	return topo, d, withoutCounters(listTable(t, topo))
 }
@@ -196,15 +196,7 @@ func TestDaemonReloads(t *testing.T) {
 // TestDaemonRepairs: changes by another process are undone, and counters
 // survive resyncs that find nothing to change.
 func TestDaemonRepairs(t *testing.T) {
-	topo := newTopology(t)
-	addDestinations(t, topo, internet1, private1)
-	cm := newConfigMapDir(t, "resyncInterval: 1s\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
-	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
-	// The first sync reads its commit back: a tamper before it ends is
-	// repaired by it, as part of the first apply, not logged as a repair.
-	eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
-	want := withoutCounters(listTable(t, topo))
+	topo, d, want := notOwnedDaemon(t, "resyncInterval: 1s\n")
 
 	for i, tamper := range [][]string{
 		{"delete", "table", "inet", "ip-masq-agent"},

@@ -614,7 +614,7 @@ func TestNetlinkFaults(t *testing.T) {
 	})
 
 	t.Run("set larger than the kernel accepts: resized by another process", func(t *testing.T) {
-		topo, d, want := notOwnedDaemon(t)
+		topo, d, want := notOwnedDaemon(t, "resyncInterval: 1h\n")
 		mark := len(d.output())
 		resize := "flush chain inet ip-masq-agent IP-MASQ-AGENT\ndelete set inet ip-masq-agent nonmasq-v4\n" +
 			"add set inet ip-masq-agent nonmasq-v4 { type ipv4_addr; flags interval; size 2; }\n"
@@ -636,7 +636,7 @@ func TestNetlinkFaults(t *testing.T) {
 	})
 
 	t.Run("receive buffer overrun: notifications lost while the agent is stopped", func(t *testing.T) {
-		topo, d, want := notOwnedDaemon(t)
+		topo, d, want := notOwnedDaemon(t, "resyncInterval: 1h\n")
 		// 200,000 elements make ~27 MB of notifications; the agent's
 		// buffer holds 64 MiB (32 MiB forced, doubled by the kernel).
 		var b strings.Builder

@@ -22,7 +22,7 @@ var layout = map[string][]string{
 	"windows":            {"config"},
 	"conntrack":          nil,
 	"internal/agent":     {"config", "nft", "original", "internal/metrics", "internal/filewatch"},
-	"internal/metrics":   nil,
+	"internal/metrics":   {"nft"},
 	"internal/filewatch": nil,
 	"internal/kustomize": nil,
 	"internal/testnet":   nil,

@@ -157,7 +157,7 @@ func TestTamperedShapesRepaired(t *testing.T) {
 			"insert rule inet ip-masq-agent IP-MASQ-AGENT ip daddr @extra jump extra\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			topo, d, want := notOwnedDaemon(t)
+			topo, d, want := notOwnedDaemon(t, "resyncInterval: 1h\n")
 			if out, err := topo.NFT("-f", writeConfig(t, tc.tamper)); err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}

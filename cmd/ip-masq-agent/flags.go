@@ -77,56 +77,13 @@ func (r *rulesetFlags) finish() error {
 	if err := nft.ValidateChain(r.nft.Chain); err != nil {
 		return err
 	}
-	ports, err := parseToPorts(r.toPorts)
+	ports, err := nft.ParsePorts(r.toPorts)
 	if err != nil {
 		return err
 	}
 	r.nft.ToPorts = ports
 	r.nft.EnableIPv6 = r.flags.EnableIPv6
 	return nil
-}
-
-// parseToPorts parses --to-ports as the original agent did
-// (pkg/interval.ParseIntervals, then iptables' --to-ports): ports or
-// ranges FIRST-LAST separated by commas, each number as strconv.Atoi reads
-// it ("+1024" and "01024" are 1024), FIRST <= LAST; no spaces. Ranges may
-// overlap: each range is chosen with a probability proportional to its
-// size, as the original's "-m statistic" rules did. Empty means no port
-// restriction.
-//
-// One difference: a port outside 1-65535 passed the original's parser but
-// iptables-restore refused the rule at every sync, so the original never
-// programmed anything; here it is refused at start.
-func parseToPorts(s string) ([]nft.PortRange, error) {
-	if s == "" {
-		return nil, nil
-	}
-	var out []nft.PortRange
-	for _, part := range strings.Split(s, ",") {
-		fields := strings.Split(part, "-")
-		if len(fields) > 2 {
-			return nil, fmt.Errorf("--to-ports %q: %q is not a port or a range FIRST-LAST", s, part)
-		}
-		var ports [2]int
-		for i, f := range fields {
-			n, err := strconv.Atoi(f)
-			if err != nil {
-				return nil, fmt.Errorf("--to-ports %q: %q is not a port or a range FIRST-LAST", s, part)
-			}
-			if n < 1 || n > 65535 {
-				return nil, fmt.Errorf("--to-ports %q: %d is not a port (1-65535)", s, n)
-			}
-			ports[i] = n
-		}
-		if len(fields) == 1 {
-			ports[1] = ports[0]
-		}
-		if ports[0] > ports[1] {
-			return nil, fmt.Errorf("--to-ports %q: first is greater than last in %q", s, part)
-		}
-		out = append(out, nft.PortRange{First: uint16(ports[0]), Last: uint16(ports[1])})
-	}
-	return out, nil
 }
 
 // resyncSeconds is Azure ip-masq-agent-v2's --resync-interval (an int of
@@ -142,6 +99,40 @@ func resyncSeconds(n int) (time.Duration, string) {
 		return time.Duration(maxSeconds) * time.Second, fmt.Sprintf("--resync-interval=%d is longer than Go's durations; using %ds", n, maxSeconds)
 	}
 	return time.Duration(n) * time.Second, ""
+}
+
+// daemonUsage is the agent's --help: the flags that mean something, then
+// the original agent's klog flags, accepted and ignored, by name only.
+func daemonUsage(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprintln(w, "Usage: ip-masq-agent [flags]")
+	fmt.Fprintln(w, "\nKeeps the node's table inet ip-masq-agent in line with the config file.")
+	fmt.Fprintln(w, "\nExample:\n  ip-masq-agent --config /etc/config/ip-masq-agent --enable-ipv6")
+	fmt.Fprintln(w, "\nTools: ip-masq-agent validate|render|explain|diff|list|cleanup-iptables ... (ip-masq-agent help)")
+	fmt.Fprintln(w, "\nFlags:")
+	real := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	real.SetOutput(w)
+	var ignored []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "v" && slices.Contains(klogFlagNames, f.Name) {
+			ignored = append(ignored, "--"+f.Name)
+			return
+		}
+		real.Var(f.Value, f.Name, f.Usage)
+		real.Lookup(f.Name).DefValue = f.DefValue
+	})
+	real.PrintDefaults()
+	fmt.Fprintln(w, "\nAccepted for the original agent's DaemonSet args, and ignored (klog's flags;")
+	fmt.Fprintln(w, "logs always go to stderr; a warning at start names those given):")
+	line := " "
+	for _, name := range ignored {
+		if len(line)+1+len(name) > 78 {
+			fmt.Fprintln(w, line)
+			line = " "
+		}
+		line += " " + name
+	}
+	fmt.Fprintln(w, line)
 }
 
 // logFlags are the logging flags the original agent's binary accepts: the

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
-
-	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
 // parseArgs parses the daemon's flags without starting it.
@@ -101,51 +99,6 @@ func TestVersionAndHelpToStdout(t *testing.T) {
 	if !done || code != 2 || out != "" || !strings.Contains(errOut, "flag provided but not defined: -no-such-flag") ||
 		!strings.Contains(errOut, "Usage: ip-masq-agent") {
 		t.Errorf("bad flag: %d %q %q", code, out, errOut)
-	}
-}
-
-// --to-ports accepts what the original's parser (pkg/interval) accepts,
-// with the same ranges.
-func TestToPorts(t *testing.T) {
-	r := func(a, b uint16) nft.PortRange { return nft.PortRange{First: a, Last: b} }
-	tests := []struct {
-		in      string
-		want    []nft.PortRange
-		wantErr string
-	}{
-		{in: "", want: nil},
-		{in: "1024-29999,32768-65535", want: []nft.PortRange{r(1024, 29999), r(32768, 65535)}},
-		{in: "8080", want: []nft.PortRange{r(8080, 8080)}},
-		{in: "1-1", want: []nft.PortRange{r(1, 1)}},
-		{in: "+1024-01999", want: []nft.PortRange{r(1024, 1999)}}, // strconv.Atoi
-		{in: "2000-3000,1000-1500", want: []nft.PortRange{r(2000, 3000), r(1000, 1500)}},
-		{in: "1024-2000,1500-3000", want: []nft.PortRange{r(1024, 2000), r(1500, 3000)}}, // overlap: kept, as the original
-		{in: "5,5", want: []nft.PortRange{r(5, 5), r(5, 5)}},
-		{in: "65535", want: []nft.PortRange{r(65535, 65535)}},
-		{in: "2000-1000", wantErr: `first is greater than last in "2000-1000"`},
-		{in: "1-2-3", wantErr: `"1-2-3" is not a port or a range FIRST-LAST`},
-		{in: "1024,", wantErr: `"" is not a port or a range FIRST-LAST`},
-		{in: " 1024", wantErr: `" 1024" is not a port or a range FIRST-LAST`},
-		{in: "1024 - 2048", wantErr: `"1024 - 2048" is not a port or a range FIRST-LAST`},
-		{in: "-1024", wantErr: `"-1024" is not a port or a range FIRST-LAST`},
-		{in: "http", wantErr: `"http" is not a port or a range FIRST-LAST`},
-		// The original's parser took these, and iptables then refused the
-		// rule at every sync; refused at start here.
-		{in: "0", wantErr: "0 is not a port (1-65535)"},
-		{in: "0-1024", wantErr: "0 is not a port (1-65535)"},
-		{in: "65536", wantErr: "65536 is not a port (1-65535)"},
-	}
-	for _, tt := range tests {
-		got, err := parseToPorts(tt.in)
-		if tt.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Errorf("parseToPorts(%q) = %v, %v; want an error with %q", tt.in, got, err, tt.wantErr)
-			}
-			continue
-		}
-		if err != nil || !slices.Equal(got, tt.want) {
-			t.Errorf("parseToPorts(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
-		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -31,15 +32,8 @@ var syncBuckets = []float64{
 	1, 2.5, 5,
 }
 
-// RuleCounter is one kind of SNAT decision the kernel counts: the packets
-// and bytes of one rule's counter (or the sum of several with the same
-// labels).
-type RuleCounter struct {
-	Family         string // "ipv4" or "ipv6"
-	Decision       string // "masquerade" or "nonmasquerade" (left alone)
-	Reason         string // "cidrs" (a CIDR of the decision's list) or "outbound" (no list matched)
-	Packets, Bytes uint64
-}
+// RuleCounter is nft's: one kind of SNAT decision the kernel counts.
+type RuleCounter = nft.RuleCounter
 
 // Agent holds the agent's metrics in a private registry and its health
 // state, and serves both through Handler. Its methods are safe for

@@ -967,10 +967,9 @@ func walkAttrsFlags(b []byte, f func(typ uint16, nested bool, payload []byte) bo
 
 // generation returns the kernel's nftables generation id.
 func generation(conn *netlink.Conn) (uint32, error) {
-	msgs, err := conn.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
-		Data:   nfgenmsg(unix.AF_UNSPEC, 0),
-	})
+	// Through requestFamily's receive, which takes only the kernel's
+	// datagrams (mdlayher/netlink's Execute takes any process's).
+	msgs, err := requestFamily(conn, unix.AF_UNSPEC, unix.NFT_MSG_GETGEN, false)
 	if err != nil {
 		return 0, err
 	}

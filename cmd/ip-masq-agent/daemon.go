@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/conntrack"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/agent"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/filewatch"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
+)
+
+// runDaemon runs the agent (the DaemonSet's command), --once and --cleanup
+// among its modes, with its parsed flags.
+func runDaemon(d daemonFlags, stderr io.Writer) int {
+	o := d.options
+	log, err := newLogger(stderr, d.logFormat, d.logLevel, int(d.logFlags.v))
+	if err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
+		return 2
+	}
+
+	// The version, the config source and the flags that differ from
+	// their defaults: one short line.
+	attrs := []any{"version", version, "config", config.KindOf(o.configPath).String() + " " + o.configPath}
+	d.visit(func(f *flag.Flag) {
+		if f.Name != "version" && f.Name != "config" && f.Value.String() != f.DefValue {
+			attrs = append(attrs, f.Name, f.Value.String())
+		}
+	})
+	log.Info("starting ip-masq-agent", attrs...)
+	if d.logIgnored != "" {
+		log.Warn(d.logIgnored)
+	}
+	if d.resyncWarning != "" {
+		log.Warn(d.resyncWarning)
+	}
+
+	slog.SetDefault(log)
+	// --once --release-on-exit: no owner to release; the table is written unowned.
+	k := &kernel.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
+	defer k.Close()
+	m := metrics.New(version, func() ([]nft.RuleCounter, error) { return k.DecisionCounters(o.nft.Chain) })
+	// The daemon also watches nftables notifications: a change by another
+	// process (possible when the table is not owned) is verified and
+	// repaired at once rather than at the next resync.
+	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once, Original: original.Netlink{K: k}}
+	if o.conntrack != conntrack.ModeNone && o.nft.CtLabel == nil {
+		log.Warn("conntrack cleanup without a mark (--conntrack-label=none): a change from masquerade to no masquerade also deletes the entries that another component (kube-proxy, a CNI) masqueraded to a node address", "mode", o.conntrack)
+	}
+	if o.conntrack != conntrack.ModeNone {
+		ao.Applied = func(old, new nft.Table) { cleanConntrack(o.conntrack, old, new, log, m) }
+	}
+	ag := agent.New(ao, k, log, m)
+	switch {
+	case o.cleanup:
+		return cleanupTable(k, log)
+	case o.once:
+		if err := ag.Sync(time.Now()); err != nil {
+			if errors.Is(err, nft.ErrOwnedByOther) {
+				log.Error("not applied", "err", err)
+			}
+			return 1
+		}
+		return 0
+	}
+	// Without CAP_NET_ADMIN nothing will ever work: fail at start with one
+	// line rather than retry forever. (EPERM alone does not tell: a table
+	// owned by another process's socket is refused with EPERM too.)
+	if !hasCapNetAdmin() {
+		log.Error("cannot program nftables", "err", agent.Hint(syscall.EPERM))
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- metrics.Serve(ctx, o.httpAddr, m.Handler(), log) }()
+	fileChanged := watchConfig(ctx, o.configPath, log)
+	loopDone := make(chan struct{})
+	go func() { ag.Run(ctx, fileChanged); close(loopDone) }()
+	if err := <-served; err != nil {
+		log.Error("cannot serve --http-address", "err", err)
+		stop()
+		<-loopDone
+		return 1
+	}
+	<-ctx.Done()
+	select {
+	case <-loopDone:
+	case <-time.After(stopTimeout):
+		// A netlink request the kernel is slow to answer (a huge foreign
+		// set, say) is not interrupted: exit without it.
+		log.Warn("the loop did not stop in time (a netlink request is slow); exiting anyway", "waited", stopTimeout)
+	}
+	// The rules stay: masquerade must survive a restart or a rolling update.
+	if o.release {
+		select {
+		case <-loopDone:
+			// The table, re-created unowned in one transaction: no
+			// moment without it.
+			switch released, err := k.Release(); {
+			case err != nil:
+				log.Error("cannot release the table at exit; it stays owned until this process exits, then orphaned", "err", agent.Hint(err))
+			case released:
+				log.Info("released table inet " + nft.TableName + ": it stays in place, unowned and not persistent")
+			}
+		default: // the loop still holds the socket's lock: exit without it
+		}
+	}
+	log.Info("stopping; the rules stay in place")
+	return 0
+}
+
+// stopTimeout bounds the wait for the loop after SIGTERM, well within the
+// kubelet's default grace period of 30 s.
+const stopTimeout = 10 * time.Second
+
+// cleanConntrack deletes the conntrack entries whose decision the new
+// table made wrong; it runs after the new rules are in force.
+//
+// old is what the kernel held before (an empty table when there was none:
+// nothing masqueraded). When old's masquerade rules marked the connections
+// they masqueraded (--conntrack-label), only marked entries are undone;
+// otherwise (no table before, an agent without the mark, a foreign rule
+// in its masquerade chain, --conntrack-label=none) every entry
+// masqueraded to a node address counts as the agent's, and the cleanup's
+// log line says so (marked=false).
+func cleanConntrack(mode conntrack.Mode, old, new nft.Table, log *slog.Logger, m *metrics.Agent) {
+	mark := old.MarkLabel()
+	res, err := conntrack.CleanupMarked(netns.None(), mode, old.Decider(), new.Decider(), mark)
+	m.ConntrackDeleted(res.Deleted)
+	attrs := []any{"mode", mode, "marked", mark >= 0}
+	if mark >= 0 {
+		attrs = append(attrs, "label", mark)
+	}
+	if err != nil {
+		log.Error("conntrack cleanup failed; running flows keep their old decision", append(attrs, "err", err)...)
+		return
+	}
+	if res.Deleted > 0 || res.Failed > 0 {
+		log.Info("conntrack cleanup: "+res.String(), attrs...)
+	} else {
+		log.Debug("conntrack cleanup: "+res.String(), attrs...)
+	}
+}
+
+// debounce coalesces a burst of file events (the kubelet's ..data swap is
+// several) into one reload.
+const debounce = 10 * time.Millisecond
+
+// watchConfig returns a channel that receives after every change of the
+// config file, or of the files of a config directory.
+func watchConfig(ctx context.Context, path string, log *slog.Logger) <-chan struct{} {
+	onError := func(err error) { log.Warn("watching the config file", "err", err) }
+	var ch <-chan struct{}
+	var err error
+	switch config.KindOf(path) {
+	case config.SourceNone:
+		return nil
+	case config.SourceDir:
+		// A directory of files (a projected volume of ConfigMaps): config.Loader merges them.
+		ch, err = filewatch.WatchDir(ctx, path, config.IsConfigName, debounce, onError)
+	default:
+		ch, err = filewatch.Watch(ctx, path, debounce, onError)
+	}
+	if err != nil {
+		// The periodic resync still picks changes up.
+		log.Error("cannot watch the config file; relying on the resync interval", "err", err)
+	}
+	return ch
+}
+
+// hasCapNetAdmin reports whether CAP_NET_ADMIN is in the effective set.
+func hasCapNetAdmin() bool {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return true // cannot tell: let the kernel decide
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			return err != nil || caps&(1<<unix.CAP_NET_ADMIN) != 0
+		}
+	}
+	return true
+}
+
+func newLogger(w io.Writer, format, level string, verbosity int) (*slog.Logger, error) {
+	lvl := slog.LevelInfo
+	if verbosity >= 2 {
+		lvl = slog.LevelDebug
+	}
+	if level != "" {
+		if err := lvl.UnmarshalText([]byte(level)); err != nil {
+			return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+		}
+	}
+	ho := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+var explainCommand = &command{
+	name: "explain", args: "[--config FILE|DIR] [--live] [flags] ADDRESS...",
+	summary: "say whether traffic to each address is masqueraded, and which rule decides",
+	about: `For each destination ADDRESS, says whether new connections from pods to it
+are masqueraded, and why: the CIDR and the key it comes from (such as
+"nonMasqueradeCIDRs[2] 10.0.0.0/8"), the link-local default, or the
+outbound default, from the config and flags alone.
+
+In the agent's pod (kubectl exec), the flags not given here are the running
+agent's (--agent-pid), so the answer is for the config and flags in force.
+
+--live also reads the kernel's current table inet ip-masq-agent (needs
+CAP_NET_ADMIN, run it on the node, e.g. in the agent's pod) and evaluates
+its rules as the kernel does, with the node's own addresses (never
+masqueraded); it prints both answers and DISAGREE where they differ (then
+"ip-masq-agent diff" says what differs). Exit status: 0; 1 when --live
+found a disagreement; 2 on errors.`,
+	example: "ip-masq-agent explain --config ip-masq-agent.yaml 10.0.0.1 169.254.169.254 203.0.113.10\n" +
+		"  ip-masq-agent explain --live 10.96.0.10",
+	run: runExplain,
+}
+
+func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
+	live := fs.Bool("live", false, "also evaluate the kernel's current table (CAP_NET_ADMIN) and say where it disagrees")
+	r, cfg, pos, code, done := rulesetCommand(c, fs, args, stdout, stderr)
+	if done {
+		return code
+	}
+	if len(pos) == 0 {
+		return usageError(c, stderr, "no ADDRESS given")
+	}
+	var addrs []netip.Addr
+	for _, s := range pos {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return usageError(c, stderr, "%q is not an IP address", s)
+		}
+		addrs = append(addrs, a)
+	}
+	if !*live {
+		width := 0
+		for _, a := range addrs {
+			width = max(width, len(a.String()))
+		}
+		for _, a := range addrs {
+			e := nft.Explain(cfg, r.nft, a)
+			fmt.Fprintf(stdout, "%-*s  %-15s  %s\n", width, a, e.Verdict(), e.Reason)
+		}
+		return 0
+	}
+	table, err := readTable()
+	if err != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %v\n", hint(err))
+		return 2
+	}
+	original, oerr := readOriginal("")
+	if oerr != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent explain --live: cannot look for the original agent's iptables rules: %v\n", hint(oerr))
+	}
+	local := localAddrs()
+	disagree := 0
+	for _, a := range addrs {
+		want := nft.Explain(cfg, r.nft, a)
+		got := nft.Explanation{Addr: want.Addr, Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
+		if table != nil {
+			got = nft.ExplainTable(table, a, local)
+		}
+		// The original agent's jump, in iptables' nat POSTROUTING, runs first.
+		if first, decided := original.ExplainOriginal(a, local(a)); decided {
+			got = first
+		} else if first.Reason != "" {
+			got.Reason = first.Reason + "; then " + got.Reason
+		}
+		fmt.Fprintf(stdout, "%s\n  config: %s: %s\n  kernel: %s: %s\n", a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
+		if got.Rule != "" {
+			fmt.Fprintf(stdout, "          rule: %s\n", got.Rule)
+		}
+		switch {
+		case got.Undetermined || got.Masquerade != want.Masquerade:
+			if local(want.Addr) && !got.Masquerade && !got.Undetermined {
+				fmt.Fprintln(stdout, "  (the address is the node's own: the kernel never masquerades it, whatever the config)")
+				continue
+			}
+			disagree++
+			fmt.Fprintln(stdout, "  DISAGREE: the kernel's table does not do what the config says (see ip-masq-agent diff)")
+		}
+	}
+	if disagree > 0 {
+		return 1
+	}
+	return 0
+}
+
+// localAddrs returns whether an address is one of the node's own (its
+// interfaces' addresses and the loopback ranges), as fib daddr type local
+// would find.
+func localAddrs() func(netip.Addr) bool {
+	own := map[netip.Addr]bool{}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				own[p.Addr().Unmap()] = true
+			}
+		}
+	}
+	loop4 := netip.MustParsePrefix("127.0.0.0/8")
+	return func(a netip.Addr) bool {
+		a = a.Unmap()
+		return own[a] || loop4.Contains(a) || a == netip.IPv6Loopback()
+	}
+}

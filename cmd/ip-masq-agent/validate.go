@@ -1,0 +1,96 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+)
+
+var validateCommand = &command{
+	name: "validate", args: "[--strict] [--enable-ipv6] [--nomasq-all-reserved-ranges] FILE...",
+	summary: "check config files (or ConfigMap manifests) as the agent would; exit 1 on a problem",
+	about: `Parses and validates each FILE exactly as the agent would, and prints each
+problem on one line as FILE:LINE: key: message (warnings end in "(warning)").
+A FILE that is a ConfigMap manifest (kind: ConfigMap) is recognised: the
+value of its data key "config" (or of keys named ip-masq...) is checked, with
+lines pointing into the manifest; manifests of other objects (a DaemonSet, a
+kustomization) are passed over with a note, so a whole directory of
+manifests can be given. A directory stands for its files named
+ip-masq*, as with --config DIR. "-" reads standard input.
+
+Exit status: 0 when every file is valid (warnings alone are fine), 1 when
+any file has an error, 2 on bad usage. --strict also fails on warnings
+(unknown keys, i.e. typos; keys in another case; IPv4-mapped CIDRs; a
+resyncInterval below 1s) and on CIDRs that have no effect: contained in, or
+equal to, another of the same list, or a nonMasqueradeCIDRs entry inside a
+masqueradeCIDRs entry.`,
+	example: "ip-masq-agent validate --strict deploy/*.yaml",
+	run:     runValidate,
+}
+
+func runValidate(c *command, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	var r rulesetFlags
+	r.registerValidation(fs)
+	strict := fs.Bool("strict", false, "also fail on warnings (unknown keys, i.e. typos) and on CIDRs that have no effect (contained in others)")
+	files, code, done := c.parse(fs, args, stdout, stderr)
+	if done {
+		return code
+	}
+	if len(files) == 0 {
+		return usageError(c, stderr, "no FILE given")
+	}
+	var nFiles, nErrors, nWarnings int
+	for _, arg := range files {
+		paths, warn := config.Files(arg)
+		if warn != "" {
+			fmt.Fprintf(stdout, "%s: %s (warning)\n", arg, warn)
+			nWarnings++
+		}
+		for _, path := range paths {
+			nFiles++
+			data, err := config.ReadInput(path, os.Stdin)
+			if err != nil {
+				fmt.Fprintf(stdout, "%s: %v\n", path, err)
+				nErrors++
+				continue
+			}
+			if kinds := config.Kinds(data); len(kinds) > 0 && !slices.Contains(kinds, "ConfigMap") {
+				fmt.Fprintf(stderr, "%s: not checked: a manifest of %s, not of a ConfigMap\n", path, strings.Join(kinds, ", "))
+				nFiles--
+				continue
+			}
+			for _, p := range config.Check(data, r.flags, *strict) {
+				line := fmt.Sprintf("%s:%d: ", path, p.Line)
+				if p.Key != "" {
+					line += p.Key + ": "
+				}
+				line += p.Message
+				if p.Warning {
+					line += " (warning)"
+					nWarnings++
+				} else {
+					nErrors++
+				}
+				fmt.Fprintln(stdout, line)
+			}
+		}
+	}
+	fmt.Fprintf(stderr, "%s checked: %s, %s\n", plural(nFiles, "file"), plural(nErrors, "error"), plural(nWarnings, "warning"))
+	if nErrors > 0 {
+		return 1
+	}
+	return 0
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}

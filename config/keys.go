@@ -1,0 +1,242 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The keys of the file, as the original agent and CCE spell them.
+const (
+	keyNonMasq    = "nonMasqueradeCIDRs"
+	keyMasq       = "masqueradeCIDRs"
+	keyLimit      = "cidrLimit"
+	keyLinkLocal  = "masqLinkLocal"
+	keyLinkLocal6 = "masqLinkLocalIPv6"
+	keyOutBound   = "masqOutBound"
+	keyOutBound6  = "masqOutBoundIPv6"
+	keyResync     = "resyncInterval"
+)
+
+// keys is every key of the file, one entry each, in the order String
+// writes them. Default, Equal, String, Diff, the decoding of a file and the
+// merge of a directory's files are derived from it: a new key is a field
+// of Config, an entry here, and its use. TestKeyTable fails when a field
+// has no entry or an entry misses a column.
+var keys = []key{
+	&keyOf[[]netip.Prefix]{name: keyNonMasq, original: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeCIDRs },
+		def: defaultNonMasq, decode: (*decoder).cidrList, null: nullNonMasq, merge: union},
+	&keyOf[[]netip.Prefix]{name: keyMasq, original: false, field: func(c *Config) *[]netip.Prefix { return &c.MasqueradeCIDRs },
+		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
+	&keyOf[int]{name: keyLimit, original: true, field: func(c *Config) *int { return &c.CIDRLimit },
+		def: always(defaultCIDRLimit), decode: (*decoder).limit, null: keep[int], merge: largestLimit},
+	&keyOf[bool]{name: keyLinkLocal, original: true, field: func(c *Config) *bool { return &c.MasqLinkLocal },
+		def: zero[bool], decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+	&keyOf[bool]{name: keyLinkLocal6, original: true, field: func(c *Config) *bool { return &c.MasqLinkLocalIPv6 },
+		def: zero[bool], decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+	&keyOf[bool]{name: keyOutBound, original: false, field: func(c *Config) *bool { return &c.MasqOutBound },
+		def: always(true), decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+	&keyOf[bool]{name: keyOutBound6, original: false, field: func(c *Config) *bool { return &c.MasqOutBoundIPv6 },
+		def: always(true), decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+	&keyOf[time.Duration]{name: keyResync, original: true, field: func(c *Config) *time.Duration { return &c.ResyncInterval },
+		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration, merge: smallest},
+}
+
+// knownKeys are the keys' names, in the table's order.
+var knownKeys = func() []string {
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = k.Name()
+	}
+	return names
+}()
+
+// keyOf is a key whose value is a T, with every column of the table.
+// Equal, String and Diff follow from T: a CIDR list is compared in order,
+// written one CIDR a line and diffed as sets (linear: 100,000 CIDRs);
+// one value is compared with ==, written as YAML and diffed as old->new.
+type keyOf[T any] struct {
+	name string
+	// original: the original agent knows the key. false: an extension of
+	// this agent (from Baidu CCE), which the original ignores; a file that
+	// sets it to other than its default is warned about.
+	original bool
+	field    func(*Config) *T // where Config holds the value
+	def      func(Flags) T    // the default, for these flags
+	// decode reads a value (not null) of the key as written (key), as
+	// encoding/json read it into the original agent's struct: old is what
+	// was there (the default, or an earlier value of a repeated key).
+	decode func(d *decoder, key string, v any, old T) T
+	// null is a null value: what it leaves, and whether the key counts as
+	// set by the file (for the directory merge and --strict's checks).
+	null func(d *decoder, key string, old T) (T, bool)
+	// merge is the directory merge: the values of the files that set the
+	// key, in file name order (at least one), merged.
+	merge func(set []T) T
+}
+
+// key is a keyOf of any type: what the package does with one key.
+type key interface {
+	Name() string
+	isOriginal() bool
+	// cidrs is the key's CIDR list, or nil for a key of one value.
+	cidrs(c *Config) *[]netip.Prefix
+	list() bool // a CIDR list
+	setDefault(c *Config, f Flags)
+	decodeInto(d *decoder, c *Config, key string, v any) (set bool)
+	mergeInto(c *Config, set []*Config)
+	equal(a, b *Config) bool
+	write(b *strings.Builder, c *Config)
+	diff(old, c *Config) string // "" when the same
+}
+
+func (k *keyOf[T]) Name() string     { return k.name }
+func (k *keyOf[T]) isOriginal() bool { return k.original }
+
+func (k *keyOf[T]) cidrs(c *Config) *[]netip.Prefix {
+	p, _ := any(k.field(c)).(*[]netip.Prefix)
+	return p
+}
+
+func (k *keyOf[T]) list() bool { return k.cidrs(&Config{}) != nil }
+
+func (k *keyOf[T]) setDefault(c *Config, f Flags) { *k.field(c) = k.def(f) }
+
+func (k *keyOf[T]) decodeInto(d *decoder, c *Config, key string, v any) bool {
+	p := k.field(c)
+	d.name = k.name
+	if v == nil {
+		var set bool
+		*p, set = k.null(d, key, *p)
+		return set
+	}
+	*p = k.decode(d, key, v, *p)
+	return true
+}
+
+func (k *keyOf[T]) mergeInto(c *Config, set []*Config) {
+	vals := make([]T, len(set))
+	for i, s := range set {
+		vals[i] = *k.field(s)
+	}
+	*k.field(c) = k.merge(vals)
+}
+
+func (k *keyOf[T]) equal(a, b *Config) bool {
+	if l := k.cidrs(a); l != nil {
+		return slices.Equal(*l, *k.cidrs(b)) // a nil and an empty list are the same
+	}
+	return any(*k.field(a)) == any(*k.field(b))
+}
+
+func (k *keyOf[T]) write(b *strings.Builder, c *Config) {
+	if l := k.cidrs(c); l != nil {
+		writeList(b, k.name, *l)
+		return
+	}
+	fmt.Fprintf(b, "%s: %s\n", k.name, scalar(*k.field(c)))
+}
+
+func (k *keyOf[T]) diff(old, c *Config) string {
+	if l := k.cidrs(c); l != nil {
+		return diffList(k.name, *k.cidrs(old), *l)
+	}
+	if o, n := any(*k.field(old)), any(*k.field(c)); o != n {
+		return fmt.Sprintf("%s %v->%v", k.name, o, n)
+	}
+	return ""
+}
+
+// scalar writes a value of one key as YAML: a duration quoted ("1m0s").
+func scalar(v any) string {
+	if d, ok := v.(time.Duration); ok {
+		return strconv.Quote(d.String())
+	}
+	return fmt.Sprint(v)
+}
+
+// The defaults.
+
+func zero[T any](Flags) (v T) { return v }
+
+func always[T any](v T) func(Flags) T { return func(Flags) T { return v } }
+
+func defaultNonMasq(f Flags) []netip.Prefix {
+	cidrs := []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
+	if f.NoMasqAllReservedRanges {
+		cidrs = append(cidrs, "100.64.0.0/10", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24",
+			"198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4")
+	}
+	out := make([]netip.Prefix, 0, len(cidrs))
+	for _, s := range cidrs {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}
+
+func defaultResyncInterval(f Flags) time.Duration {
+	if f.ResyncInterval > 0 {
+		return f.ResyncInterval
+	}
+	return defaultResync
+}
+
+// What null means, as encoding/json read it.
+
+// keep: null leaves a boolean or a number as it was, and does not set it.
+func keep[T any](_ *decoder, _ string, old T) (T, bool) { return old, false }
+
+// nullList: null empties a list.
+func nullList(d *decoder, _ string, old []netip.Prefix) ([]netip.Prefix, bool) {
+	d.lists[d.name] = &list{}
+	return old, true
+}
+
+func nullNonMasq(d *decoder, key string, old []netip.Prefix) ([]netip.Prefix, bool) {
+	d.warnAt(key, -1, "null means an empty list, as in the original agent: every destination but link-local is masqueraded (write [] to say so)")
+	return nullList(d, key, old)
+}
+
+// nullDuration: metav1.Duration reads null as "", which is not a duration.
+func nullDuration(d *decoder, key string, old time.Duration) (time.Duration, bool) {
+	d.errorAt(key, -1, "expected a duration string such as \"60s\", got null")
+	return old, false
+}
+
+// The merge rules of a directory (see Loader.Load).
+
+// union: the prefixes of each file that no earlier file has (a file's own
+// duplicates are kept, as Parse keeps them).
+func union(set [][]netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	seen := make(map[netip.Prefix]bool)
+	for _, ps := range set {
+		for _, p := range ps {
+			if !seen[p] {
+				out = append(out, p)
+			}
+		}
+		for _, p := range ps {
+			seen[p] = true
+		}
+	}
+	return out
+}
+
+// anyTrue: true if any file sets it to true.
+func anyTrue(set []bool) bool { return slices.Contains(set, true) }
+
+// smallest: the shortest interval.
+func smallest(set []time.Duration) time.Duration { return slices.Min(set) }
+
+// largestLimit: the largest limit; none above 0, the default. (merge then
+// raises it to the merged lists' lengths.)
+func largestLimit(set []int) int {
+	if m := slices.Max(set); m > 0 {
+		return m
+	}
+	return defaultCIDRLimit
+}

@@ -1,0 +1,109 @@
+package config
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestKeyTable checks the key table against Config: every field of Config
+// is one key's, every key has every column, and what is derived from the
+// table (Default, Equal, String, Diff, Parse, the directory merge) sees a
+// change of each field. A new field without an entry, or an entry with a
+// column missing, fails here.
+func TestKeyTable(t *testing.T) {
+	// Every column of every entry is set.
+	for _, k := range keys {
+		v := reflect.ValueOf(k).Elem()
+		for i := range v.NumField() {
+			f, name := v.Field(i), v.Type().Field(i).Name
+			switch f.Kind() {
+			case reflect.Func:
+				if f.IsNil() {
+					t.Errorf("key %q: no %s", k.Name(), name)
+				}
+			case reflect.String:
+				if f.String() == "" {
+					t.Errorf("key %v: no %s", v.Type(), name)
+				}
+			}
+		}
+	}
+	if t.Failed() {
+		t.FailNow() // the derived functions would call a missing column
+	}
+	// Every field of Config is one key's, and each derived function sees it.
+	def := Default(Flags{})
+	typ := reflect.TypeFor[Config]()
+	owners := map[string]string{} // key -> field
+	for i := range typ.NumField() {
+		field := typ.Field(i).Name
+		c := def
+		setOther(t, reflect.ValueOf(&c).Elem().Field(i))
+		var changed []key
+		for _, k := range keys {
+			if !k.equal(&def, &c) {
+				changed = append(changed, k)
+			}
+		}
+		if len(changed) != 1 {
+			t.Errorf("field %s: %d keys see its change, want 1 (an entry in keys)", field, len(changed))
+			continue
+		}
+		k := changed[0]
+		name := k.Name()
+		if other, ok := owners[name]; ok {
+			t.Errorf("key %q holds fields %s and %s", name, other, field)
+		}
+		owners[name] = field
+		if c.Equal(def) {
+			t.Errorf("field %s: Equal does not see its change", field)
+		}
+		if c.String() == def.String() || !strings.Contains(c.String(), "\n"+name+":") && !strings.HasPrefix(c.String(), name+":") {
+			t.Errorf("field %s: String does not write it as %q:\n%s", field, name, c.String())
+		}
+		if d := c.Diff(def); len(d) != 1 || !strings.HasPrefix(d[0], name+" ") {
+			t.Errorf("field %s: Diff = %q, want one item for %q", field, d, name)
+		}
+		if back, _, err := Parse([]byte(c.String()), Flags{}); err != nil || !back.Equal(c) {
+			t.Errorf("field %s: Parse(String()) = %v, %v; want the same config", field, back.Diff(c), err)
+		}
+		if m := merge(Flags{}, []part{{c: def, present: map[string]bool{}}, {c: c, present: map[string]bool{name: true}}}); !k.equal(&m, &c) {
+			t.Errorf("field %s: the merge of one file that sets %q gives %s, want %s", field, name, m.String(), c.String())
+		}
+	}
+	if len(owners) != len(keys) {
+		t.Errorf("%d keys hold a field of Config, want all %d", len(owners), len(keys))
+	}
+}
+
+// setOther sets a field to a valid value other than its default.
+func setOther(t *testing.T, f reflect.Value) {
+	switch v := f.Addr().Interface().(type) {
+	case *[]netip.Prefix:
+		*v = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+	case *bool:
+		*v = !*v
+	case *int:
+		*v += 1000
+	case *time.Duration:
+		*v += 5 * time.Second
+	default:
+		t.Fatalf("a field of type %s: teach setOther and the key table (keys.go) about it", f.Type())
+	}
+}
+
+// A key's decoding sees it: a file that sets each key (as String writes it)
+// marks it present.
+func TestKeyTablePresent(t *testing.T) {
+	for _, k := range keys {
+		var b strings.Builder
+		c := Default(Flags{})
+		k.write(&b, &c)
+		if _, d, err := parse([]byte(b.String()), Flags{}); err != nil || !d.present[k.Name()] {
+			t.Errorf("%q: not read as setting %q (%v)", b.String(), k.Name(), err)
+		}
+	}
+}
