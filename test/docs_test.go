@@ -187,3 +187,89 @@ func TestDocsLinkChecker(t *testing.T) {
 		}
 	}
 }
+
+// The per-node commands of the docs: every `kubectl exec` runs in the
+// agent's pod on the node in question ($POD, found by the node's name, not
+// ds/..., which picks any pod), and runs the binary at its path in the
+// image (the Dockerfile's ENTRYPOINT). make e2e-cluster runs these
+// commands on a real node; this test keeps every other doc page to the
+// same form without a cluster.
+
+var (
+	kubectlExec = regexp.MustCompile(`kubectl(?:\s+-n\s+\S+)?\s+exec\s+(\S+)(?:\s+-c\s+\S+)?(?:\s+--\s+(\S+))?`)
+	podAssign   = regexp.MustCompile(`POD=\$\(([^)]*)\)`)
+	entrypoint  = regexp.MustCompile(`(?m)^ENTRYPOINT \["([^"]+)"\]`)
+	podLabel    = regexp.MustCompile(`(?m)^      labels:\n        k8s-app: (\S+)`)
+)
+
+// perNodeProblems returns what in a Markdown text breaks the per-node form.
+func perNodeProblems(text, binary, label string) []string {
+	flat := strings.Join(strings.Fields(strings.ReplaceAll(text, "`", " ")), " ")
+	wantPod := "kubectl -n kube-system get pod -l k8s-app=" + label + " --field-selector spec.nodeName=$NODE -o name"
+	var out []string
+	for _, m := range kubectlExec.FindAllStringSubmatch(flat, -1) {
+		if m[1] != "$POD" {
+			out = append(out, "kubectl exec "+m[1]+": not the pod on the node ($POD)")
+		}
+		if m[2] != "" && m[2] != binary {
+			out = append(out, "kubectl exec "+m[1]+" -- "+m[2]+": the binary is "+binary+" in the image")
+		}
+	}
+	for _, m := range podAssign.FindAllStringSubmatch(flat, -1) {
+		if m[1] != wantPod {
+			out = append(out, "POD=$("+m[1]+"): want POD=$("+wantPod+")")
+		}
+	}
+	return out
+}
+
+func TestDocsPerNodeCommands(t *testing.T) {
+	df, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := os.ReadFile("../deploy/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, lb := entrypoint.FindSubmatch(df), podLabel.FindSubmatch(ds)
+	if ep == nil || lb == nil {
+		t.Fatalf("no ENTRYPOINT in the Dockerfile (%v) or pod label in deploy/daemonset.yaml (%v)", ep != nil, lb != nil)
+	}
+	binary, label := string(ep[1]), string(lb[1])
+	execs := 0
+	for _, f := range markdownFiles(t) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		execs += len(kubectlExec.FindAllString(string(data), -1))
+		for _, p := range perNodeProblems(string(data), binary, label) {
+			t.Errorf("%s: %s", strings.TrimPrefix(f, "../"), p)
+		}
+	}
+	for _, f := range []string{"../README.md", "../docs/runbook.md"} {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !podAssign.Match(data) {
+			t.Errorf("%s does not say how to find the pod on the node (POD=$(...))", f)
+		}
+	}
+	if execs < 5 {
+		t.Errorf("found %d kubectl exec in the docs: the parser is broken", execs)
+	}
+	// The checker fails on what it must.
+	for bad, want := range map[string]int{
+		"`kubectl -n kube-system exec ds/ip-masq-agent-nft -- /ip-masq-agent diff`":                                   1,
+		"kubectl -n kube-system exec $POD --\n   ip-masq-agent list":                                                  1,
+		"POD=$(kubectl -n kube-system get pod -l k8s-app=ip-masq-agent-nft -o name | head -1)":                        1,
+		"kubectl -n kube-system exec $POD -- /ip-masq-agent explain --live 10.1.2.3":                                  0,
+		"POD=$(kubectl -n kube-system get pod -l k8s-app=" + label + " --field-selector spec.nodeName=$NODE -o name)": 0,
+	} {
+		if got := perNodeProblems(bad, binary, label); len(got) != want {
+			t.Errorf("perNodeProblems(%q) = %q, want %d problems", bad, got, want)
+		}
+	}
+}

@@ -143,6 +143,41 @@ func TestManifestsPrometheusComponents(t *testing.T) {
 	if pr.APIVersion != "monitoring.coreos.com/v1" || !reflect.DeepEqual(pr.Spec, plain) {
 		t.Errorf("the PrometheusRule's spec differs from deploy/prometheus/alerts.yaml")
 	}
+
+	// With the documented private-registry overlay too: the components
+	// and the image overlay compose (the image is the overlay's, the
+	// address the component's).
+	var ex imageComponent
+	if err := decodeStrictFile(t, "../examples/private-registry/image/kustomization.yaml", &ex); err != nil {
+		t.Fatal(err)
+	}
+	data, err = kustomize.RenderOverlay("..", "prometheus-registry-overlay-test",
+		"resources:\n  - ../examples/private-registry\ncomponents:\n  - ../deploy/components/prometheus\n  - ../deploy/components/prometheus-rules\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			t.Fatal(err)
+		}
+		kinds[tm.Kind]++
+		if tm.Kind != "DaemonSet" {
+			continue
+		}
+		var d appsv1.DaemonSet
+		if err := decodeStrict([]byte(doc), &d); err != nil {
+			t.Fatal(err)
+		}
+		c := d.Spec.Template.Spec.Containers[0]
+		if want := ex.Images[0].NewName + ":" + ex.Images[0].NewTag; c.Image != want || !slices.Contains(c.Args, "--http-address=$(NODE_IP):9753") {
+			t.Errorf("private registry with the Prometheus components: image %q (want %q), args %q (want --http-address=$(NODE_IP):9753)", c.Image, want, c.Args)
+		}
+	}
+	if kinds["DaemonSet"] != 1 || kinds["PodMonitor"] != 1 || kinds["PrometheusRule"] != 1 {
+		t.Errorf("private registry with the Prometheus components renders %v, want one DaemonSet, PodMonitor and PrometheusRule", kinds)
+	}
 }
 
 func readRuleFile(t *testing.T) ruleFile {

@@ -44,6 +44,7 @@ type suite struct {
 	start   time.Time
 
 	operatorCM configMapState // the operator's ConfigMap as created
+	docs       *docShell      // the docs' commands, run as printed
 
 	passed, failed int
 	failures       []string
@@ -241,6 +242,9 @@ func (s *suite) run() error {
 	if err := s.startNode(archives); err != nil {
 		return err
 	}
+	if s.docs, err = s.newDocShell(); err != nil {
+		return err
+	}
 	if err := s.dryRun(); err != nil {
 		return err
 	}
@@ -258,6 +262,11 @@ func (s *suite) run() error {
 	if err := s.configChange(); err != nil {
 		return err
 	}
+	// README's Verify, Configure and Troubleshoot, and docs/runbook.md, as
+	// printed, on the agent's pod on the node.
+	if err := s.docCommandsOnNode(); err != nil {
+		return err
+	}
 	if err := s.rollingUpdate(); err != nil {
 		return err
 	}
@@ -265,7 +274,11 @@ func (s *suite) run() error {
 	if err := s.rollback(); err != nil {
 		return err
 	}
-	return s.uninstall()
+	if err := s.uninstall(); err != nil {
+		return err
+	}
+	s.docs.coverage()
+	return nil
 }
 
 // startNode brings up the network, the mounts, the control plane,
@@ -557,16 +570,46 @@ func (s *suite) agentPods() ([]string, error) {
 	return pods, nil
 }
 
-func (s *suite) install() error {
-	s.logf("step 2 = install: as the README says (kubectl apply -k, rollout status; no node label), with e2e/overlay (deploy/ with the local image)")
+// install installs this agent. The first time as the README's Upgrade,
+// step 2, says (kubectl apply -k deploy/, here e2e/overlay: deploy/ with
+// the local image and imagePullPolicy: Never); with readmeInstall as its
+// Install says (make manifests for the image, kubectl apply -f
+// bin/manifests/install.yaml: the image, present in containerd, is not
+// pulled with the default imagePullPolicy IfNotPresent).
+func (s *suite) install(readmeInstall bool) error {
 	t := time.Now()
-	out, err := s.kubectlAll(time.Minute, "apply", "-k", filepath.Join(s.e2eDir, "overlay"))
-	if err != nil {
-		return err
+	var rollout docCommand
+	if readmeInstall {
+		s.logf("install: as README \"Install\" says (make manifests, kubectl apply -f bin/manifests/install.yaml, rollout status), with the local image")
+		for _, words := range []string{"make manifests", "apply -f bin/manifests/install.yaml"} {
+			c, err := s.docs.find("README.md", "Install", words)
+			if err != nil {
+				return err
+			}
+			if r := s.docs.runChecked(c, exit0(), "README Install"); r.err != nil || r.code != 0 {
+				return errors.New("the README's install failed")
+			}
+		}
+		c, err := s.docs.find("README.md", "Install", "rollout status daemonset/ip-masq-agent-nft")
+		if err != nil {
+			return err
+		}
+		rollout = c
+	} else {
+		s.logf("step 2 = install: as the README's Upgrade says (kubectl apply -k deploy/, rollout status; no node label), with e2e/overlay (deploy/ with the local image)")
+		c, err := s.docs.find("README.md", "Upgrade", "apply -k deploy/")
+		if err != nil {
+			return err
+		}
+		if r := s.docs.runChecked(c, exit0("daemonset.apps/ip-masq-agent-nft"), "README Upgrade, step 2"); r.err != nil || r.code != 0 {
+			return errors.New("kubectl apply -k failed")
+		}
+		if rollout, err = s.docs.find("README.md", "Upgrade", "rollout status daemonset/ip-masq-agent-nft"); err != nil {
+			return err
+		}
 	}
-	s.logf("  kubectl apply -k e2e/overlay: %s", oneLine(out, nil))
 	var ready string
-	err = waitFor(s.ctx, "the agent pod Ready", 120*time.Second, 100*time.Millisecond, func() (bool, string, error) {
+	err := waitFor(s.ctx, "the agent pod Ready", 120*time.Second, 100*time.Millisecond, func() (bool, string, error) {
 		pods, err := s.agentPods()
 		if err != nil {
 			return false, "", err
@@ -580,18 +623,21 @@ func (s *suite) install() error {
 	if !s.assert(err == nil, "the agent pod becomes Ready (its readiness probe passes): %s", oneLine(ready, err)) {
 		return errors.New("the agent pod did not become Ready")
 	}
-	s.timing("install: agent pod Ready", time.Since(t), "after kubectl apply -k")
-	out, err = s.kubectlAll(3*time.Minute, "-n", "kube-system", "rollout", "status", "daemonset/ip-masq-agent-nft", "--timeout=150s")
-	if !s.assert(err == nil, "kubectl rollout status: %s", oneLine(out, err)) {
+	s.timing("install: agent pod Ready", time.Since(t), map[bool]string{false: "after kubectl apply -k", true: "after make manifests, kubectl apply -f"}[readmeInstall])
+	if r := s.docs.runChecked(rollout, exit0("successfully rolled out"), "the agent rolled out"); r.code != 0 || r.err != nil {
 		return errors.New("rollout status failed")
 	}
 	s.timing("install: rollout status done", time.Since(t), "(minReadySeconds: 5)")
-	return s.checkAgentProcess()
+	policy := "Never"
+	if readmeInstall {
+		policy = "IfNotPresent"
+	}
+	return s.checkAgentProcess(policy)
 }
 
 // checkAgentProcess finds the agent's process in the node namespace and
 // checks, from the kernel's view, what the DaemonSet asks for.
-func (s *suite) checkAgentProcess() error {
+func (s *suite) checkAgentProcess(pullPolicy string) error {
 	pids := s.agentPIDs()
 	if !s.assert(len(pids) == 1, "one ip-masq-agent process runs in the node network namespace (hostNetwork): %v", pids) {
 		return errors.New("agent process not found")
@@ -627,7 +673,7 @@ func (s *suite) checkAgentProcess() error {
 	s.assert(slices.Contains(strings.Split(rootOpts, ","), "ro"), "the agent's root filesystem is read-only: mount options %s", rootOpts)
 	out, err := s.kubectl(15*time.Second, "-n", "kube-system", "get", "daemonset", "ip-masq-agent-nft", "-o",
 		"jsonpath={.spec.template.spec.hostNetwork} {.spec.template.spec.containers[0].securityContext.privileged} {.spec.template.spec.containers[0].imagePullPolicy}")
-	s.assert(err == nil && out == "true false Never", "DaemonSet: hostNetwork true, privileged false, imagePullPolicy Never (overlay): %s", oneLine(out, err))
+	s.assert(err == nil && out == "true false "+pullPolicy, "DaemonSet: hostNetwork true, privileged false, imagePullPolicy %s: %s", pullPolicy, oneLine(out, err))
 	return nil
 }
 
@@ -889,11 +935,13 @@ func (s *suite) rollingUpdate() error {
 
 func (s *suite) uninstall() error {
 	s.logf("uninstall, as the README says: delete the DaemonSet, apply -k deploy/uninstall/, rollout status, delete -k, delete the ConfigMap")
-	out, err := s.kubectlAll(2*time.Minute, "-n", "kube-system", "delete", "daemonset", "ip-masq-agent-nft")
+	c, err := s.docs.find("README.md", "Uninstall", "delete daemonset ip-masq-agent-nft")
 	if err != nil {
 		return err
 	}
-	s.logf("  kubectl -n kube-system delete daemonset ip-masq-agent-nft: %s", oneLine(out, nil))
+	if r := s.docs.runChecked(c, exit0("deleted"), "README Uninstall"); r.code != 0 || r.err != nil {
+		return errors.New("cannot delete the DaemonSet")
+	}
 	err = waitFor(s.ctx, "the agent pod gone", 90*time.Second, 200*time.Millisecond, func() (bool, string, error) {
 		pods, err := s.agentPods()
 		return err == nil && len(pods) == 0 && len(s.agentPIDs()) == 0, strings.Join(pods, "; "), err
@@ -913,10 +961,14 @@ func (s *suite) uninstall() error {
 	s.assert(h != "" && jump, "before the uninstall the node also holds the original's chain %s (rules %s) and its jump: %v", originalChain, h, jump)
 
 	t := time.Now()
-	out, err = s.kubectlAll(time.Minute, "apply", "-k", filepath.Join(s.e2eDir, "uninstall"))
-	s.assert(err == nil, "kubectl apply -k deploy/uninstall/ (e2e/uninstall: the local images): %s", oneLine(out, err))
-	out, err = s.kubectlAll(3*time.Minute, "-n", "kube-system", "rollout", "status", "daemonset/ip-masq-agent-nft-uninstall", "--timeout=150s")
-	s.assert(err == nil, "kubectl -n kube-system rollout status daemonset/ip-masq-agent-nft-uninstall: %s (%s)", lastLine(out, err), since(t))
+	if c, err = s.docs.find("README.md", "Uninstall", "apply -k deploy/uninstall/"); err != nil {
+		return err
+	}
+	s.docs.runChecked(c, exit0("daemonset.apps/ip-masq-agent-nft-uninstall"), "README Uninstall (e2e/uninstall: the local images)")
+	if c, err = s.docs.find("README.md", "Uninstall", "rollout status daemonset/ip-masq-agent-nft-uninstall"); err != nil {
+		return err
+	}
+	s.docs.runChecked(c, exit0("successfully rolled out"), "README Uninstall: every node clean")
 	s.timing("uninstall: deploy/uninstall rollout done", time.Since(t), "both cleanups ran on the node")
 	_, err = s.nodeNft("list", "table", "inet", "ip-masq-agent")
 	s.assert(err != nil, "the documented uninstall removes table inet ip-masq-agent (nft list table fails: %v)", err != nil)
@@ -924,10 +976,14 @@ func (s *suite) uninstall() error {
 	s.assert(h == "" && !jump, "the documented uninstall removes the original's chain %s and its jump (chain rules %q, jump %v)", originalChain, h, jump)
 	logs, _ := s.kubectlAll(30*time.Second, "-n", "kube-system", "logs", "ds/ip-masq-agent-nft-uninstall", "--all-containers", "--prefix")
 	s.logf("  the uninstall pod's log: %s", clip(oneLine(logs, nil), 600))
-	out, err = s.kubectlAll(2*time.Minute, "delete", "-k", filepath.Join(s.e2eDir, "uninstall"), "--wait=true")
-	s.assert(err == nil, "kubectl delete -k deploy/uninstall/: %s", oneLine(out, err))
-	out, err = s.kubectlAll(time.Minute, "-n", "kube-system", "delete", "configmap", "ip-masq-agent")
-	s.assert(err == nil, "kubectl -n kube-system delete configmap ip-masq-agent: %s", oneLine(out, err))
+	if c, err = s.docs.find("README.md", "Uninstall", "delete -k deploy/uninstall/"); err != nil {
+		return err
+	}
+	s.docs.runChecked(c, exit0("deleted"), "README Uninstall")
+	if c, err = s.docs.find("docs/upgrade.md", "Uninstall", "delete configmap ip-masq-agent"); err != nil {
+		return err
+	}
+	s.docs.runChecked(c, exit0(`configmap "ip-masq-agent" deleted`), "docs/upgrade.md Uninstall")
 	s.expect("uninstalled", map[string]bool{internetDst: false, privateDst: false})
 	return nil
 }

@@ -18,26 +18,33 @@ import (
 // deploy/rollback/ removes this agent's table. Meanwhile the client pod
 // opens a new connection every 20 ms.
 
-// savedManifest is where step 1 of the upgrade saves the old DaemonSet.
-func (s *suite) savedManifest() string { return s.n.path("manifests", "ip-masq-agent-original.yaml") }
+// savedManifest is where step 1 of the upgrade saves the old DaemonSet:
+// the docs' working directory, where the roll back's command finds it.
+func (s *suite) savedManifest() string {
+	return filepath.Join(s.docs.dir, "ip-masq-agent-original.yaml")
+}
 
-// saveOriginalManifest is docs/upgrade.md's
+// saveOriginalManifest runs docs/upgrade.md's
 //
 //	kubectl -n kube-system get daemonset ip-masq-agent -o yaml \
 //	  | sed -e '/^  resourceVersion: /d' -e '/^  uid: /d' > ip-masq-agent-original.yaml
 func (s *suite) saveOriginalManifest() error {
-	out, err := s.kubectl(30*time.Second, "-n", "kube-system", "get", "daemonset", "ip-masq-agent", "-o", "yaml")
+	c, err := s.docs.find("docs/upgrade.md", "What the old DaemonSet has", "> ip-masq-agent-original.yaml")
 	if err != nil {
-		return fmt.Errorf("save the old DaemonSet: %w", err)
+		return err
 	}
-	var keep []string
-	for _, l := range strings.Split(out, "\n") {
-		if !strings.HasPrefix(l, "  resourceVersion: ") && !strings.HasPrefix(l, "  uid: ") {
-			keep = append(keep, l)
-		}
+	if r := s.docs.runChecked(c, exit0(), "step 1: the old DaemonSet's manifest, for a roll back"); r.code != 0 || r.err != nil {
+		return errors.New("cannot save the old DaemonSet's manifest")
 	}
-	s.logf("  saved the old DaemonSet's manifest as docs/upgrade.md says (kubectl get -o yaml less resourceVersion and uid): %d lines", len(keep))
-	return os.WriteFile(s.savedManifest(), []byte(strings.Join(keep, "\n")+"\n"), 0o644)
+	data, err := os.ReadFile(s.savedManifest())
+	if err != nil {
+		return err
+	}
+	text := string(data)
+	s.assert(strings.Contains(text, "kind: DaemonSet") && strings.Contains(text, "name: ip-masq-agent\n") &&
+		!strings.Contains(text, "\n  resourceVersion: ") && !strings.Contains(text, "\n  uid: "),
+		"step 1: ip-masq-agent-original.yaml holds the old DaemonSet, less resourceVersion and uid (%d lines)", strings.Count(text, "\n"))
+	return nil
 }
 
 // nodeLabels returns the node's labels as kubectl prints them.
@@ -88,13 +95,20 @@ func (s *suite) rollback() error {
 	}()
 	defer func() { stopWatch(); wg.Wait() }()
 
+	// README "Roll back", as printed (docs/upgrade.md prints the same).
+	cmds := s.docs.section("README.md", "Roll back")
+	if len(cmds) != 6 {
+		return fmt.Errorf("README.md, Roll back: %d commands, want the 6 this step runs: %v", len(cmds), cmds)
+	}
+	step := func(i int, what string) bool {
+		r := s.docs.runChecked(cmds[i], exit0(), "roll back: "+what)
+		return r.err == nil && r.code == 0
+	}
 	t0 := time.Now()
-	out, err := s.kubectlAll(time.Minute, "apply", "-f", s.savedManifest())
-	if !s.assert(err == nil, "roll back: kubectl apply -f ip-masq-agent-original.yaml (the manifest saved at the upgrade): %s", oneLine(out, err)) {
+	if !step(0, "the old DaemonSet's manifest saved at the upgrade") {
 		return errors.New("cannot apply the saved manifest")
 	}
-	out, err = s.kubectlAll(3*time.Minute, "-n", "kube-system", "rollout", "status", "daemonset/ip-masq-agent", "--timeout=150s")
-	s.assert(err == nil, "roll back: kubectl -n kube-system rollout status daemonset/ip-masq-agent: %s (%s)", lastLine(out, err), since(t0))
+	step(1, "the old agent rolled out")
 	err = waitFor(s.ctx, "the original's rules in the kernel", 90*time.Second, 200*time.Millisecond, func() (bool, string, error) {
 		h, jump := s.originalState(s.ctx)
 		return h != "" && jump, h, nil
@@ -104,23 +118,18 @@ func (s *suite) rollback() error {
 	}
 
 	tDel := time.Now()
-	out, err = s.kubectlAll(time.Minute, "-n", "kube-system", "delete", "daemonset", "ip-masq-agent-nft")
-	s.assert(err == nil, "roll back: kubectl -n kube-system delete daemonset ip-masq-agent-nft: %s", oneLine(out, err))
+	step(2, "this agent's DaemonSet deleted")
 	err = waitFor(s.ctx, "this agent's pod gone", 90*time.Second, 200*time.Millisecond, func() (bool, string, error) {
 		pods, err := s.agentPods()
 		return err == nil && len(pods) == 0 && len(s.agentPIDs()) == 0, strings.Join(pods, "; "), err
 	})
 	s.assert(err == nil, "roll back: this agent's pod and process are gone (%s after the delete): %v", since(tDel), err)
 
-	t := time.Now()
-	out, err = s.kubectlAll(time.Minute, "apply", "-k", filepath.Join(s.e2eDir, "rollback"))
-	s.assert(err == nil, "roll back: kubectl apply -k deploy/rollback/ (e2e/rollback: the local images): %s", oneLine(out, err))
-	out, err = s.kubectlAll(3*time.Minute, "-n", "kube-system", "rollout", "status", "daemonset/ip-masq-agent-nft-rollback", "--timeout=150s")
-	s.assert(err == nil, "roll back: kubectl -n kube-system rollout status daemonset/ip-masq-agent-nft-rollback: %s (%s)", lastLine(out, err), since(t))
+	step(3, "deploy/rollback/ (e2e/rollback: the local images)")
+	step(4, "this agent's table gone from every node")
 	logs, _ := s.kubectlAll(30*time.Second, "-n", "kube-system", "logs", "ds/ip-masq-agent-nft-rollback", "--all-containers", "--prefix")
 	s.logf("  the rollback pod's log: %s", clip(oneLine(logs, nil), 400))
-	out, err = s.kubectlAll(2*time.Minute, "delete", "-k", filepath.Join(s.e2eDir, "rollback"), "--wait=true")
-	s.assert(err == nil, "roll back: kubectl delete -k deploy/rollback/: %s", oneLine(out, err))
+	step(5, "deploy/rollback/ deleted")
 	s.timing("roll back: whole sequence", time.Since(t0), "apply the saved manifest .. delete -k deploy/rollback/")
 
 	// The node holds the original's rules only.
@@ -155,7 +164,7 @@ func (s *suite) rollback() error {
 
 	// Upgrade again for the rest of the run: the original's DaemonSet
 	// deleted, this agent installed (it removes the original's rules later).
-	out, err = s.kubectlAll(time.Minute, "-n", "kube-system", "delete", "daemonset", "ip-masq-agent")
+	out, err := s.kubectlAll(time.Minute, "-n", "kube-system", "delete", "daemonset", "ip-masq-agent")
 	if err != nil {
 		return fmt.Errorf("delete the original's DaemonSet: %v: %s", err, out)
 	}
@@ -166,6 +175,6 @@ func (s *suite) rollback() error {
 	if err != nil {
 		return err
 	}
-	s.logf("upgrade again after the roll back: kubectl apply -k deploy/ (e2e/overlay)")
-	return s.install()
+	s.logf("install again after the roll back, as README \"Install\" says: make manifests, kubectl apply -f bin/manifests/install.yaml, rollout status")
+	return s.install(true)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -193,11 +194,17 @@ func (s *suite) originalAgent() error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(s.n.path("operator", "config"), []byte(operatorConfig), 0o644); err != nil {
+	for _, p := range []string{s.n.path("operator", "config"), filepath.Join(s.docs.dir, "config")} {
+		if err := os.WriteFile(p, []byte(operatorConfig), 0o644); err != nil {
+			return err
+		}
+	}
+	// README "Configure": the file config in the working directory.
+	c, err := s.docs.find("README.md", "Configure", "create configmap")
+	if err != nil {
 		return err
 	}
-	out, err := s.kubectlAll(time.Minute, "create", "configmap", "ip-masq-agent", "--from-file="+s.n.path("operator", "config"), "--namespace=kube-system")
-	if !s.assert(err == nil, "the operator's ConfigMap: kubectl create configmap ip-masq-agent --from-file=config --namespace=kube-system: %s", oneLine(out, err)) {
+	if r := s.docs.runChecked(c, exit0("configmap/ip-masq-agent created"), "the operator's ConfigMap, from the file config"); r.code != 0 || r.err != nil {
 		return errors.New("cannot create the operator's ConfigMap")
 	}
 	if s.operatorCM, err = s.configMap(); err != nil {
@@ -312,15 +319,19 @@ func (s *suite) upgrade() error {
 	// Step 1: what the old DaemonSet has. Its manifest is saved as
 	// docs/upgrade.md says, for the roll back later. Its flags are NOT
 	// copied: the agent must find the IP-MASQ chain by itself.
-	out, err := s.kubectl(30*time.Second, "-n", "kube-system", "get", "daemonset", "ip-masq-agent", "-o", "jsonpath={.spec.template.spec.containers[0].args}")
-	s.assert(err == nil && out == `["`+strings.Join(originalArgs, `","`)+`"]`, "step 1: the old DaemonSet's args %s: deliberately not copied (the agent finds the old chain whatever its name)", out)
+	c, err := s.docs.find("docs/upgrade.md", "What the old DaemonSet has", "-o jsonpath=")
+	if err != nil {
+		return err
+	}
+	s.docs.runChecked(c, exit0(`["`+strings.Join(originalArgs, `","`)+`"]`, `"k8s-app":"ip-masq-agent"`),
+		"step 1: the old DaemonSet's args, node selector and pod labels; its args deliberately not copied (the agent finds the old chain whatever its name)")
 	if err := s.saveOriginalManifest(); err != nil {
 		return err
 	}
 
 	// Step 2: kubectl apply -k deploy/ (with the local image), rollout status.
 	tInstall := time.Now()
-	if err := s.install(); err != nil {
+	if err := s.install(false); err != nil {
 		return err
 	}
 
@@ -329,8 +340,21 @@ func (s *suite) upgrade() error {
 	set, _ := s.nonmasqSet()
 	s.assert(err == nil && strings.Contains(set, "198.51.100.0/24") && strings.Contains(set, "172.16.0.0/12") && !strings.Contains(set, "10.0.0.0/8"),
 		"step 3: nft list table inet ip-masq-agent shows the operator's CIDRs: nonmasq-v4 { %s } (%d lines)", set, strings.Count(tbl, "\n"))
-	out, err = s.kubectlAll(time.Minute, "-n", "kube-system", "exec", "ds/ip-masq-agent-nft", "--", "/ip-masq-agent", "diff")
-	s.assert(err != nil && strings.Contains(out, "original"), "ip-masq-agent diff exits 1 while the old jump is there (README step 6): %s", clip(oneLine(out, nil), 200))
+	// README "Verify": the node and its agent pod; README "Upgrade": diff.
+	for _, want := range []string{"NODE=", "POD="} {
+		c, err := s.docs.find("README.md", "Verify", want)
+		if err != nil {
+			return err
+		}
+		s.docs.runChecked(c, nil, "README Verify: the node to look at, and its agent's pod")
+	}
+	diff, err := s.docs.find("README.md", "Upgrade", "ip-masq-agent diff")
+	if err != nil {
+		return err
+	}
+	s.docs.runChecked(diff, func(r docResult) bool {
+		return r.err == nil && r.code == 1 && strings.Contains(r.stdout, "original") && strings.Contains(r.stderr, agentFlagsNote)
+	}, "exits 1 while the old jump is there, with the running agent's flags")
 
 	// Side by side for longer than a quiet chain needs to be removed: the
 	// agent never removes the rules of an original that still runs.
@@ -354,8 +378,10 @@ func (s *suite) upgrade() error {
 
 	// Step 4.
 	tDel := time.Now()
-	out, err = s.kubectlAll(time.Minute, "-n", "kube-system", "delete", "daemonset", "ip-masq-agent")
-	if !s.assert(err == nil, "step 4: kubectl -n kube-system delete daemonset ip-masq-agent: %s", oneLine(out, err)) {
+	if c, err = s.docs.find("README.md", "Upgrade", "delete daemonset ip-masq-agent"); err != nil {
+		return err
+	}
+	if r := s.docs.runChecked(c, exit0("deleted"), "step 4"); r.code != 0 || r.err != nil {
 		return errors.New("cannot delete the old DaemonSet")
 	}
 	err = waitFor(s.ctx, "the old agent's pod gone", 90*time.Second, 200*time.Millisecond, func() (bool, string, error) {
@@ -395,8 +421,9 @@ func (s *suite) upgrade() error {
 	s.assert(err == nil, "step 5: the agent logged once \"removed the original ip-masq-agent's iptables rules\"; %s", strings.TrimSuffix(legacyRules, "; "))
 
 	// Step 6.
-	out, err = s.kubectlAll(time.Minute, "-n", "kube-system", "exec", "ds/ip-masq-agent-nft", "--", "/ip-masq-agent", "diff")
-	s.assert(err == nil && strings.Contains(out, "in sync") && !strings.Contains(out, "original"), "step 6: kubectl -n kube-system exec ds/ip-masq-agent-nft -- /ip-masq-agent diff: %s", clip(oneLine(out, err), 200))
+	s.docs.runChecked(diff, func(r docResult) bool {
+		return exit0("in sync", agentFlagsNote)(r) && !strings.Contains(r.stdout, "original")
+	}, "step 6: in sync")
 
 	r, err := fs.stop()
 	if err != nil {
