@@ -66,7 +66,7 @@ NORACE_TESTS = ^TestFastPathSameAsFullLarge$$
 test-unit:
 	@mkdir -p bin
 	$(GO) test -count=1 -run '$(NORACE_TESTS)' ./config/
-	$(GO) test -race -count=1 ./config/ ./nft/ ./cmd/... ./internal/metrics/ ./internal/filewatch/ ./hack/...
+	$(GO) test -race -count=1 ./config/ ./nft/ ./cmd/... ./internal/metrics/ ./internal/filewatch/ ./internal/harness/ ./hack/...
 	$(GO) test -race -count=1 -coverprofile=bin/agent.cover ./internal/agent/
 	@$(GO) tool cover -func=bin/agent.cover | awk '/^total:/ { sub("%", "", $$3); \
 	  if ($$3 + 0 < 80) { print "internal/agent: coverage " $$3 "%, below 80%"; exit 1 } \

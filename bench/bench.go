@@ -37,6 +37,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 )
 
@@ -229,20 +230,6 @@ func readTrim(path string) string {
 
 // --- running commands inside a namespace ---
 
-// startIn starts cmd inside the network namespace ns: the child is forked
-// from an OS thread that is inside ns for the duration of Start (children
-// inherit the forking thread's namespace), which costs less and adds less
-// to what is timed than `ip netns exec`. The thread is moved back; if that
-// fails it stays locked and the runtime discards it.
-func startIn(ns netns.NsHandle, cmd *exec.Cmd, started *time.Time) error {
-	return testnet.InNS(ns, func() error {
-		if started != nil {
-			*started = time.Now()
-		}
-		return cmd.Start()
-	})
-}
-
 // cmdResult is what a finished command took.
 type cmdResult struct {
 	Took         time.Duration // wall time from Start to the end of Wait
@@ -263,7 +250,8 @@ func runIn(ctx context.Context, ns netns.NsHandle, name string, args ...string) 
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	var start time.Time
-	if err := startIn(ns, cmd, &start); err != nil {
+	// Forked inside ns (as harness.Daemon.StartIn): cheaper than ip netns exec.
+	if err := testnet.InNS(ns, func() error { start = time.Now(); return cmd.Start() }); err != nil {
 		return cmdResult{}, fmt.Errorf("%s: %w", name, err)
 	}
 	err := cmd.Wait()
@@ -274,17 +262,9 @@ func runIn(ctx context.Context, ns netns.NsHandle, name string, args ...string) 
 		r.User, r.Kernel = cmd.ProcessState.UserTime(), cmd.ProcessState.SystemTime()
 	}
 	if err != nil {
-		return r, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, tail(out.String(), 400))
+		return r, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, harness.Tail(out.String(), 400))
 	}
 	return r, nil
-}
-
-func tail(s string, n int) string {
-	s = strings.TrimSpace(s)
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
 }
 
 // have reports whether every binary is in PATH.

@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
@@ -49,18 +47,6 @@ const busyTimeout = 30 * time.Second
 
 const reloadedMarker = `msg="applied new config"`
 
-// waitLineN waits until the daemon's log holds n lines with marker.
-func waitLineN(ctx context.Context, d *daemon, marker string, n int, timeout time.Duration) (string, time.Time, error) {
-	deadline := time.Now().Add(timeout)
-	for strings.Count(d.output(), marker) < n {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return "", time.Time{}, fmt.Errorf("no %d lines %s within %s", n, marker, timeout)
-		}
-		sleepCtx(ctx, 20*time.Millisecond)
-	}
-	return "", time.Now(), nil
-}
-
 // RunBusy runs the agent under a CPU quota with a neighbour committing,
 // and measures how long a one-CIDR change takes to reach the kernel,
 // failed syncs, the health endpoints, and the CPU cost of an unchanged
@@ -96,11 +82,6 @@ func RunBusy(ctx context.Context, cfg Config) (*BusyResults, error) {
 }
 
 func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes int, row *BusyRow) (err error) {
-	dir, err := os.MkdirTemp("", "ip-masq-agent-bench-busy-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
 	configOf := func(extra int) string {
 		c := config.Default(config.Flags{})
 		c.NonMasqueradeCIDRs = cidrList(4, 0, row.N)
@@ -111,25 +92,26 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 		c.ResyncInterval = 2 * time.Second
 		return c.String()
 	}
-	cm, err := newConfigMapDir(dir, configOf(0))
+	cm, remove, err := newConfigMap("busy", configOf(0))
 	if err != nil {
 		return err
 	}
+	defer remove()
 	group, err := testnet.NewCPUGroup("bench", row.QuotaPercent)
 	if err != nil {
 		return fmt.Errorf("a cgroup with a CPU quota: %w", err)
 	}
 	defer group.Close()
-	args := []string{"--config", cm.path(), "--v=2", fmt.Sprintf("--own-table=%v", row.Owned), "--http-address=127.0.0.1:9753"}
+	args := []string{"--config", cm.Path(configKey), "--v=2", fmt.Sprintf("--own-table=%v", row.Owned), "--http-address=127.0.0.1:9753"}
 	d, err := startDaemon(ctx, topo, cfg.Agent, args...)
 	if err != nil {
 		return err
 	}
 	defer stopDaemon(&d, &err)
-	if err := os.WriteFile(group.Procs, []byte(strconv.Itoa(d.cmd.Process.Pid)), 0); err != nil {
+	if err := os.WriteFile(group.Procs, []byte(strconv.Itoa(d.Pid())), 0); err != nil {
 		return fmt.Errorf("move the agent into the cgroup: %w", err)
 	}
-	if _, _, err := waitLine(ctx, d, appliedMarker, cmdTimeout); err != nil {
+	if _, _, err := d.WaitLine(ctx, cmdTimeout, appliedMarker); err != nil {
 		return err
 	}
 	neighbour, err := testnet.NewNeighbour(topo.NodeHandle(), time.Second/time.Duration(row.Rate))
@@ -137,33 +119,7 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 		return err
 	}
 	defer neighbour.Stop()
-	stopProbes := make(chan struct{})
-	probesDone := make(chan struct{})
-	go func() {
-		defer close(probesDone)
-		client := topo.NodeHTTPClient()
-		for {
-			for _, path := range []string{"/healthz", "/readyz"} {
-				code, body := 0, ""
-				if resp, err := client.Get("http://127.0.0.1:9753" + path); err != nil {
-					body = err.Error()
-				} else {
-					b, _ := io.ReadAll(resp.Body)
-					resp.Body.Close()
-					code, body = resp.StatusCode, strings.TrimSpace(string(b))
-				}
-				row.Probes++
-				if code != http.StatusOK {
-					row.ProbesBad = append(row.ProbesBad, fmt.Sprintf("%s %d %s", path, code, body))
-				}
-			}
-			select {
-			case <-stopProbes:
-				return
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
-	}()
+	probes := harness.WatchProbes(topo.NodeHTTPClient(), 200*time.Millisecond, "/healthz", "/readyz")
 	sleepCtx(ctx, 3*time.Second) // a resync or so with the neighbour committing
 	mon, err := newGenMonitor(int(topo.NodeHandle()))
 	if err != nil {
@@ -172,7 +128,7 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 	defer mon.close()
 	for i := range changes {
 		mon.drain()
-		swapped, err := cm.update(configOf(i + 1))
+		swapped, err := update(cm, configOf(i+1))
 		if err != nil {
 			return err
 		}
@@ -185,12 +141,11 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 		// Then it reads the table back and logs the change: ConfigMap
 		// updates come seconds apart, not while the last one is read back
 		// (at 100,000 CIDRs under the quota that takes seconds).
-		if _, _, err := waitLineN(ctx, d, reloadedMarker, i+1, 2*busyTimeout); err != nil {
+		if err := d.WaitCount(ctx, 2*busyTimeout, reloadedMarker, i+1); err != nil {
 			return err
 		}
 	}
-	close(stopProbes)
-	<-probesDone
+	row.Probes, row.ProbesBad = probes.Stop()
 	row.Commits, _ = neighbour.Stop()
 	row.Throttled = group.Throttled()
 	// Checked with nft once the neighbour has stopped: nft restarts a dump
@@ -205,37 +160,19 @@ func busyRow(ctx context.Context, cfg Config, topo *testnet.Topology, changes in
 	// Quiet now: the CPU an unchanged resync costs, over about 10 s, from
 	// the first resync after the neighbour stopped.
 	const resynced = "resync: the table read back is the wanted one"
-	if _, _, err := waitLineN(ctx, d, resynced, strings.Count(d.output(), resynced)+1, busyTimeout); err != nil {
+	if err := d.WaitCount(ctx, busyTimeout, resynced, strings.Count(d.Output(), resynced)+1); err != nil {
 		return err
 	}
-	before := strings.Count(d.output(), resynced)
-	cpu0 := processCPU(d.cmd.Process.Pid)
+	before := strings.Count(d.Output(), resynced)
+	cpu0 := processCPU(d.Pid())
 	sleepCtx(ctx, map[bool]time.Duration{false: 10 * time.Second, true: 2 * time.Second}[cfg.Quick])
-	row.Resyncs = strings.Count(d.output(), resynced) - before
+	row.Resyncs = strings.Count(d.Output(), resynced) - before
 	if row.Resyncs > 0 {
-		row.ResyncCPU = (processCPU(d.cmd.Process.Pid) - cpu0) / time.Duration(row.Resyncs)
+		row.ResyncCPU = (processCPU(d.Pid()) - cpu0) / time.Duration(row.Resyncs)
 	}
-	logs := d.output()
+	logs := d.Output()
 	row.FailedSyncs = strings.Count(logs, "sync failed") + strings.Count(logs, "repair failed")
 	return ctx.Err()
-}
-
-// processCPU is the CPU time all threads of process pid have used so far
-// (the first field of each thread's schedstat, in nanoseconds).
-func processCPU(pid int) time.Duration {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-	var sum int64
-	for _, t := range tasks {
-		data, err := os.ReadFile(t)
-		if err != nil {
-			continue
-		}
-		if f := strings.Fields(string(data)); len(f) > 0 {
-			n, _ := strconv.ParseInt(f[0], 10, 64)
-			sum += n
-		}
-	}
-	return time.Duration(sum)
 }
 
 func busyTargets(r *Results, add func(goal, measured string, met *bool)) {

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
@@ -310,7 +311,7 @@ func controlRow(ctx context.Context, cfg Config, dir string, c controlCase) (Con
 	return row, nil
 }
 
-func oneLine(s string) string { return tail(strings.Join(strings.Fields(s), " "), 300) }
+func oneLine(s string) string { return harness.Tail(strings.Join(strings.Fields(s), " "), 300) }
 
 // reps runs f up to n times, fewer once cellBudget is spent, and collects
 // what it returns.
@@ -521,23 +522,12 @@ func peakRSS(ctx context.Context, topo *testnet.Topology, bin string, args ...st
 	if err != nil {
 		return 0, err
 	}
-	defer d.stop()
-	deadline := time.Now().Add(cmdTimeout)
-	for !strings.Contains(d.output(), `msg="applied config"`) {
-		if ctx.Err() != nil {
-			return 0, ctx.Err()
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("no first sync within %s: %s", cmdTimeout, tail(d.output(), 400))
-		}
-		select {
-		case <-d.exited:
-			return 0, fmt.Errorf("the agent exited: %v: %s", d.err, tail(d.output(), 400))
-		case <-time.After(5 * time.Millisecond):
-		}
+	defer d.Stop()
+	if _, _, err := d.WaitLine(ctx, cmdTimeout, appliedMarker); err != nil {
+		return 0, err
 	}
 	sleepCtx(ctx, 200*time.Millisecond) // the end of the sync: logging, the watch reading its own commit
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.Pid()))
 	if err != nil {
 		return 0, err
 	}

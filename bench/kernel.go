@@ -14,6 +14,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
@@ -342,35 +343,13 @@ func onceRun(ctx context.Context, cfg Config, topo *testnet.Topology, path strin
 	}
 	d, ok := tookOf(logLine(r.Output, appliedMarker))
 	if !ok {
-		return fmt.Errorf("--once logged no %s with took=: %s", appliedMarker, tail(r.Output, 400))
+		return fmt.Errorf("--once logged no %s with took=: %s", appliedMarker, harness.Tail(r.Output, 400))
 	}
 	*wall, *took = append(*wall, r.Took), append(*took, d)
 	if user != nil {
 		*user, *kernel = append(*user, r.User), append(*kernel, r.Kernel)
 	}
 	return nil
-}
-
-// waitLine waits until d has logged a line containing marker and returns
-// the line and when it was written.
-func waitLine(ctx context.Context, d *daemon, marker string, timeout time.Duration) (string, time.Time, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		if l, at, ok := d.line(marker); ok {
-			return l, at, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return "", time.Time{}, err
-		}
-		if time.Now().After(deadline) {
-			return "", time.Time{}, fmt.Errorf("no %s within %s: %s", marker, timeout, tail(d.output(), 600))
-		}
-		select {
-		case <-d.exited:
-			return "", time.Time{}, fmt.Errorf("the agent exited: %v: %s", d.err, tail(d.output(), 600))
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
 }
 
 // daemonFirst deletes the table and starts the daemon (defaults: the table
@@ -383,8 +362,8 @@ func daemonFirst(ctx context.Context, cfg Config, topo *testnet.Topology, path s
 	if err != nil {
 		return err
 	}
-	line, at, err := waitLine(ctx, d, appliedMarker, cmdTimeout)
-	if serr := d.stop(); err == nil && serr != nil {
+	line, at, err := d.WaitLine(ctx, cmdTimeout, appliedMarker)
+	if serr := d.Stop(); err == nil && serr != nil {
 		err = serr
 	}
 	if err != nil {
@@ -395,7 +374,7 @@ func daemonFirst(ctx context.Context, cfg Config, topo *testnet.Topology, path s
 		return fmt.Errorf("no took= in %q", line)
 	}
 	r.DaemonTook = append(r.DaemonTook, took)
-	r.DaemonWall = append(r.DaemonWall, at.Sub(d.started))
+	r.DaemonWall = append(r.DaemonWall, at.Sub(d.Started))
 	return nil
 }
 
@@ -410,12 +389,12 @@ func restartRuns(ctx context.Context, cfg Config, topo *testnet.Topology, path s
 	if err != nil {
 		return err
 	}
-	if _, _, err := waitLine(ctx, d, appliedMarker, cmdTimeout); err != nil {
-		d.stop()
+	if _, _, err := d.WaitLine(ctx, cmdTimeout, appliedMarker); err != nil {
+		d.Stop()
 		return err
 	}
 	if err := topo.AddDestination(dataDst); err != nil {
-		d.stop()
+		d.Stop()
 		return err
 	}
 	reader := &kernel.Netlink{NetNS: fd, NoOwner: true}
@@ -434,38 +413,26 @@ func restartRuns(ctx context.Context, cfg Config, topo *testnet.Topology, path s
 		// move, so that a rewrite would show as a reset.
 		for range 5 {
 			if _, err := topo.SourceSeenUDP(dataDst); err != nil {
-				d.stop()
+				d.Stop()
 				return fmt.Errorf("traffic: %w", err)
 			}
 		}
 		before, err := packets()
 		if err != nil {
-			d.stop()
+			d.Stop()
 			return err
 		}
-		if err := d.stop(); err != nil {
-			return fmt.Errorf("stop the agent: %w", err)
-		}
-		g0, err := generation(fd)
-		if err != nil {
-			return err
-		}
-		if d, err = startDaemon(ctx, topo, cfg.Agent, args...); err != nil {
-			return err
-		}
-		line, _, err := waitAnyLine(ctx, d, []string{adoptMarker, appliedMarker}, cmdTimeout)
-		if err != nil {
-			d.stop()
-			return err
-		}
-		g1, err := generation(fd)
-		if err != nil {
-			d.stop()
+		var line string
+		var moved int
+		if d, line, moved, err = restartDaemon(ctx, cfg, topo, d, args); err != nil {
+			if d != nil {
+				d.Stop()
+			}
 			return err
 		}
 		after, err := packets()
 		if err != nil {
-			d.stop()
+			d.Stop()
 			return err
 		}
 		if !strings.Contains(line, adoptMarker) {
@@ -480,35 +447,12 @@ func restartRuns(ctx context.Context, cfg Config, topo *testnet.Topology, path s
 		r.Messages = append(r.Messages, msgs)
 		r.Adopted = append(r.Adopted, adoptedRE.FindStringSubmatch(line) != nil && adoptedRE.FindStringSubmatch(line)[1] == "true")
 		r.Took = append(r.Took, took)
-		r.GenMoves = append(r.GenMoves, int(g1-g0))
+		r.GenMoves = append(r.GenMoves, moved)
 		r.Before, r.After = append(r.Before, before), append(r.After, after)
 		r.CountersKept = r.CountersKept && before > 0 && after >= before
 		if i == 0 {
 			r.Line = strings.TrimSpace(line)
 		}
 	}
-	return d.stop()
-}
-
-// waitAnyLine waits for the first of markers.
-func waitAnyLine(ctx context.Context, d *daemon, markers []string, timeout time.Duration) (string, time.Time, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		for _, m := range markers {
-			if l, at, ok := d.line(m); ok {
-				return l, at, nil
-			}
-		}
-		if err := ctx.Err(); err != nil {
-			return "", time.Time{}, err
-		}
-		if time.Now().After(deadline) {
-			return "", time.Time{}, fmt.Errorf("none of %q within %s: %s", markers, timeout, tail(d.output(), 600))
-		}
-		select {
-		case <-d.exited:
-			return "", time.Time{}, fmt.Errorf("the agent exited: %v: %s", d.err, tail(d.output(), 600))
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
+	return d.Stop()
 }

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
@@ -99,11 +98,6 @@ func RunLive(ctx context.Context, cfg Config) (*LiveResults, error) {
 }
 
 func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int, row *LiveRow) (err error) {
-	dir, err := os.MkdirTemp("", "ip-masq-agent-bench-live-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
 	configs := [2]string{}
 	for i := range configs {
 		c := config.Default(config.Flags{})
@@ -115,10 +109,11 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 		c.ResyncInterval = time.Hour
 		configs[i] = c.String()
 	}
-	cm, err := newConfigMapDir(dir, configs[0])
+	cm, remove, err := newConfigMap("live", configs[0])
 	if err != nil {
 		return err
 	}
+	defer remove()
 
 	mon, err := newGenMonitor(int(topo.NodeHandle()))
 	if err != nil {
@@ -126,7 +121,7 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 	}
 	defer mon.close()
 
-	args := []string{"--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false"} // repairs are measured: nobody could delete an owned table
+	args := []string{"--config", cm.Path(configKey), "--http-address=127.0.0.1:0", "--own-table=false"} // repairs are measured: nobody could delete an owned table
 	d, err := startDaemon(ctx, topo, cfg.Agent, args...)
 	if err != nil {
 		return err
@@ -139,15 +134,27 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 	// logs after its Apply returns), and a little more: in real use, updates
 	// come seconds apart, not while the agent still works on the last one.
 	idle := func(marker string, n int) {
-		deadline := time.Now().Add(trialTimeout)
-		for strings.Count(d.output(), marker) < n && time.Now().Before(deadline) && ctx.Err() == nil {
-			sleepCtx(ctx, 2*time.Millisecond)
-		}
+		d.WaitCount(ctx, trialTimeout, marker, n)
 		sleepCtx(ctx, 50*time.Millisecond)
 	}
 	const reloaded, repaired = `msg="applied new config"`, `msg="the table differed from the wanted one; put it back"`
-	pid := d.cmd.Process.Pid
+	pid := d.Pid()
 	idle(`msg="applied config"`, 1)
+	// measure waits for the agent's commit after since (trial i of kind),
+	// and notes how long it took and how long the agent waited for a CPU
+	// meanwhile (from w0), or that it failed.
+	measure := func(kind string, i int, since time.Time, w0 time.Duration, took, wait *[]time.Duration, failed *int) {
+		at, ok := mon.waitAgent(ctx, since, trialTimeout)
+		if !ok {
+			*failed++
+			return
+		}
+		*took = append(*took, at.Sub(since))
+		if at.Sub(since) > slowTrial {
+			cfg.logf("live operation: %s trial %d took %s; the agent's log ends:\n%s", kind, i+1, at.Sub(since), harness.Tail(d.Output(), 1500))
+		}
+		*wait = append(*wait, runQueueWait(pid)-w0)
+	}
 	if row.Neighbour {
 		// Reloads only: the harness tells its own deletions of the table
 		// from the agent's commits by process, and the neighbour runs in it.
@@ -164,19 +171,11 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 		}
 		mon.drain()
 		w0 := runQueueWait(pid)
-		swapped, err := cm.update(configs[(i+1)%2])
+		swapped, err := update(cm, configs[(i+1)%2])
 		if err != nil {
 			return err
 		}
-		if at, ok := mon.waitAgent(ctx, swapped, trialTimeout); ok {
-			row.Reload = append(row.Reload, at.Sub(swapped))
-			if at.Sub(swapped) > slowTrial {
-				cfg.logf("live operation: reload trial %d took %s; the agent's log ends:\n%s", i+1, at.Sub(swapped), tail(d.output(), 1500))
-			}
-			row.ReloadWait = append(row.ReloadWait, runQueueWait(pid)-w0)
-		} else {
-			row.ReloadFailed++
-		}
+		measure("reload", i, swapped, w0, &row.Reload, &row.ReloadWait, &row.ReloadFailed)
 		idle(reloaded, i+1)
 	}
 	for i := range trials {
@@ -190,22 +189,9 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 			// A fourth repair within 10 s would be taken for a rival
 			// writer's doing and delayed (backoff): a new agent process,
 			// which finds the table in place and sends nothing.
-			if err := d.stop(); err != nil {
-				return fmt.Errorf("stop the agent: %w", err)
-			}
-			g0, err := generation(int(topo.NodeHandle()))
-			if err != nil {
-				return err
-			}
-			if d, err = startDaemon(ctx, topo, cfg.Agent, args...); err != nil {
-				return err
-			}
-			line, _, err := waitAnyLine(ctx, d, []string{adoptMarker, appliedMarker}, cmdTimeout)
-			if err != nil {
-				return err
-			}
-			g1, err := generation(int(topo.NodeHandle()))
-			if err != nil {
+			var line string
+			var moved int
+			if d, line, moved, err = restartDaemon(ctx, cfg, topo, d, args); err != nil {
 				return err
 			}
 			row.Restarts++
@@ -213,8 +199,8 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 				n, _ := strconv.Atoi(m[1])
 				row.RestartMessages += n
 			}
-			row.RestartGenMoves += int(g1 - g0)
-			pid = d.cmd.Process.Pid
+			row.RestartGenMoves += moved
+			pid = d.Pid()
 			sleepCtx(ctx, 50*time.Millisecond)
 		}
 		mon.drain()
@@ -233,15 +219,7 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 		if acked.Before(deleted) {
 			deleted = acked
 		}
-		if at, ok := mon.waitAgent(ctx, deleted, trialTimeout); ok {
-			row.Repair = append(row.Repair, at.Sub(deleted))
-			if at.Sub(deleted) > slowTrial {
-				cfg.logf("live operation: repair trial %d took %s; the agent's log ends:\n%s", i+1, at.Sub(deleted), tail(d.output(), 1500))
-			}
-			row.RepairWait = append(row.RepairWait, runQueueWait(pid)-w0)
-		} else {
-			row.RepairFailed++
-		}
+		measure("repair", i, deleted, w0, &row.Repair, &row.RepairWait, &row.RepairFailed)
 		idle(repaired, i%repairsPerLife+1)
 	}
 	// The table is back and whole.
@@ -252,8 +230,16 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 }
 
 // runQueueWait is the time all threads of process pid have spent waiting
-// on a run queue for a CPU (the second field of schedstat).
-func runQueueWait(pid int) time.Duration {
+// on a run queue for a CPU.
+func runQueueWait(pid int) time.Duration { return schedstat(pid, 1) }
+
+// processCPU is the CPU time all threads of process pid have used so far.
+func processCPU(pid int) time.Duration { return schedstat(pid, 0) }
+
+// schedstat is the sum over all threads of process pid of field i of
+// their /proc schedstat (0: time on a CPU, 1: time waiting on a run
+// queue, in nanoseconds).
+func schedstat(pid, i int) time.Duration {
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
 	var sum int64
 	for _, f := range tasks {
@@ -261,8 +247,8 @@ func runQueueWait(pid int) time.Duration {
 		if err != nil {
 			continue
 		}
-		if fields := strings.Fields(string(b)); len(fields) >= 2 {
-			v, _ := strconv.ParseInt(fields[1], 10, 64)
+		if fields := strings.Fields(string(b)); len(fields) > i {
+			v, _ := strconv.ParseInt(fields[i], 10, 64)
 			sum += v
 		}
 	}
@@ -280,154 +266,90 @@ func deleteTable(netnsFD int) error {
 	return c.Flush()
 }
 
-// --- the ConfigMap volume ---
+// --- the ConfigMap volume and the daemon ---
 
-// configMapDir lays a directory out as the kubelet lays out a ConfigMap
-// volume: the key is a symlink through ..data to a timestamped directory,
-// and an update swaps ..data atomically (AtomicWriter).
-type configMapDir struct {
-	dir string
-	n   int
+// configKey is the ConfigMap's key, the file the agent is given.
+const configKey = "ip-masq-agent"
+
+// newConfigMap lays content out as a ConfigMap volume (the kubelet's
+// layout) in a new temporary directory, which remove deletes.
+func newConfigMap(part, content string) (cm *harness.Volume, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "ip-masq-agent-bench-"+part+"-")
+	if err != nil {
+		return nil, nil, err
+	}
+	remove = func() { os.RemoveAll(dir) }
+	if cm, err = harness.NewVolume(dir, map[string]string{configKey: content}); err != nil {
+		remove()
+		return nil, nil, err
+	}
+	return cm, remove, nil
 }
 
-func newConfigMapDir(dir, content string) (*configMapDir, error) {
-	d := &configMapDir{dir: dir}
-	if _, err := d.update(content); err != nil {
+// update swaps content in as the ConfigMap's new data and returns the time
+// of the swap (the rename of ..data).
+func update(cm *harness.Volume, content string) (time.Time, error) {
+	return cm.Update(map[string]string{configKey: content})
+}
+
+// startDaemon starts the agent binary with args in the node namespace;
+// ctx's end sends it SIGTERM, and the harness's death SIGKILL.
+func startDaemon(ctx context.Context, topo *testnet.Topology, bin string, args ...string) (*harness.Daemon, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	d := harness.New(cmd)
+	d.MaxLog = 1 << 20
+	if err := d.StartIn(topo.NodeHandle()); err != nil {
 		return nil, err
 	}
-	return d, os.Symlink("..data/ip-masq-agent", d.path())
-}
-
-func (d *configMapDir) path() string { return filepath.Join(d.dir, "ip-masq-agent") }
-
-// update writes content to a new timestamped directory and swaps ..data to
-// it; it returns the time of the swap (just before the rename).
-func (d *configMapDir) update(content string) (time.Time, error) {
-	d.n++
-	ts := fmt.Sprintf("..2026_01_01_00_00_00.%09d", d.n)
-	if err := os.Mkdir(filepath.Join(d.dir, ts), 0o755); err != nil {
-		return time.Time{}, err
-	}
-	if err := os.WriteFile(filepath.Join(d.dir, ts, "ip-masq-agent"), []byte(content), 0o644); err != nil {
-		return time.Time{}, err
-	}
-	old, _ := os.Readlink(filepath.Join(d.dir, "..data"))
-	tmp := filepath.Join(d.dir, "..data_tmp")
-	if err := os.Symlink(ts, tmp); err != nil {
-		return time.Time{}, err
-	}
-	at := time.Now()
-	if err := os.Rename(tmp, filepath.Join(d.dir, "..data")); err != nil {
-		return time.Time{}, err
-	}
-	if old != "" {
-		os.RemoveAll(filepath.Join(d.dir, old))
-	}
-	return at, nil
-}
-
-// --- the daemon ---
-
-type daemon struct {
-	cmd     *exec.Cmd
-	started time.Time // just before the fork
-	mu      sync.Mutex
-	logs    bytes.Buffer
-	writes  []timedWrite  // when each piece of the log arrived
-	exited  chan struct{} // closed when Wait returns
-	err     error         // Wait's error, set before exited is closed
-}
-
-// timedWrite is one write of the daemon's log: slog writes a line at a
-// time.
-type timedWrite struct {
-	at  time.Time
-	end int // offset in logs after the write
-}
-
-func (d *daemon) Write(p []byte) (int, error) {
-	now := time.Now()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.logs.Len() < 1<<20 {
-		d.logs.Write(p)
-		d.writes = append(d.writes, timedWrite{at: now, end: d.logs.Len()})
-	}
-	return len(p), nil
-}
-
-// line returns the first log line containing marker and when the write
-// that completed it arrived.
-func (d *daemon) line(marker string) (string, time.Time, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s := d.logs.String()
-	i := strings.Index(s, marker)
-	if i < 0 {
-		return "", time.Time{}, false
-	}
-	start := strings.LastIndexByte(s[:i], '\n') + 1
-	end := strings.IndexByte(s[i:], '\n')
-	if end < 0 {
-		return "", time.Time{}, false // not whole yet
-	}
-	end += i
-	for _, w := range d.writes {
-		if w.end > end {
-			return s[start:end], w.at, true
-		}
-	}
-	return "", time.Time{}, false
-}
-
-func (d *daemon) output() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.logs.String()
-}
-
-func startDaemon(ctx context.Context, topo *testnet.Topology, bin string, args ...string) (*daemon, error) {
-	d := &daemon{exited: make(chan struct{})}
-	d.cmd = exec.Command(bin, args...)
-	d.cmd.Stdout, d.cmd.Stderr = d, d
-	// Should the harness die without stopping it, the kernel does.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := startIn(topo.NodeHandle(), d.cmd, &d.started); err != nil {
-		return nil, err
-	}
-	go func() { d.err = d.cmd.Wait(); close(d.exited) }()
 	go func() {
 		select {
 		case <-ctx.Done():
-			d.cmd.Process.Signal(syscall.SIGTERM)
-		case <-d.exited:
+			d.Cmd.Process.Signal(syscall.SIGTERM)
+		case <-d.Exited():
 		}
 	}()
 	return d, nil
 }
 
-// stopDaemon stops *d (the daemon a row runs last) when the row ends, and
-// adds the end of its log to *err, if any.
-func stopDaemon(d **daemon, err *error) {
-	if serr := (*d).stop(); serr != nil {
+// stopDaemon stops *d (the daemon a row runs last, if any) when the row
+// ends, and adds the end of its log to *err, if any.
+func stopDaemon(d **harness.Daemon, err *error) {
+	if *d == nil {
+		return
+	}
+	if serr := (*d).Stop(); serr != nil {
 		*err = errors.Join(*err, serr)
 	}
 	if *err != nil {
-		*err = fmt.Errorf("%w\nagent log (end):\n%s", *err, tail((*d).output(), 2000))
+		*err = fmt.Errorf("%w\nagent log (end):\n%s", *err, harness.Tail((*d).Output(), 2000))
 	}
 }
 
-// stop sends SIGTERM and waits (at most 10s, then SIGKILL).
-func (d *daemon) stop() error {
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-		return d.err
-	case <-time.After(10 * time.Second):
-		d.cmd.Process.Kill()
-		<-d.exited
-		return errors.New("the agent did not exit within 10s of SIGTERM")
+// restartDaemon stops d and starts the agent again with args, until its
+// first sync; it returns the new daemon (also with an error, once
+// started: the caller stops it), the sync's log line and by how many the
+// nftables generation moved in between.
+func restartDaemon(ctx context.Context, cfg Config, topo *testnet.Topology, d *harness.Daemon, args []string) (*harness.Daemon, string, int, error) {
+	if err := d.Stop(); err != nil {
+		return nil, "", 0, fmt.Errorf("stop the agent: %w", err)
 	}
+	g0, err := generation(int(topo.NodeHandle()))
+	if err != nil {
+		return nil, "", 0, err
+	}
+	if d, err = startDaemon(ctx, topo, cfg.Agent, args...); err != nil {
+		return nil, "", 0, err
+	}
+	line, _, err := d.WaitLine(ctx, cmdTimeout, adoptMarker, appliedMarker)
+	if err != nil {
+		return d, "", 0, err
+	}
+	g1, err := generation(int(topo.NodeHandle()))
+	if err != nil {
+		return d, "", 0, err
+	}
+	return d, line, int(g1 - g0), nil
 }
 
 // --- the monitor ---

@@ -2,12 +2,12 @@ package test
 
 import (
 	"fmt"
-	"io"
+	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 )
 
@@ -22,7 +22,7 @@ func startDaemonLimited(t *testing.T, topo *testnet.Topology, percent int, args 
 	// The shell moves itself into the group before `ip netns exec`, whose
 	// own /sys has no cgroup mounts; the agent inherits the group.
 	argv := g.Wrap(append([]string{"ip", "netns", "exec", topo.NodeNS, agentBin, "--v=2"}, args...)...)
-	d := startCommand(t, argv, false) // sh and ip exec the agent: SIGTERM reaches it
+	d := startCommand(t, exec.Command(argv[0], argv[1:]...), false) // sh and ip exec the agent: SIGTERM reaches it
 	t.Cleanup(func() {
 		d.stop(t)
 		t.Logf("throttled by the quota for %s", g.Throttled())
@@ -31,54 +31,6 @@ func startDaemonLimited(t *testing.T, topo *testnet.Topology, percent int, args 
 		}
 	})
 	return d
-}
-
-// probes polls /healthz and /readyz from start until stop and remembers
-// every answer that was not 200.
-type probes struct {
-	stop chan struct{}
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	bad  []string
-	n    int
-}
-
-func watchProbes(topo *testnet.Topology, paths ...string) *probes {
-	p := &probes{stop: make(chan struct{})}
-	client := topo.NodeHTTPClient()
-	p.wg.Go(func() {
-		for {
-			for _, path := range paths {
-				code, body := 0, ""
-				resp, err := client.Get("http://127.0.0.1:9753" + path)
-				if err != nil {
-					body = err.Error()
-				} else {
-					b, _ := io.ReadAll(resp.Body)
-					resp.Body.Close()
-					code, body = resp.StatusCode, strings.TrimSpace(string(b))
-				}
-				p.mu.Lock()
-				p.n++
-				if code != 200 {
-					p.bad = append(p.bad, fmt.Sprintf("%s %d %s", path, code, body))
-				}
-				p.mu.Unlock()
-			}
-			select {
-			case <-p.stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-	})
-	return p
-}
-
-func (p *probes) done() (n int, bad []string) {
-	close(p.stop)
-	p.wg.Wait()
-	return p.n, p.bad
 }
 
 // TestBusyNode: the agent under the DaemonSet's CPU limit (10% of a CPU),
@@ -105,7 +57,7 @@ func TestBusyNode(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer neighbour.Stop()
-			p := watchProbes(topo, "/healthz", "/readyz")
+			p := harness.WatchProbes(topo.NodeHTTPClient(), 100*time.Millisecond, "/healthz", "/readyz")
 			mark := len(d.output())
 			// Resyncs run meanwhile (every 2 s): wait for two with the
 			// neighbour committing, then change one CIDR.
@@ -127,7 +79,7 @@ func TestBusyNode(t *testing.T) {
 				return i >= 0 && strings.Contains(after[i:], "resync: the table read back is the wanted one")
 			})
 			commits, err := neighbour.Stop()
-			probed, bad := p.done()
+			probed, bad := p.Stop()
 			if out, err := topo.NFT("list", "set", "inet", "ip-masq-agent", "nonmasq-v4"); err != nil || !strings.Contains(out, "203.0.113.0/24") {
 				t.Errorf("the new CIDR is not in the kernel's set (%v)", err)
 			}
@@ -166,19 +118,18 @@ func TestWaitingAgentHealth(t *testing.T) {
 	}
 	second := startDaemon(t, topo, "--config", writeConfig(t, cfgB), "--http-address=127.0.0.1:9753")
 	eventually(t, "the second agent to wait", func() bool { return strings.Contains(second.output(), "waiting for it to exit") })
-	get := func(path string) (int, string) { return httpGet(topo, path) }
 	// Several looks at the owner (one a second) later, still so.
 	mark := strings.Count(second.output(), "is owned by another process; looking again")
 	eventually(t, "three more looks at the owner", func() bool {
 		return strings.Count(second.output(), "is owned by another process; looking again") >= mark+3
 	})
-	if code, body := get("/healthz"); code != 200 {
+	if code, body := httpGet(topo, "/healthz"); code != 200 {
 		t.Errorf("the waiting agent's /healthz: %d %q, want 200 (alive)", code, body)
 	}
-	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "another process owns table inet ip-masq-agent") {
+	if code, body := httpGet(topo, "/readyz"); code != 503 || !strings.Contains(body, "another process owns table inet ip-masq-agent") {
 		t.Errorf("the waiting agent's /readyz: %d %q, want 503 naming the owner", code, body)
 	}
 	first.stop(t)
 	eventually(t, "config B after the first agent exited", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
-	eventually(t, "the second agent ready", func() bool { code, _ := get("/readyz"); return code == 200 })
+	eventually(t, "the second agent ready", func() bool { code, _ := httpGet(topo, "/readyz"); return code == 200 })
 }

@@ -88,10 +88,10 @@ func TestConntrackAfterRepair(t *testing.T) {
 			waitStarted(t, d)
 			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
 			mark := len(d.output())
-			if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			if err := d.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
-			cont := func() { d.cmd.Process.Signal(syscall.SIGCONT) }
+			cont := func() { d.Cmd.Process.Signal(syscall.SIGCONT) }
 			t.Cleanup(cont)
 			if out, err := topo.NFT(tc.tamper...); err != nil {
 				cont()
@@ -148,7 +148,9 @@ func loadKubeProxyLike(t *testing.T, topo *testnet.Topology) {
 // internet1 alone: a UDP stream (default mode) keeps its source address
 // and port; an established TCP connection survives --conntrack-cleanup=all.
 func TestConntrackKeepsOthersMasquerade(t *testing.T) {
-	t.Run("udp", func(t *testing.T) {
+	// start: kube-proxy's rules, then the agent's (internetSame24
+	// masqueraded) in force.
+	start := func(t *testing.T, args ...string) (*testnet.Topology, *configMapDir, *daemon) {
 		topo := newTopology(t)
 		addDestinations(t, topo, internet1, internetSame24)
 		if err := topo.EnableConntrack(); err != nil {
@@ -156,9 +158,13 @@ func TestConntrackKeepsOthersMasquerade(t *testing.T) {
 		}
 		loadKubeProxyLike(t, topo)
 		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
+		d := startDaemon(t, topo, append([]string{"--config", cm.path(), "--http-address=127.0.0.1:0"}, args...)...)
 		waitStarted(t, d)
 		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internetSame24: true}))
+		return topo, cm, d
+	}
+	t.Run("udp", func(t *testing.T) {
+		topo, cm, d := start(t)
 		theirs := startUDPStream(t, topo, internet1)
 		ours := startUDPStream(t, topo, internetSame24)
 		theirSrc := theirs.waitFor(t, topo.NodeUplink4)
@@ -171,16 +177,7 @@ func TestConntrackKeepsOthersMasquerade(t *testing.T) {
 		}
 	})
 	t.Run("tcp, all", func(t *testing.T) {
-		topo := newTopology(t)
-		addDestinations(t, topo, internet1, internetSame24)
-		if err := topo.EnableConntrack(); err != nil {
-			t.Fatal(err)
-		}
-		loadKubeProxyLike(t, topo)
-		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--conntrack-cleanup=all")
-		waitStarted(t, d)
-		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internetSame24: true}))
+		topo, cm, d := start(t, "--conntrack-cleanup=all")
 		theirs, theirR := connectTCP(t, topo, internet1, topo.NodeUplink4)
 		ours, ourR := connectTCP(t, topo, internetSame24, topo.NodeUplink4)
 		theirLocal := theirs.LocalAddr().String()

@@ -84,46 +84,6 @@ func podman(global []string, timeout time.Duration, args ...string) (string, err
 	return strings.TrimSpace(string(out)), nil
 }
 
-// configVolume is a directory laid out as the kubelet lays out a ConfigMap
-// volume, and updated as its atomic writer updates it:
-//
-//	..2026_11_22_10_00_00.123456789/ip-masq-agent   the data
-//	..data -> ..2026_11_22_10_00_00.123456789       swapped atomically
-//	ip-masq-agent -> ..data/ip-masq-agent           what the agent opens
-type configVolume struct {
-	dir     string
-	current string // the timestamped directory ..data points to
-}
-
-func (v *configVolume) write(t *testing.T, content string) {
-	t.Helper()
-	ts, err := os.MkdirTemp(v.dir, time.Now().UTC().Format("..2006_01_02_15_04_05."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(ts, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(ts, configFile), []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	data, tmp := filepath.Join(v.dir, "..data"), filepath.Join(v.dir, "..data_tmp")
-	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, data); err != nil { // rename(2): atomic
-		t.Fatal(err)
-	}
-	if v.current == "" {
-		if err := os.Symlink(filepath.Join("..data", configFile), filepath.Join(v.dir, configFile)); err != nil {
-			t.Fatal(err)
-		}
-	} else if err := os.RemoveAll(v.current); err != nil {
-		t.Fatal(err)
-	}
-	v.current = ts
-}
-
 // rlimit returns "cur:max" for a podman --ulimit, at most 1024 and at most
 // this process's hard limit: the runtime cannot raise a hard limit without
 // CAP_SYS_RESOURCE, and podman's defaults may be above it.
@@ -173,11 +133,10 @@ func TestContainer(t *testing.T) {
 	// The first config: only 10/8 is not masqueraded. resyncInterval 1s
 	// bounds how long the agent takes to see a change, with or without
 	// file events.
-	vol := &configVolume{dir: t.TempDir()}
-	if err := os.Chmod(vol.dir, 0o755); err != nil {
+	vol := newConfigMapDir(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 1s\n")
+	if err := os.Chmod(vol.Dir, 0o755); err != nil { // for the agent's user in the container
 		t.Fatal(err)
 	}
-	vol.write(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 1s\n")
 
 	httpAddr := "127.0.0.1:9753" // as in deploy/daemonset.yaml
 	args := []string{"--v=2", "--http-address=" + httpAddr}
@@ -191,7 +150,7 @@ func TestContainer(t *testing.T) {
 			"--security-opt", "no-new-privileges", // allowPrivilegeEscalation: false
 			"--ulimit", "nofile=" + rlimit(t, unix.RLIMIT_NOFILE),
 			"--ulimit", "nproc=" + rlimit(t, unix.RLIMIT_NPROC),
-			"--volume", vol.dir + ":" + configMount + ":ro",
+			"--volume", vol.Dir + ":" + configMount + ":ro",
 			image}
 	}
 	removeContainer := func(name string) {
@@ -236,7 +195,7 @@ func TestContainer(t *testing.T) {
 	}
 
 	// The kubelet's update: a new timestamped directory, ..data swapped.
-	vol.write(t, "nonMasqueradeCIDRs: [203.0.113.0/24]\nresyncInterval: 1s\n")
+	vol.update("nonMasqueradeCIDRs: [203.0.113.0/24]\nresyncInterval: 1s\n")
 	took = waitSources(t, topo, alive, 90*time.Second,
 		map[string]bool{internet1: false, internet2: true, private1: true})
 	t.Logf("updated config in force %s after the kubelet-style update", took.Round(time.Millisecond))

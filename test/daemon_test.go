@@ -1,91 +1,74 @@
 package test
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
-// configMapDir lays a directory out as the kubelet lays out a ConfigMap
-// volume: the key is a symlink through ..data to a timestamped directory.
+// configMapDir is a test's ConfigMap volume, updated the kubelet's way.
 type configMapDir struct {
-	t   *testing.T
-	dir string
-	n   int
+	t *testing.T
+	*harness.Volume
 }
 
+// newConfigMapDir is a volume with one key, ip-masq-agent.
 func newConfigMapDir(t *testing.T, content string) *configMapDir {
-	d := &configMapDir{t: t, dir: t.TempDir()}
-	d.update(content)
-	if err := os.Symlink("..data/ip-masq-agent", filepath.Join(d.dir, "ip-masq-agent")); err != nil {
+	return newProjectedDir(t, map[string]string{configFile: content})
+}
+
+// newProjectedDir is a volume with files (key: content).
+func newProjectedDir(t *testing.T, files map[string]string) *configMapDir {
+	t.Helper()
+	v, err := harness.NewVolume(t.TempDir(), files)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return d
+	return &configMapDir{t: t, Volume: v}
 }
 
-func (d *configMapDir) path() string { return filepath.Join(d.dir, "ip-masq-agent") }
+func (d *configMapDir) path() string { return d.Path(configFile) }
 
-// update writes a new timestamped directory and swaps ..data to it
-// atomically, then removes the old one: the kubelet's AtomicWriter.
-func (d *configMapDir) update(content string) {
-	d.n++
-	ts := fmt.Sprintf("..2026_11_22_10_00_%02d.%09d", d.n, d.n)
-	if err := os.Mkdir(filepath.Join(d.dir, ts), 0o755); err != nil {
+// update swaps the key's new content in (the kubelet's AtomicWriter).
+func (d *configMapDir) update(content string) { d.updateFiles(map[string]string{configFile: content}) }
+
+// updateFiles swaps the keys' new contents in.
+func (d *configMapDir) updateFiles(files map[string]string) {
+	d.t.Helper()
+	if _, err := d.Update(files); err != nil {
 		d.t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(d.dir, ts, "ip-masq-agent"), []byte(content), 0o644); err != nil {
+}
+
+// place swaps in a key that place(path) puts in the new directory (a
+// symlink, a fifo ...) instead of content.
+func (d *configMapDir) place(place func(path string) error) {
+	d.t.Helper()
+	if _, err := d.Place(configFile, place); err != nil {
 		d.t.Fatal(err)
-	}
-	old, _ := os.Readlink(filepath.Join(d.dir, "..data"))
-	tmp := filepath.Join(d.dir, "..data_tmp")
-	if err := os.Symlink(ts, tmp); err != nil {
-		d.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(d.dir, "..data")); err != nil {
-		d.t.Fatal(err)
-	}
-	if old != "" {
-		os.RemoveAll(filepath.Join(d.dir, old))
 	}
 }
 
 // daemon is the agent running in the node namespace until the test ends.
-type daemon struct {
-	cmd     *exec.Cmd
-	wrapped bool // under unshare --fork --kill-child=SIGTERM, which ignores SIGTERM itself
-	mu      sync.Mutex
-	logs    bytes.Buffer
-	done    chan error
-}
+type daemon struct{ *harness.Daemon }
 
-func (d *daemon) Write(p []byte) (int, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.logs.Write(p)
-}
-
-func (d *daemon) output() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.logs.String()
-}
+// output is the agent's log so far.
+func (d *daemon) output() string { return d.Output() }
 
 func startDaemon(t *testing.T, topo *testnet.Topology, args ...string) *daemon {
 	t.Helper()
@@ -96,20 +79,19 @@ func startDaemon(t *testing.T, topo *testnet.Topology, args ...string) *daemon {
 // agent as PID 1, as in its container).
 func startDaemonIn(t *testing.T, topo *testnet.Topology, wrap []string, args ...string) *daemon {
 	t.Helper()
-	cmd := append(append([]string{"ip", "netns", "exec", topo.NodeNS}, wrap...), append([]string{agentBin, "--v=2"}, args...)...)
-	return startCommand(t, cmd, len(wrap) > 0)
+	argv := append(append([]string{"netns", "exec", topo.NodeNS}, wrap...), append([]string{agentBin, "--v=2"}, args...)...)
+	return startCommand(t, exec.Command("ip", argv...), len(wrap) > 0)
 }
 
-// startCommand starts argv, which runs the agent; wrapped: under unshare.
-func startCommand(t *testing.T, argv []string, wrapped bool) *daemon {
+// startCommand starts cmd, which runs the agent; wrapped: under unshare
+// --fork --kill-child=SIGTERM, which ignores SIGTERM itself.
+func startCommand(t *testing.T, cmd *exec.Cmd, wrapped bool) *daemon {
 	t.Helper()
-	d := &daemon{done: make(chan error, 1), wrapped: wrapped}
-	d.cmd = exec.Command(argv[0], argv[1:]...)
-	d.cmd.Stdout, d.cmd.Stderr = d, d
-	if err := d.cmd.Start(); err != nil {
+	d := &daemon{harness.New(cmd)}
+	d.KillToStop = wrapped
+	if err := d.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { d.done <- d.cmd.Wait() }()
 	t.Cleanup(func() {
 		d.stop(t)
 		if t.Failed() {
@@ -119,42 +101,47 @@ func startCommand(t *testing.T, argv []string, wrapped bool) *daemon {
 	return d
 }
 
-// stop sends SIGTERM and waits (at most 10s) for a clean exit.
+// stop sends SIGTERM and waits (at most 10s) for a clean exit; an agent
+// that has exited already is left to the test.
 func (d *daemon) stop(t *testing.T) {
-	if d.cmd.ProcessState != nil {
-		return
-	}
-	if d.wrapped {
-		// unshare ignores SIGTERM while it waits; killing it sends the
-		// agent SIGTERM (--kill-child), and Wait returns when the agent
-		// has exited and closed its output.
-		d.cmd.Process.Kill()
-	} else {
-		d.cmd.Process.Signal(syscall.SIGTERM)
-	}
+	t.Helper()
 	select {
-	case err := <-d.done:
-		if err != nil && !d.wrapped {
-			t.Errorf("the agent exited with %v after SIGTERM", err)
-		}
-	case <-time.After(10 * time.Second):
-		d.cmd.Process.Kill()
-		<-d.done
+	case <-d.Exited():
+		return
+	default:
+	}
+	switch err := d.Stop(); {
+	case errors.Is(err, harness.ErrNoExit):
 		t.Errorf("the agent did not exit within 10s of SIGTERM")
+	case err != nil && !d.KillToStop:
+		t.Errorf("the agent exited with %v after SIGTERM", err)
 	}
 }
 
-// eventually polls cond every 20ms for up to 20s: waiting on a condition,
-// not asserting how fast it became true.
+// eventually polls cond for up to 20s: waiting on a condition, not
+// asserting how fast it became true.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	harness.Eventually(t, 20*time.Second, what, cond)
+}
+
+// notOwnedDaemon is a topology with internet1 (masqueraded) and private1,
+// and the agent on config (resyncInterval: 1h: a repair comes from the
+// watch), with its table not owned (others may change it), in force and
+// its first apply logged: it returns the table as the agent wrote it
+// (withoutCounters).
+func notOwnedDaemon(t *testing.T, config string) (*testnet.Topology, *daemon, string) {
+	t.Helper()
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	cm := newConfigMapDir(t, config)
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
+	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+	// The first apply reads its commit back: a tamper before that read is
+	// put back by the apply itself (a repair by=apply), not by the watch
+	// or the resync that the callers test. Wait for the watch too.
+	waitStarted(t, d)
+	return topo, d, withoutCounters(listTable(t, topo))
 }
 
 func sourcesAre(topo *testnet.Topology, want map[string]bool) func() bool {
@@ -210,16 +197,7 @@ func TestDaemonReloads(t *testing.T) {
 // TestDaemonRepairs: changes by another process are undone, and counters
 // survive resyncs that find nothing to change.
 func TestDaemonRepairs(t *testing.T) {
-	topo := newTopology(t)
-	addDestinations(t, topo, internet1, private1)
-	cm := newConfigMapDir(t, "resyncInterval: 1s\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
-	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
-	// The first sync reads its commit back: a tamper before it ends is
-	// put back by the first apply itself (a repair by=apply), not by the
-	// watch or the resync that this test counts on.
-	eventually(t, "the first apply logged", func() bool { return strings.Contains(d.output(), "applied config") })
-	want := withoutCounters(listTable(t, topo))
+	topo, d, want := notOwnedDaemon(t, "resyncInterval: 1s\n")
 
 	for i, tamper := range [][]string{
 		{"delete", "table", "inet", "ip-masq-agent"},
@@ -340,22 +318,12 @@ func TestDaemonEndpoints(t *testing.T) {
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12]\n")
 	startDaemon(t, topo, "--config", cm.path())
-	client := topo.NodeHTTPClient()
-	get := func(path string) (int, string) {
-		resp, err := client.Get("http://127.0.0.1:9753" + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
-	eventually(t, "/readyz", func() bool { code, _ := get("/readyz"); return code == 200 })
-	if code, body := get("/healthz"); code != 200 || !strings.HasPrefix(body, "ok") {
+	eventually(t, "/readyz", func() bool { code, _ := httpGet(topo, "/readyz"); return code == 200 })
+	if code, body := httpGet(topo, "/healthz"); code != 200 || !strings.HasPrefix(body, "ok") {
 		t.Errorf("/healthz: %d %q", code, body)
 	}
 	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
-	_, body := get("/metrics")
+	_, body := httpGet(topo, "/metrics")
 	for _, want := range []string{
 		`ip_masq_agent_syncs_total{result="success"}`,
 		`ip_masq_agent_config_loads_total{result="success"}`,

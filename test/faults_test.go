@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
@@ -46,16 +47,6 @@ func pick[T any](short, long T) T {
 	return short
 }
 
-// knownBug skips a test that fails because of a known bug in the agent,
-// described by why (what fails and the fix), unless KNOWN_BUGS=1: then it
-// runs, to check a fix.
-func knownBug(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("KNOWN_BUGS") != "1" {
-		t.Skip("known bug: " + why)
-	}
-}
-
 // nodeCommand is the command `ip netns exec NODE name args...`; ip execs
 // name, so the process is name's (its pid, its signals, its rusage).
 func nodeCommand(topo *testnet.Topology, name string, args ...string) *exec.Cmd {
@@ -66,13 +57,7 @@ func nodeCommand(topo *testnet.Topology, name string, args ...string) *exec.Cmd 
 
 // httpGet gets path from the agent's endpoint on the node's loopback.
 func httpGet(topo *testnet.Topology, path string) (int, string) {
-	resp, err := topo.NodeHTTPClient().Get("http://127.0.0.1:9753" + path)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+	return harness.Get(topo.NodeHTTPClient(), path)
 }
 
 // daemonSetMemoryLimitBytes is the agent container's memory limit in
@@ -629,15 +614,7 @@ func TestNetlinkFaults(t *testing.T) {
 	})
 
 	t.Run("set larger than the kernel accepts: resized by another process", func(t *testing.T) {
-		topo := newTopology(t)
-		addDestinations(t, topo, internet1, private1)
-		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
-		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
-		// The first apply reads its commit back: a tamper before that
-		// read would be put back by the apply itself, not by the watch.
-		waitStarted(t, d)
-		want := withoutCounters(listTable(t, topo))
+		topo, d, want := notOwnedDaemon(t, "resyncInterval: 1h\n")
 		mark := len(d.output())
 		resize := "flush chain inet ip-masq-agent IP-MASQ-AGENT\ndelete set inet ip-masq-agent nonmasq-v4\n" +
 			"add set inet ip-masq-agent nonmasq-v4 { type ipv4_addr; flags interval; size 2; }\n"
@@ -659,13 +636,7 @@ func TestNetlinkFaults(t *testing.T) {
 	})
 
 	t.Run("receive buffer overrun: notifications lost while the agent is stopped", func(t *testing.T) {
-		topo := newTopology(t)
-		addDestinations(t, topo, internet1, private1)
-		cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-		d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
-		eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
-		waitStarted(t, d) // stopped after the first apply, not within it
-		want := withoutCounters(listTable(t, topo))
+		topo, d, want := notOwnedDaemon(t, "resyncInterval: 1h\n")
 		// 200,000 elements make ~27 MB of notifications; the agent's
 		// buffer holds 64 MiB (32 MiB forced, doubled by the kernel).
 		var b strings.Builder
@@ -677,10 +648,10 @@ func TestNetlinkFaults(t *testing.T) {
 		bulk := writeConfig(t, b.String())
 		rounds := pick(4, 8)
 		mark := len(d.output())
-		if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		if err := d.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
-		cont := func() { d.cmd.Process.Signal(syscall.SIGCONT) }
+		cont := func() { d.Cmd.Process.Signal(syscall.SIGCONT) }
 		t.Cleanup(cont)
 		for range rounds {
 			for _, args := range [][]string{{"-f", bulk}, {"delete", "table", "ip", "bulk"}} {
@@ -711,7 +682,7 @@ func TestNetlinkFaults(t *testing.T) {
 		// notifications until the queue has room, so the agent must drain
 		// it before it verifies.
 		for i := range pick(3, 10) {
-			if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			if err := d.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
 			for range rounds {

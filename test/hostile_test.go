@@ -2,11 +2,11 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -238,7 +238,7 @@ func TestHostileConfigs(t *testing.T) {
 	topo := newTopology(t)
 	cm := newConfigMapDir(t, hostileGood)
 	d := startDaemon(t, topo, "--config", cm.path())
-	pid := d.cmd.Process.Pid
+	pid := d.Cmd.Process.Pid
 	waitOutcome(t, d, 0, "the good config")
 	good := withoutCounters(listTable(t, topo))
 	goodSets := kernelSets(t, topo)
@@ -266,7 +266,11 @@ func TestHostileConfigs(t *testing.T) {
 			resetPeakRSS(t, pid)
 			before := procStatusKB(t, pid, "VmRSS")
 			mark := len(d.output())
-			swapConfigMap(t, cm, data, tc.place)
+			if tc.place != nil {
+				cm.place(tc.place)
+			} else {
+				cm.update(string(data))
+			}
 			lines := waitOutcome(t, d, mark, tc.name)
 			logged := d.output()[mark:]
 			alive(t, d)
@@ -323,7 +327,7 @@ func TestHostileConfigs(t *testing.T) {
 			}
 			// Back to the good config (and a quiet daemon: no backoff pending).
 			mark = len(d.output())
-			swapConfigMap(t, cm, []byte(hostileGood), nil)
+			cm.update(hostileGood)
 			waitOutcome(t, d, mark, "the good config again")
 			if got := kernelSets(t, topo); !equalSets(got, goodSets) {
 				t.Fatalf("the good config did not come back: sets %v", got)
@@ -390,12 +394,12 @@ func TestHostileConfigFIFO(t *testing.T) {
 	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
 	waitOutcome(t, d, 0, "the good config")
 	mark := len(d.output())
-	swapConfigMap(t, cm, nil, func(p string) error { return syscall.Mkfifo(p, 0o644) })
+	cm.place(func(p string) error { return syscall.Mkfifo(p, 0o644) })
 	// The agent opened the FIFO, did not block in it, and said so.
 	if lines := waitOutcome(t, d, mark, "the FIFO"); !strings.Contains(lines, "is not a regular file") {
 		t.Fatalf("the FIFO was not refused as not a regular file:\n%s", lines)
 	}
-	swapConfigMap(t, cm, []byte("resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"), nil)
+	cm.update("resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n")
 	eventually(t, "the config after the FIFO", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 	t.Logf("after the FIFO:\n%s", d.output()[mark:])
 }
@@ -420,69 +424,26 @@ func TestHostileConfigMemoryFitsDaemonSet(t *testing.T) {
 	}
 }
 
-// swapConfigMap lays out a new timestamped directory holding data (or what
-// place puts there) as the key, and swaps ..data to it, as the kubelet does.
-func swapConfigMap(t *testing.T, cm *configMapDir, data []byte, place func(string) error) {
-	t.Helper()
-	cm.n++
-	ts := fmt.Sprintf("..2026_11_22_11_00_%02d.%09d", cm.n%60, cm.n)
-	dir := filepath.Join(cm.dir, ts)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	key := filepath.Join(dir, "ip-masq-agent")
-	var err error
-	if place != nil {
-		err = place(key)
-	} else {
-		err = os.WriteFile(key, data, 0o644)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	old, _ := os.Readlink(filepath.Join(cm.dir, "..data"))
-	tmp := filepath.Join(cm.dir, "..data_tmp")
-	if err := os.Symlink(ts, tmp); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(cm.dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	if old != "" {
-		os.RemoveAll(filepath.Join(cm.dir, old))
-	}
-}
-
 // waitOutcome waits (at most 60 s) until the daemon logs the outcome of a
 // sync after byte mark of its log, and returns the log lines after mark.
 func waitOutcome(t *testing.T, d *daemon, mark int, what string) string {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		out := d.output()
-		if mark > len(out) {
-			mark = len(out)
-		}
-		if outcomeRE.MatchString(out[mark:]) {
-			return out[mark:]
-		}
-		if !alive(t, d) {
-			t.Fatalf("the agent exited while waiting for %s:\n%.3000s", what, out[mark:])
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no sync outcome logged within 60s for %s:\n%.3000s", what, out[mark:])
-		}
-		time.Sleep(10 * time.Millisecond)
+	var after string
+	if err := d.Wait(context.Background(), 60*time.Second, "sync outcome logged for "+what, func(log string) bool {
+		after = log[min(mark, len(log)):]
+		return outcomeRE.MatchString(after)
+	}); err != nil {
+		t.Fatalf("%v\nafter the mark:\n%.3000s", err, after)
 	}
+	return after
 }
 
 // alive reports whether the daemon still runs, and fails the test if not.
 func alive(t *testing.T, d *daemon) bool {
 	t.Helper()
 	select {
-	case err := <-d.done:
-		d.done <- err // for stop
-		t.Errorf("the agent exited: %v", err)
+	case <-d.Exited():
+		t.Errorf("the agent exited: %v", d.Err())
 		return false
 	default:
 		return true

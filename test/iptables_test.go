@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -10,10 +9,10 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
@@ -312,64 +311,25 @@ func standIn(t *testing.T) string {
 	return originalBin
 }
 
-// runningOriginal is the stand-in original agent running in the node
-// namespace.
-type runningOriginal struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	logs bytes.Buffer
-	done chan struct{}
-}
-
-func (o *runningOriginal) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.logs.Write(p)
-}
-
-func (o *runningOriginal) output() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.logs.String()
-}
-
-// rewrites counts the original's resyncs that wrote its rules.
-func (o *runningOriginal) rewrites() int { return strings.Count(o.output(), "IPv4 masquerading rules") }
-
-func (o *runningOriginal) stop() {
-	o.cmd.Process.Signal(syscall.SIGTERM)
-	<-o.done
-}
-
-func startOriginal(t *testing.T, topo *testnet.Topology, args ...string) *runningOriginal {
+// startOriginal starts the stand-in original agent in the node namespace
+// until the test ends.
+func startOriginal(t *testing.T, topo *testnet.Topology, args ...string) *harness.Daemon {
 	t.Helper()
-	o := &runningOriginal{done: make(chan struct{})}
-	o.cmd = exec.Command("ip", append([]string{"netns", "exec", topo.NodeNS, standIn(t)}, args...)...)
-	o.cmd.Stdout, o.cmd.Stderr = o, o
-	if err := o.cmd.Start(); err != nil {
+	o := harness.New(exec.Command("ip", append([]string{"netns", "exec", topo.NodeNS, standIn(t)}, args...)...))
+	if err := o.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { o.cmd.Wait(); close(o.done) }()
 	t.Cleanup(func() {
-		o.stop()
+		o.Stop()
 		if t.Failed() {
-			t.Logf("original's log:\n%s", o.output())
+			t.Logf("original's log:\n%s", o.Output())
 		}
 	})
 	return o
 }
 
-// waitLong polls cond every 50ms for up to limit.
-func waitLong(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out (%s) waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+// rewrites counts the original's resyncs that wrote its rules.
+func rewrites(o *harness.Daemon) int { return strings.Count(o.Output(), "IPv4 masquerading rules") }
 
 var jumpHandleRE = regexp.MustCompile(`jump CUSTOM-MASQ # handle (\d+)`)
 
@@ -388,7 +348,7 @@ func TestIptablesIntervalShortened(t *testing.T) {
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 12s\n")
 	orig := startOriginal(t, topo, "--config", cm.path(), "--masq-chain", "CUSTOM-MASQ", "--enable-ipv6")
-	waitLong(t, "the original's first rewrite", 20*time.Second, func() bool { return orig.rewrites() >= 1 })
+	harness.Eventually(t, 20*time.Second, "the original's first rewrite", func() bool { return rewrites(orig) >= 1 })
 	d := startDaemon(t, topo, "--config", cm.path(), "--enable-ipv6", "--http-address=127.0.0.1:0")
 	eventually(t, "the report of the original's rules", func() bool {
 		o := d.output()
@@ -405,18 +365,18 @@ func TestIptablesIntervalShortened(t *testing.T) {
 	if first == "" {
 		t.Fatalf("no jump to CUSTOM-MASQ:\n%s", natTable(t, topo, "ip"))
 	}
-	waitLong(t, "the original's second rewrite", 20*time.Second, func() bool { return orig.rewrites() >= 2 })
+	harness.Eventually(t, 20*time.Second, "the original's second rewrite", func() bool { return rewrites(orig) >= 2 })
 	cm.update("nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 1s\n")
 	eventually(t, "the agent's new config", func() bool { return strings.Contains(d.output(), "applied new config") })
 	// The original wakes about 12s later, then rewrites every second.
-	waitLong(t, "the original's rewrites under the new interval", 40*time.Second, func() bool { return orig.rewrites() >= 8 })
+	harness.Eventually(t, 40*time.Second, "the original's rewrites under the new interval", func() bool { return rewrites(orig) >= 8 })
 	if got := handle(); got != first || strings.Contains(d.output(), "removed the original ip-masq-agent's iptables rules") {
 		t.Fatalf("the original's rules were removed while it ran (jump handle %s, was %s):\n%s", got, first, d.output())
 	}
 	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
-	orig.stop()
+	orig.Stop()
 	stopped := time.Now()
-	waitLong(t, "the removal after the original stopped", 60*time.Second, func() bool {
+	harness.Eventually(t, 60*time.Second, "the removal after the original stopped", func() bool {
 		return strings.Contains(d.output(), "removed the original ip-masq-agent's iptables rules")
 	})
 	t.Logf("removed %s after the original stopped", time.Since(stopped).Round(100*time.Millisecond))

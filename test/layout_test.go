@@ -26,6 +26,7 @@ var layout = map[string][]string{
 	"internal/filewatch": nil,
 	"internal/kustomize": nil,
 	"internal/testnet":   nil,
+	"internal/harness":   {"internal/testnet"},
 }
 
 // TestLayout: no production file imports a package of this module that

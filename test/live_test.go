@@ -188,15 +188,3 @@ func TestWatchRepairs(t *testing.T) {
 	}
 	t.Logf("events seen: %+v", events)
 }
-
-// waitFor polls cond every 50ms for up to 10s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}

@@ -28,8 +28,6 @@ var (
 		"--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs"}
 )
 
-const capNetAdmin = 1 << 12 // CAP_NET_ADMIN's bit in /proc/PID/status CapEff
-
 // privileged runs a command in the node namespace under setpriv.
 func privileged(topo *testnet.Topology, caps []string, args ...string) *exec.Cmd {
 	return nodeCommand(topo, "setpriv", append(append(append([]string{}, caps...), "--"), args...)...)
@@ -104,22 +102,10 @@ func TestLeastPrivilege(t *testing.T) {
 		if _, err := runAgent(t, topo, "--cleanup"); err != nil {
 			t.Fatal(err)
 		}
-		d := &daemon{done: make(chan error, 1)}
-		d.cmd = privileged(topo, userNetAdmin, bin, "--v=2", "--config", cfg, "--own-table=false")
-		d.cmd.Stdout, d.cmd.Stderr = d, d
-		if err := d.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { d.done <- d.cmd.Wait() }()
-		t.Cleanup(func() {
-			d.stop(t)
-			if t.Failed() {
-				t.Logf("agent log:\n%s", d.output())
-			}
-		})
+		d := startCommand(t, privileged(topo, userNetAdmin, bin, "--v=2", "--config", cfg, "--own-table=false"), false)
 		eventually(t, "/readyz", func() bool { code, _ := httpGet(topo, "/readyz"); return code == 200 })
 		expectSources(t, topo, map[string]bool{internet1: true, private1: false})
-		status, err := os.ReadFile("/proc/" + strconv.Itoa(d.cmd.Process.Pid) + "/status")
+		status, err := os.ReadFile("/proc/" + strconv.Itoa(d.Cmd.Process.Pid) + "/status")
 		if err != nil || !strings.Contains(string(status), "CapEff:\t0000000000001000") || !strings.Contains(string(status), "Uid:\t65534") {
 			t.Errorf("the daemon does not run as nobody with CAP_NET_ADMIN alone:\n%s", status)
 		}

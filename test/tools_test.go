@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -217,54 +216,6 @@ func TestToolsDiff(t *testing.T) {
 	}
 }
 
-// projectedDir lays a directory out as the kubelet lays out a projected
-// volume of two ConfigMaps: each key a symlink through ..data to a
-// timestamped directory, swapped atomically on every update.
-type projectedDir struct {
-	t     *testing.T
-	dir   string
-	n     int
-	files map[string]string
-}
-
-func newProjectedDir(t *testing.T, files map[string]string) *projectedDir {
-	p := &projectedDir{t: t, dir: t.TempDir(), files: map[string]string{}}
-	p.update(files)
-	return p
-}
-
-func (p *projectedDir) update(files map[string]string) {
-	p.n++
-	ts := fmt.Sprintf("..2026_11_22_11_00_%02d.%09d", p.n, p.n)
-	if err := os.Mkdir(filepath.Join(p.dir, ts), 0o755); err != nil {
-		p.t.Fatal(err)
-	}
-	for k, v := range files {
-		p.files[k] = v
-	}
-	for k, v := range p.files {
-		if err := os.WriteFile(filepath.Join(p.dir, ts, k), []byte(v), 0o644); err != nil {
-			p.t.Fatal(err)
-		}
-		if _, err := os.Lstat(filepath.Join(p.dir, k)); err != nil {
-			if err := os.Symlink("..data/"+k, filepath.Join(p.dir, k)); err != nil {
-				p.t.Fatal(err)
-			}
-		}
-	}
-	old, _ := os.Readlink(filepath.Join(p.dir, "..data"))
-	tmp := filepath.Join(p.dir, "..data_tmp")
-	if err := os.Symlink(ts, tmp); err != nil {
-		p.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(p.dir, "..data")); err != nil {
-		p.t.Fatal(err)
-	}
-	if old != "" {
-		os.RemoveAll(filepath.Join(p.dir, old))
-	}
-}
-
 // TestToolsConfigDirectory: --config DIR merges a platform file and a
 // user file of a projected volume; when the user file goes bad, the
 // daemon names it, keeps its last good CIDRs in force and still applies
@@ -276,37 +227,37 @@ func TestToolsConfigDirectory(t *testing.T) {
 		"ip-masq-agent":            "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n",
 		"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [203.0.113.0/24]\n",
 	})
-	d := startDaemon(t, topo, "--config", cm.dir, "--http-address=127.0.0.1:0")
+	d := startDaemon(t, topo, "--config", cm.Dir, "--http-address=127.0.0.1:0")
 	eventually(t, "the merged config", sourcesAre(topo, map[string]bool{private1: false, internet1: false, internet2: true, internet3: true}))
-	if code, out, stderr := runTool(t, topo, "diff", "--config", cm.dir); code != 0 || out != "in sync\n" {
+	if code, out, stderr := runTool(t, topo, "diff", "--config", cm.Dir); code != 0 || out != "in sync\n" {
 		t.Errorf("diff --config DIR: exit %d %q %s", code, out, stderr)
 	}
-	if v := explainVerdicts(t, topo, "--config", cm.dir, internet1, internet2); v[internet1] != "not masqueraded" || v[internet2] != "masquerade" {
+	if v := explainVerdicts(t, topo, "--config", cm.Dir, internet1, internet2); v[internet1] != "not masqueraded" || v[internet2] != "masquerade" {
 		t.Errorf("explain --config DIR: %v", v)
 	}
 
 	// The user's file goes bad: named in the log, its CIDRs stay.
-	cm.update(map[string]string{"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [203.0.113.1/24]\n"})
-	bad := filepath.Join(cm.dir, "ip-masq-agent-reconciled")
+	cm.updateFiles(map[string]string{"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [203.0.113.1/24]\n"})
+	bad := filepath.Join(cm.Dir, "ip-masq-agent-reconciled")
 	eventually(t, "the bad file to be named in the log", func() bool { return strings.Contains(d.output(), bad+": nonMasqueradeCIDRs[0]") })
 	expectSources(t, topo, map[string]bool{private1: false, internet1: false, internet2: true})
 
 	// The platform's file changes meanwhile: applied, with the user's
 	// last good CIDRs.
-	cm.update(map[string]string{"ip-masq-agent": "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8, 198.51.100.0/24]\n"})
+	cm.updateFiles(map[string]string{"ip-masq-agent": "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8, 198.51.100.0/24]\n"})
 	eventually(t, "the platform's change", sourcesAre(topo, map[string]bool{internet2: false}))
 	expectSources(t, topo, map[string]bool{private1: false, internet1: false, internet2: false, internet3: true})
 
 	// Tools fail on the bad file (they have no last good content).
-	if code, _, stderr := runTool(t, topo, "render", "--config", cm.dir); code != 2 || !strings.Contains(stderr, bad) {
+	if code, _, stderr := runTool(t, topo, "render", "--config", cm.Dir); code != 2 || !strings.Contains(stderr, bad) {
 		t.Errorf("render with a bad file: exit %d %q", code, stderr)
 	}
-	if code, out, _ := runTool(t, topo, "validate", cm.dir); code != 1 || !strings.HasPrefix(out, bad+":1: nonMasqueradeCIDRs[0]") {
+	if code, out, _ := runTool(t, topo, "validate", cm.Dir); code != 1 || !strings.HasPrefix(out, bad+":1: nonMasqueradeCIDRs[0]") {
 		t.Errorf("validate DIR: exit %d %q", code, out)
 	}
 
 	// Fixed: the user's new CIDRs replace the old.
-	cm.update(map[string]string{"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [192.0.2.0/24]\n"})
+	cm.updateFiles(map[string]string{"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [192.0.2.0/24]\n"})
 	eventually(t, "the fixed file", sourcesAre(topo, map[string]bool{internet1: true, internet3: false}))
 	if n := strings.Count(d.output(), "level=ERROR"); n != 1 {
 		t.Errorf("%d error lines for one bad file, want 1:\n%s", n, d.output())

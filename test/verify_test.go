@@ -157,15 +157,7 @@ func TestTamperedShapesRepaired(t *testing.T) {
 			"insert rule inet ip-masq-agent IP-MASQ-AGENT ip daddr @extra jump extra\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			topo := newTopology(t)
-			addDestinations(t, topo, internet1, private1)
-			cm := newConfigMapDir(t, "resyncInterval: 1h\n")
-			d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--own-table=false")
-			eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
-			// The first apply reads its commit back: a tamper before that
-			// read would be put back by the apply itself, not by the watch.
-			waitStarted(t, d)
-			want := withoutCounters(listTable(t, topo))
+			topo, d, want := notOwnedDaemon(t, "resyncInterval: 1h\n")
 			if out, err := topo.NFT("-f", writeConfig(t, tc.tamper)); err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}

@@ -4,13 +4,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -168,25 +166,11 @@ func probeKernel() string {
 	if _, err := os.Stat("/proc/self/ns/net"); err != nil {
 		return fmt.Sprintf("no network namespace support: %v", err)
 	}
-	res := make(chan string, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			res <- fmt.Sprintf("cannot open the current network namespace: %v", err)
-			return
-		}
-		defer orig.Close()
-		reason := probeInFreshNS()
-		// Move back and unlock; if that fails stay locked, so that the
-		// thread is discarded (or wedged, if it is the main thread).
-		if err := netns.Set(orig); err == nil {
-			runtime.UnlockOSThread()
-		}
-		res <- reason
-	}()
-	return <-res
+	var reason string
+	if err := onThread(func() error { reason = probeInFreshNS(); return nil }); err != nil && reason == "" {
+		return fmt.Sprintf("cannot open the current network namespace: %v", err)
+	}
+	return reason
 }
 
 // probeInFreshNS moves the calling (locked) thread to a new network namespace

@@ -169,28 +169,7 @@ func (t *Topology) createNamespaces() error {
 		{t.NodeNS, [][2]string{{"net/ipv4/ip_forward", "1"}, {"net/ipv6/conf/all/forwarding", "1"}}},
 		{t.ExtNS, [][2]string{{"net/ipv4/ip_forward", "0"}, {"net/ipv6/conf/all/forwarding", "0"}}},
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		err = t.unshareNamed(specs)
-		// Move back and unlock. Should that fail, stay locked: the runtime
-		// then ends the thread with this goroutine (or, on the main thread,
-		// wedges it), so no other goroutine ever runs in our namespaces.
-		if serr := netns.Set(orig); serr == nil {
-			runtime.UnlockOSThread()
-		} else {
-			err = errors.Join(err, fmt.Errorf("setns back: %w", serr))
-		}
-		errc <- err
-	}()
-	return <-errc
+	return onThread(func() error { return t.unshareNamed(specs) })
 }
 
 type nsSpec struct {
@@ -453,6 +432,20 @@ func (t *Topology) owner(addr netip.Addr) (string, error) {
 // moves the thread back. If moving back fails the thread stays locked and is
 // terminated when the goroutine exits, so no other goroutine ever runs in h.
 func InNS(h netns.NsHandle, f func() error) error {
+	return onThread(func() error {
+		if err := netns.Set(h); err != nil {
+			return fmt.Errorf("setns: %w", err)
+		}
+		return f()
+	})
+}
+
+// onThread runs f on a new goroutine locked to its OS thread, and then
+// moves the thread back to the network namespace it started in, and
+// unlocks it. Should that fail, it stays locked: the runtime then ends
+// the thread with the goroutine, so no other goroutine ever runs in a
+// namespace f entered.
+func onThread(f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -463,19 +456,13 @@ func InNS(h netns.NsHandle, f func() error) error {
 			return
 		}
 		defer orig.Close()
-		if err := netns.Set(h); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		ferr := f()
-		if err := netns.Set(orig); err != nil {
-			// stay locked: the runtime discards this thread
-			errc <- errors.Join(ferr, fmt.Errorf("setns back: %w", err))
+		err = f()
+		if serr := netns.Set(orig); serr != nil {
+			errc <- errors.Join(err, fmt.Errorf("setns back: %w", serr))
 			return
 		}
 		runtime.UnlockOSThread()
-		errc <- ferr
+		errc <- err
 	}()
 	return <-errc
 }
