@@ -1,0 +1,209 @@
+package kernel
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/google/nftables/binaryutil"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// request sends one nftables request for family inet and returns the
+// answers (every part of a dump). It reads the answers itself, with a
+// 64 KiB buffer: the kernel sizes each part of a dump by the largest read
+// the socket has seen (up to 32 KiB), and a set's dump restarts its walk of
+// the set for every part, so small reads (mdlayher/netlink peeks with one
+// page) make reading 100,000 elements several times slower in the kernel.
+func request(conn *netlink.Conn, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	return requestFamily(conn, unix.NFPROTO_INET, typ, dump, attrs...)
+}
+
+// requestFamily is request for a table family other than inet (iptables-nft's
+// ip and ip6 tables, see iptables.go).
+func requestFamily(conn *netlink.Conn, family uint8, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	return requestKeep(conn, family, typ, dump, nil, attrs...)
+}
+
+// requestKeep is requestFamily that keeps only the answers keep accepts
+// (its argument: the payload after nfgenmsg), before copying them: the
+// chain dump holds every chain of the family, the agent's or not.
+func requestKeep(conn *netlink.Conn, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	msgs, _, err := requestIntr(conn, family, typ, dump, keep, attrs...)
+	return msgs, err
+}
+
+// errDumpInterrupted: a dump that walks other tables' objects too was
+// interrupted by a commit (NLM_F_DUMP_INTR).
+var errDumpInterrupted = fmt.Errorf("%w: a dump was interrupted by a commit", nft.ErrStale)
+
+// requestWhole is requestKeep for a dump the kernel resumes by an index
+// over every table of the family (chains, objects, flowtables): a
+// neighbour's commit between two parts shifts that index, and one of our
+// objects would be skipped or listed twice. The kernel flags such a dump
+// (NLM_F_DUMP_INTR); it is taken again, a few times, then stale.
+func requestWhole(conn *netlink.Conn, typ int, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+	for try := 1; ; try++ {
+		msgs, intr, err := requestIntr(conn, unix.NFPROTO_INET, typ, true, keep, attrs...)
+		if err != nil || !intr {
+			return msgs, err
+		}
+		if try == 10 {
+			return nil, errDumpInterrupted
+		}
+	}
+}
+
+// requestIntr is requestKeep that also says whether the kernel flagged
+// the dump as interrupted by a commit.
+func requestIntr(conn *netlink.Conn, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, bool, error) {
+	data, err := netlink.MarshalAttributes(attrs)
+	if err != nil {
+		return nil, false, err
+	}
+	flags := netlink.Request
+	if dump {
+		flags |= netlink.Dump
+	}
+	req, err := conn.Send(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
+		Data:   append(nfgenmsg(family, 0), data...),
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(replyTimeout)); err != nil {
+		return nil, false, err
+	}
+	defer conn.SetReadDeadline(time.Time{})
+	buf := make([]byte, 64<<10)
+	var out []netlink.Message
+	intr := false
+	for {
+		msgs, err := receive(conn, buf)
+		if err != nil {
+			return nil, false, err
+		}
+		for _, m := range msgs {
+			if m.Header.Seq != req.Header.Sequence {
+				continue // an answer to an earlier request that timed out
+			}
+			intr = intr || m.Header.Flags&unix.NLM_F_DUMP_INTR != 0
+			switch m.Header.Type {
+			case unix.NLMSG_DONE:
+				return out, intr, nil
+			case unix.NLMSG_ERROR:
+				if len(m.Data) >= 4 {
+					if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
+						return nil, false, syscall.Errno(-code)
+					}
+				}
+				return out, intr, nil
+			}
+			if len(m.Data) >= 4 && (keep == nil || keep(m.Data[4:])) {
+				out = append(out, netlink.Message{
+					Header: netlink.Header{Type: netlink.HeaderType(m.Header.Type), Flags: netlink.HeaderFlags(m.Header.Flags),
+						Sequence: m.Header.Seq, PID: m.Header.Pid},
+					Data: slices.Clone(m.Data),
+				})
+			}
+			if !dump {
+				return out, intr, nil
+			}
+		}
+	}
+}
+
+func attr(typ uint16, data []byte) netlink.Attribute { return netlink.Attribute{Type: typ, Data: data} }
+
+// decode walks the attributes of a message's payload (after nfgenmsg).
+func decode(data []byte, f func(ad *netlink.AttributeDecoder)) error {
+	ad, err := netlink.NewAttributeDecoder(data[4:])
+	if err != nil {
+		return err
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		f(ad)
+	}
+	return ad.Err()
+}
+
+// dataValue reads NFTA_DATA_VALUE from an nft_data attribute as an address.
+func dataValue(b []byte) (a netip.Addr) {
+	walkAttrs(b, func(typ uint16, v []byte) bool {
+		if typ == unix.NFTA_DATA_VALUE {
+			a, _ = netip.AddrFromSlice(v)
+		}
+		return true
+	})
+	return a
+}
+
+// walkAttrs calls f with the type (flags cleared) and payload of each
+// netlink attribute in b, until f returns false; it returns false when f
+// did or when b is malformed. It allocates nothing.
+func walkAttrs(b []byte, f func(typ uint16, payload []byte) bool) bool {
+	return walkAttrsFlags(b, func(typ uint16, _ bool, payload []byte) bool { return f(typ, payload) })
+}
+
+// walkAttrsFlags is walkAttrs that also says whether an attribute is
+// flagged as nested.
+func walkAttrsFlags(b []byte, f func(typ uint16, nested bool, payload []byte) bool) bool {
+	for len(b) >= 4 {
+		n := int(binary.NativeEndian.Uint16(b))
+		if n < 4 || n > len(b) {
+			return false
+		}
+		typ := binary.NativeEndian.Uint16(b[2:])
+		if !f(typ&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), typ&unix.NLA_F_NESTED != 0, b[4:n]) {
+			return false
+		}
+		b = b[min((n+3)&^3, len(b)):]
+	}
+	return len(b) == 0
+}
+
+// generation returns the kernel's nftables generation id.
+func generation(conn *netlink.Conn) (uint32, error) {
+	// Through requestFamily's receive, which takes only the kernel's
+	// datagrams (mdlayher/netlink's Execute takes any process's).
+	msgs, err := requestFamily(conn, unix.AF_UNSPEC, unix.NFT_MSG_GETGEN, false)
+	if err != nil {
+		return 0, err
+	}
+	for _, m := range msgs {
+		if id, ok := genID(m.Data); ok {
+			return id, nil
+		}
+	}
+	return 0, errors.New("no generation id in the kernel's answer")
+}
+
+// genID reads NFTA_GEN_ID from a NEWGEN message's payload.
+func genID(data []byte) (uint32, bool) {
+	if len(data) < 4 {
+		return 0, false
+	}
+	id, ok := uint32(0), false
+	_ = decode(data, func(ad *netlink.AttributeDecoder) {
+		if ad.Type() == unix.NFTA_GEN_ID {
+			id, ok = ad.Uint32(), true
+		}
+	})
+	return id, ok
+}
+
+func cstring(s string) []byte { return append([]byte(s), 0) }
+
+// nfgenmsg is the header of every nftables message: family, version, resource id.
+func nfgenmsg(family uint8, resID uint16) []byte {
+	return append([]byte{family, unix.NFNETLINK_V0}, binaryutil.BigEndian.PutUint16(resID)...)
+}
