@@ -27,7 +27,7 @@ func request(conn *netlink.Conn, typ int, dump bool, attrs ...netlink.Attribute)
 }
 
 // requestFamily is request for a table family other than inet (iptables-nft's
-// ip and ip6 tables, see iptables.go).
+// ip and ip6 tables, read for original/).
 func requestFamily(conn *netlink.Conn, family uint8, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
 	return requestKeep(conn, family, typ, dump, nil, attrs...)
 }
