@@ -157,9 +157,10 @@ push-multiarch: image-multiarch
 	$(if $(filter docker,$(notdir $(CONTAINER_TOOL))),@echo "docker: add IMAGE_BUILD_FLAGS=--push to make image-multiarch" >&2; exit 1,\
 	  $(CONTAINER_TOOL) manifest push --all $(IMAGE):$(TAG) docker://$(IMAGE):$(TAG))
 
-## manifests: bin/manifests/install.yaml and uninstall.yaml for IMAGE:TAG
-## (deploy/ and deploy/uninstall/ rendered, for kubectl apply -f; without
-## IMAGE and TAG given, the image that deploy/image/ pins)
+## manifests: bin/manifests/install.yaml, uninstall.yaml and rollback.yaml
+## for IMAGE:TAG (deploy/, deploy/uninstall/ and deploy/rollback/ rendered,
+## for kubectl apply -f; without IMAGE and TAG given, the image that
+## deploy/image/ pins)
 manifests:
 	$(GO) run ./hack/manifests -repo . -out bin/manifests $(if $(filter command line,$(origin IMAGE) $(origin TAG)),-image $(IMAGE):$(TAG))
 
@@ -181,8 +182,9 @@ clean:
 ## e2e-cluster: the agent as a DaemonSet on a real one-node Kubernetes (root)
 ## (v1.36, built from the Go module proxy and cached in e2e/.cache, about 15
 ## minutes the first time), with containerd and the bridge CNI in namespaces
-## the run creates, proved with real packets from a pod (see README.md,
-## "End-to-end on a real node"); installs what is missing (deps-e2e)
+## the run creates, proved with real packets from a pod (see
+## docs/development.md, "End-to-end on a real node"); installs what is
+## missing (deps-e2e)
 .PHONY: e2e-cluster
 e2e-cluster: deps-e2e
 	cd e2e && GOWORK=off CGO_ENABLED=0 $(GO) build -o .cache/e2e-cluster ./cluster

@@ -499,7 +499,7 @@ func TestManifestsImagePinned(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the release workflow: %v", err)
 	}
-	for _, want := range []string{"make image-multiarch", "make manifests", "deploy/image/kustomization.yaml", "bin/manifests/install.yaml"} {
+	for _, want := range []string{"make image-multiarch", "make manifests", "deploy/image/kustomization.yaml", "bin/manifests/install.yaml", "bin/manifests/uninstall.yaml", "bin/manifests/rollback.yaml"} {
 		if !strings.Contains(string(wf), want) {
 			t.Errorf(".github/workflows/release.yml does not mention %q", want)
 		}
@@ -529,8 +529,8 @@ func renderedImages(t *testing.T, what string, data []byte) map[string]string {
 	return images
 }
 
-// TestManifestsImageFollowsOverlay renders deploy/, deploy/uninstall/ and
-// the documented private-registry overlay as kubectl apply -k does: every
+// TestManifestsImageFollowsOverlay renders deploy/, deploy/uninstall/,
+// deploy/rollback/ and the documented private-registry overlays as kubectl apply -k does: every
 // container that runs the agent has the pinned image, and an overlay that
 // sets another registry and tag (as README "Install" says) reaches each of
 // them; make manifests renders the same.
@@ -583,7 +583,7 @@ func TestManifestsImageFollowsOverlay(t *testing.T) {
 	}
 	// make e2e-cluster's overlays (its local image, matched by the name
 	// deploy/image/ sets) reach every container too.
-	for _, dir := range []string{"e2e/overlay", "e2e/uninstall"} {
+	for _, dir := range []string{"e2e/overlay", "e2e/uninstall", "e2e/rollback"} {
 		data, err := kustomize.Render(filepath.Join("..", dir))
 		if err != nil {
 			t.Fatalf("kubectl kustomize %s: %v", dir, err)
@@ -594,13 +594,14 @@ func TestManifestsImageFollowsOverlay(t *testing.T) {
 			}
 		}
 	}
-	// The documented private-registry overlay: install and uninstall alike.
+	// The documented private-registry overlay: install, uninstall and
+	// rollback alike.
 	var ex imageComponent
 	if err := decodeStrictFile(t, "../examples/private-registry/image/kustomization.yaml", &ex); err != nil {
 		t.Fatal(err)
 	}
 	want := ex.Images[0].NewName + ":" + ex.Images[0].NewTag
-	for _, dir := range []string{"examples/private-registry", "examples/private-registry/uninstall"} {
+	for _, dir := range []string{"examples/private-registry", "examples/private-registry/uninstall", "examples/private-registry/rollback"} {
 		data, err := kustomize.Render(filepath.Join("..", dir))
 		if err != nil {
 			t.Fatalf("kubectl kustomize %s: %v", dir, err)

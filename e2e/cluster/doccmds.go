@@ -20,8 +20,9 @@ import (
 // that `make image` built, as `make build` would), so a doc edit that
 // breaks a command fails the run. Only what cannot be the same here is
 // rewritten, each time said in the check's line (docRewrites: no registry,
-// so the local image and the e2e overlays of deploy/; make runs in the
-// repository; NODE= names the run's node). Every command of those blocks
+// so the local image, and the e2e overlays of deploy/uninstall/ and
+// deploy/rollback/ for their pause image; make runs in the repository;
+// NODE= names the run's node). Every command of those blocks
 // is either run, or listed in docNotRun with the reason; a command in
 // neither fails the run, and so does an entry of docNotRun that no longer
 // matches a command. A command printed twice (README and docs/upgrade.md)
@@ -69,10 +70,14 @@ var docRewrites = []docRewrite{
 	// No registry: the image that make image built, imported into containerd.
 	{regexp.MustCompile(`registry\.example\.com/ip-masq-agent-nft`), func(*docShell) string { return agentImage }},
 	{regexp.MustCompile(`\bTAG=v0\.1\.0\b`), func(*docShell) string { return "TAG=" + agentTag }},
-	// deploy/ and its uninstall and rollback with that image (imagePullPolicy Never).
-	{regexp.MustCompile(`-k deploy/rollback/`), func(d *docShell) string { return "-k " + shellQuote(filepath.Join(d.s.e2eDir, "rollback")) }},
-	{regexp.MustCompile(`-k deploy/uninstall/`), func(d *docShell) string { return "-k " + shellQuote(filepath.Join(d.s.e2eDir, "uninstall")) }},
-	{regexp.MustCompile(`-k deploy/$`), func(d *docShell) string { return "-k " + shellQuote(filepath.Join(d.s.e2eDir, "overlay")) }},
+	// bin/manifests/install.yaml runs as printed: make manifests wrote it
+	// for the local image, which containerd holds (IfNotPresent). Its
+	// uninstall and rollback manifests name registry.k8s.io/pause too,
+	// which cannot be pulled here: the e2e overlays of deploy/uninstall/ and
+	// deploy/rollback/ instead, the same agent image and the local pause
+	// image (imagePullPolicy Never).
+	{regexp.MustCompile(`-f bin/manifests/rollback\.yaml$`), func(d *docShell) string { return "-k " + shellQuote(filepath.Join(d.s.e2eDir, "rollback")) }},
+	{regexp.MustCompile(`-f bin/manifests/uninstall\.yaml$`), func(d *docShell) string { return "-k " + shellQuote(filepath.Join(d.s.e2eDir, "uninstall")) }},
 }
 
 // rewrite returns the command as the run executes it.
@@ -323,6 +328,17 @@ func noneOrSome(r docResult) bool {
 	return r.err == nil && !kubectlError(r.stderr) && (r.code == 0 || r.code == 1 && strings.TrimSpace(r.stdout+r.stderr) == "")
 }
 
+// noCannotRun: the runbook's `logs $POD --previous | grep 'cannot run'`
+// on a node whose kernel runs the agent: no previous container (kubectl's
+// one error line says so, and grep finds nothing: exit 1), or one whose
+// log has no such line (exit 1, nothing printed); never a line that says
+// "cannot run", and no other error.
+func noCannotRun(r docResult) bool {
+	e := strings.TrimSpace(r.stderr)
+	return r.err == nil && r.code == 1 && strings.TrimSpace(r.stdout) == "" &&
+		(e == "" || strings.Contains(e, "previous terminated container") && !strings.Contains(e, "\n"))
+}
+
 // runChecked runs a command and records one assertion.
 func (d *docShell) runChecked(c docCommand, check docCheck, what string) docResult {
 	if check == nil {
@@ -429,6 +445,7 @@ func (s *suite) docCommandsOnNode() error {
 		{"docs/runbook.md", "Egress broke", "ip-masq-agent diff", tool("in sync"), "how far a change has spread", nil},
 		{"docs/runbook.md", "Pod NotReady", "level=(WARN|ERROR)", noneOrSome, "warnings, if any", nil},
 		{"docs/runbook.md", "Pod NotReady", "ip-masq-agent list", exit0("table inet ip-masq-agent"), "the kernel's table", nil},
+		{"docs/runbook.md", "Pod restarting", "cannot run", noCannotRun, "this kernel runs the agent: no such line", nil},
 		{"docs/runbook.md", "Rival writer", "owns table", noneOrSome, "no rival here", nil},
 		{"docs/runbook.md", "Rival writer", "get daemonsets -A", exit0("ip-masq-agent-nft"), "the DaemonSets", nil},
 		{"docs/runbook.md", "Rival writer", "get pods -A", exit0("ip-masq-agent-nft-"), "the pods on the node", nil},

@@ -8,7 +8,7 @@
 // destinations. Nothing touches the machine's own network namespace, its
 // rules or its global sysctls; everything started is stopped and everything
 // created is removed, also when a step fails or the run is interrupted.
-// Needs root. See README.md, "End-to-end on a real node".
+// Needs root. See docs/development.md, "End-to-end on a real node".
 package main
 
 import (
@@ -570,46 +570,40 @@ func (s *suite) agentPods() ([]string, error) {
 	return pods, nil
 }
 
-// install installs this agent. The first time as the README's Upgrade,
-// step 2, says (kubectl apply -k deploy/, here e2e/overlay: deploy/ with
-// the local image and imagePullPolicy: Never); with readmeInstall as its
-// Install says (make manifests for the image, kubectl apply -f
-// bin/manifests/install.yaml: the image, present in containerd, is not
-// pulled with the default imagePullPolicy IfNotPresent).
+// install installs this agent with the manifest that README "Install"
+// makes (make manifests for the image, here the local one; the image,
+// present in containerd, is not pulled with the default imagePullPolicy
+// IfNotPresent). The first time as the README's Upgrade, step 2, says
+// (kubectl apply -f bin/manifests/install.yaml, rollout status, after
+// Install's make manifests); with readmeInstall as its Install says.
 func (s *suite) install(readmeInstall bool) error {
 	t := time.Now()
-	var rollout docCommand
+	section, apply := "Install", exit0()
 	if readmeInstall {
 		s.logf("install: as README \"Install\" says (make manifests, kubectl apply -f bin/manifests/install.yaml, rollout status), with the local image")
-		for _, words := range []string{"make manifests", "apply -f bin/manifests/install.yaml"} {
-			c, err := s.docs.find("README.md", "Install", words)
-			if err != nil {
-				return err
-			}
-			if r := s.docs.runChecked(c, exit0(), "README Install"); r.err != nil || r.code != 0 {
-				return errors.New("the README's install failed")
-			}
-		}
-		c, err := s.docs.find("README.md", "Install", "rollout status daemonset/ip-masq-agent-nft")
-		if err != nil {
-			return err
-		}
-		rollout = c
 	} else {
-		s.logf("step 2 = install: as the README's Upgrade says (kubectl apply -k deploy/, rollout status; no node label), with e2e/overlay (deploy/ with the local image)")
-		c, err := s.docs.find("README.md", "Upgrade", "apply -k deploy/")
-		if err != nil {
-			return err
-		}
-		if r := s.docs.runChecked(c, exit0("daemonset.apps/ip-masq-agent-nft"), "README Upgrade, step 2"); r.err != nil || r.code != 0 {
-			return errors.New("kubectl apply -k failed")
-		}
-		if rollout, err = s.docs.find("README.md", "Upgrade", "rollout status daemonset/ip-masq-agent-nft"); err != nil {
-			return err
-		}
+		s.logf("step 2 = install: as the README's Upgrade says (make manifests as in Install, kubectl apply -f bin/manifests/install.yaml, rollout status; no node label), with the local image")
+		section, apply = "Upgrade", exit0("daemonset.apps/ip-masq-agent-nft")
+	}
+	c, err := s.docs.find("README.md", "Install", "make manifests")
+	if err != nil {
+		return err
+	}
+	if r := s.docs.runChecked(c, exit0("bin/manifests/install.yaml"), "README Install: the manifests for the image"); r.err != nil || r.code != 0 {
+		return errors.New("the README's make manifests failed")
+	}
+	if c, err = s.docs.find("README.md", section, "apply -f bin/manifests/install.yaml"); err != nil {
+		return err
+	}
+	if r := s.docs.runChecked(c, apply, "README "+section); r.err != nil || r.code != 0 {
+		return errors.New("the README's kubectl apply failed")
+	}
+	rollout, err := s.docs.find("README.md", section, "rollout status daemonset/ip-masq-agent-nft")
+	if err != nil {
+		return err
 	}
 	var ready string
-	err := waitFor(s.ctx, "the agent pod Ready", 120*time.Second, 100*time.Millisecond, func() (bool, string, error) {
+	err = waitFor(s.ctx, "the agent pod Ready", 120*time.Second, 100*time.Millisecond, func() (bool, string, error) {
 		pods, err := s.agentPods()
 		if err != nil {
 			return false, "", err
@@ -623,16 +617,12 @@ func (s *suite) install(readmeInstall bool) error {
 	if !s.assert(err == nil, "the agent pod becomes Ready (its readiness probe passes): %s", oneLine(ready, err)) {
 		return errors.New("the agent pod did not become Ready")
 	}
-	s.timing("install: agent pod Ready", time.Since(t), map[bool]string{false: "after kubectl apply -k", true: "after make manifests, kubectl apply -f"}[readmeInstall])
+	s.timing("install: agent pod Ready", time.Since(t), "after make manifests, kubectl apply -f")
 	if r := s.docs.runChecked(rollout, exit0("successfully rolled out"), "the agent rolled out"); r.code != 0 || r.err != nil {
 		return errors.New("rollout status failed")
 	}
 	s.timing("install: rollout status done", time.Since(t), "(minReadySeconds: 5)")
-	policy := "Never"
-	if readmeInstall {
-		policy = "IfNotPresent"
-	}
-	return s.checkAgentProcess(policy)
+	return s.checkAgentProcess("IfNotPresent")
 }
 
 // checkAgentProcess finds the agent's process in the node namespace and
@@ -934,7 +924,7 @@ func (s *suite) rollingUpdate() error {
 }
 
 func (s *suite) uninstall() error {
-	s.logf("uninstall, as the README says: delete the DaemonSet, apply -k deploy/uninstall/, rollout status, delete -k, delete the ConfigMap")
+	s.logf("uninstall, as the README says: delete the DaemonSet, apply -f bin/manifests/uninstall.yaml, rollout status, delete -f, delete the ConfigMap")
 	c, err := s.docs.find("README.md", "Uninstall", "delete daemonset ip-masq-agent-nft")
 	if err != nil {
 		return err
@@ -961,7 +951,7 @@ func (s *suite) uninstall() error {
 	s.assert(h != "" && jump, "before the uninstall the node also holds the original's chain %s (rules %s) and its jump: %v", originalChain, h, jump)
 
 	t := time.Now()
-	if c, err = s.docs.find("README.md", "Uninstall", "apply -k deploy/uninstall/"); err != nil {
+	if c, err = s.docs.find("README.md", "Uninstall", "apply -f bin/manifests/uninstall.yaml"); err != nil {
 		return err
 	}
 	s.docs.runChecked(c, exit0("daemonset.apps/ip-masq-agent-nft-uninstall"), "README Uninstall (e2e/uninstall: the local images)")
@@ -976,7 +966,7 @@ func (s *suite) uninstall() error {
 	s.assert(h == "" && !jump, "the documented uninstall removes the original's chain %s and its jump (chain rules %q, jump %v)", originalChain, h, jump)
 	logs, _ := s.kubectlAll(30*time.Second, "-n", "kube-system", "logs", "ds/ip-masq-agent-nft-uninstall", "--all-containers", "--prefix")
 	s.logf("  the uninstall pod's log: %s", clip(oneLine(logs, nil), 600))
-	if c, err = s.docs.find("README.md", "Uninstall", "delete -k deploy/uninstall/"); err != nil {
+	if c, err = s.docs.find("README.md", "Uninstall", "delete -f bin/manifests/uninstall.yaml"); err != nil {
 		return err
 	}
 	s.docs.runChecked(c, exit0("deleted"), "README Uninstall")

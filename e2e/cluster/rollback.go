@@ -55,7 +55,7 @@ func (s *suite) nodeLabels() string {
 
 // rollback follows docs/upgrade.md "Roll back to the original agent".
 func (s *suite) rollback() error {
-	s.logf("roll back to the original agent, as docs/upgrade.md says: apply the saved manifest, rollout status, delete this agent's DaemonSet, apply -k deploy/rollback/, rollout status, delete -k")
+	s.logf("roll back to the original agent, as docs/upgrade.md says: apply the saved manifest, rollout status, delete this agent's DaemonSet, apply -f bin/manifests/rollback.yaml, rollout status, delete -f")
 	// Under the changed config (nonMasqueradeCIDRs: [203.0.113.0/24]), which
 	// both agents read.
 	want := map[string]string{internetDst: s.podIP, partnerDst: nodeIP, privateDst: nodeIP}
@@ -125,12 +125,12 @@ func (s *suite) rollback() error {
 	})
 	s.assert(err == nil, "roll back: this agent's pod and process are gone (%s after the delete): %v", since(tDel), err)
 
-	step(3, "deploy/rollback/ (e2e/rollback: the local images)")
+	step(3, "bin/manifests/rollback.yaml (e2e/rollback: the local images)")
 	step(4, "this agent's table gone from every node")
 	logs, _ := s.kubectlAll(30*time.Second, "-n", "kube-system", "logs", "ds/ip-masq-agent-nft-rollback", "--all-containers", "--prefix")
 	s.logf("  the rollback pod's log: %s", clip(oneLine(logs, nil), 400))
-	step(5, "deploy/rollback/ deleted")
-	s.timing("roll back: whole sequence", time.Since(t0), "apply the saved manifest .. delete -k deploy/rollback/")
+	step(5, "bin/manifests/rollback.yaml deleted")
+	s.timing("roll back: whole sequence", time.Since(t0), "apply the saved manifest .. delete -f bin/manifests/rollback.yaml")
 
 	// The node holds the original's rules only.
 	_, err = s.nodeNft("list", "table", "inet", "ip-masq-agent")

@@ -329,7 +329,7 @@ func (s *suite) upgrade() error {
 		return err
 	}
 
-	// Step 2: kubectl apply -k deploy/ (with the local image), rollout status.
+	// Step 2: make manifests (the local image), kubectl apply -f bin/manifests/install.yaml, rollout status.
 	tInstall := time.Now()
 	if err := s.install(false); err != nil {
 		return err

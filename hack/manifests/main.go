@@ -1,7 +1,8 @@
-// Command manifests renders the install and uninstall manifests for one
-// image (make manifests): OUT/install.yaml is deploy/ and
-// OUT/uninstall.yaml is deploy/uninstall/, each with the agent's image set
-// to -image, as plain YAML for kubectl apply -f (a release attaches them).
+// Command manifests renders the install, uninstall and rollback manifests
+// for one image (make manifests): OUT/install.yaml is deploy/,
+// OUT/uninstall.yaml is deploy/uninstall/ and OUT/rollback.yaml is
+// deploy/rollback/, each with the agent's image set to -image, as plain
+// YAML for kubectl apply -f (a release attaches them).
 package main
 
 import (
@@ -16,7 +17,7 @@ import (
 func main() {
 	repo := flag.String("repo", ".", "the repository's root")
 	image := flag.String("image", "", "the agent's image, NAME:TAG (default: deploy/image/'s)")
-	out := flag.String("out", "bin/manifests", "where to write install.yaml and uninstall.yaml")
+	out := flag.String("out", "bin/manifests", "where to write install.yaml, uninstall.yaml and rollback.yaml")
 	flag.Parse()
 	if err := run(*repo, *image, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "manifests:", err)
@@ -31,6 +32,7 @@ func run(repo, image, out string) error {
 	for _, m := range []struct{ file, base string }{
 		{"install.yaml", "deploy"},
 		{"uninstall.yaml", "deploy/uninstall"},
+		{"rollback.yaml", "deploy/rollback"},
 	} {
 		var data []byte
 		var err error
