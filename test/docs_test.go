@@ -273,3 +273,54 @@ func TestDocsPerNodeCommands(t *testing.T) {
 		}
 	}
 }
+
+// commentPath: a repository path named in a comment, at the start of a
+// word (not inside ../other-repo/deploy), under one of the top
+// directories.
+var commentPath = regexp.MustCompile("(?:^|[\\s(`\"'])((?:deploy|examples|docs|hack|e2e|cmd|test|internal|config|nft|bench)/[A-Za-z0-9_./-]*)")
+
+// TestDocsCommentPaths: every repository path that a comment of the
+// manifests, the examples, the e2e overlays, the workflows or the
+// Makefile names exists (a moved directory leaves no stale pointer).
+func TestDocsCommentPaths(t *testing.T) {
+	var files []string
+	for _, dir := range []string{"../deploy", "../examples", "../e2e/overlay", "../e2e/uninstall", "../e2e/rollback", "../.github"} {
+		err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && (strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml")) {
+				files = append(files, path)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	files = append(files, "../Makefile")
+	checked := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(data), "\n") {
+			_, comment, ok := strings.Cut(line, "#")
+			if !ok {
+				continue
+			}
+			for _, m := range commentPath.FindAllStringSubmatch(comment, -1) {
+				p := strings.TrimRight(m[1], ".,:;")
+				if strings.ContainsAny(p, "*<") || strings.Contains(p, "/.cache") {
+					continue // a pattern; a cache the build makes
+				}
+				checked++
+				if _, err := os.Stat(filepath.Join("..", p)); err != nil {
+					t.Errorf("%s:%d: a comment names %s, which does not exist", strings.TrimPrefix(f, "../"), i+1, p)
+				}
+			}
+		}
+	}
+	if checked == 0 {
+		t.Error("no path found in the comments: the pattern is broken")
+	}
+	t.Logf("%d paths named in the comments of %d files", checked, len(files))
+}
