@@ -264,7 +264,12 @@ const replyTimeout = 30 * time.Second
 // sendAll writes messages to the kernel in one datagram, marshalled into
 // one buffer of the size they need (mdlayher/netlink's SendMessages grows
 // its buffer message by message).
-func sendAll(conn *netlink.Conn, msgs []netlink.Message, size int) error {
+func sendAll(conn transport, msgs []netlink.Message, size int) error {
+	return datagramsOf(conn).writeDatagram(marshalDatagram(msgs, size))
+}
+
+// marshalDatagram puts messages, whose headers are set, one after another.
+func marshalDatagram(msgs []netlink.Message, size int) []byte {
 	buf := make([]byte, 0, size)
 	for _, m := range msgs {
 		n := unix.NLMSG_HDRLEN + len(m.Data)
@@ -278,18 +283,7 @@ func sendAll(conn *netlink.Conn, msgs []netlink.Message, size int) error {
 			buf = append(buf, 0)
 		}
 	}
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := raw.Write(func(fd uintptr) bool {
-		serr = unix.Sendto(int(fd), buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
-		return serr != unix.EAGAIN
-	}); err != nil {
-		return err
-	}
-	return serr
+	return buf
 }
 
 // send sends the batch as one transaction on conn and waits for the
@@ -298,9 +292,9 @@ func sendAll(conn *netlink.Conn, msgs []netlink.Message, size int) error {
 // ack; errors are reported whatever the flags, so one ack means the whole
 // batch committed. failed is the index of the first refused message (-1:
 // none, or the batch as a whole).
-func (b *batch) send(conn *netlink.Conn, gen uint32) (failed int, err error) {
+func (b *batch) send(conn transport, gen uint32) (failed int, err error) {
 	size := b.size() + 4096
-	if err := setBuffer(conn, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, size); err != nil {
+	if err := datagramsOf(conn).growSendBuffer(size); err != nil {
 		return -1, fmt.Errorf("set socket send buffer to %d bytes: %w", size, err)
 	}
 	seq := rand.Uint32()>>1 + 1
@@ -336,7 +330,7 @@ func (b *batch) send(conn *netlink.Conn, gen uint32) (failed int, err error) {
 
 // wait reads the kernel's replies until the ack or error of the last
 // message, or an error on the batch itself, and names the failed messages.
-func (b *batch) wait(conn *netlink.Conn, begin, last uint32) (int, error) {
+func (b *batch) wait(conn transport, begin, last uint32) (int, error) {
 	if err := conn.SetReadDeadline(time.Now().Add(replyTimeout)); err != nil {
 		return -1, err
 	}
@@ -384,68 +378,4 @@ func firstOf(errs []error) error {
 		return errs[0]
 	}
 	return fmt.Errorf("%w (and %d more messages of the transaction refused)", errs[0], len(errs)-1)
-}
-
-// receive reads one datagram and splits it into netlink messages. It reads
-// the socket itself because netlink.Conn.Receive turns an error message
-// into an error without its sequence number, which says what failed.
-func receive(conn *netlink.Conn, buf []byte) ([]syscall.NetlinkMessage, error) {
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var n int
-	var rerr error
-	if err := raw.Read(func(fd uintptr) bool {
-		for {
-			var from unix.Sockaddr
-			n, from, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
-			if rerr == nil && !fromKernel(from) {
-				continue // another process's datagram to our port: not an answer
-			}
-			return rerr != unix.EAGAIN
-		}
-	}); err != nil {
-		return nil, err
-	}
-	if rerr != nil {
-		return nil, rerr
-	}
-	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-	if err != nil {
-		return nil, fmt.Errorf("parse: %w", err)
-	}
-	return msgs, nil
-}
-
-// fromKernel reports whether a datagram came from the kernel (port id 0):
-// any root process can send to a netlink socket's port or to the
-// nftables group, and what it sends is neither an answer nor a
-// notification.
-func fromKernel(from unix.Sockaddr) bool {
-	sa, ok := from.(*unix.SockaddrNetlink)
-	return ok && sa.Pid == 0
-}
-
-// setBuffer sets a socket buffer size, past the system's limit (net.core.
-// wmem_max / rmem_max) when the process has CAP_NET_ADMIN, which it needs
-// for nftables anyway.
-func setBuffer(conn *netlink.Conn, force, plain, size int) error {
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	err = raw.Control(func(fd uintptr) {
-		if cur, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, plain); err == nil && cur >= size {
-			return
-		}
-		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, force, size); serr != nil {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, plain, size)
-		}
-	})
-	if err != nil {
-		return err
-	}
-	return serr
 }

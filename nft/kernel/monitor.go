@@ -220,7 +220,7 @@ func (m *monitor) close() {
 // for and then refuses (it would delete a table whose name is longer than
 // any table's may be), so it changes nothing and notifies no one. Every
 // kernel from 4.19 on takes the lock before it looks at the messages.
-func fence(conn *netlink.Conn) error {
+func fence(conn transport) error {
 	b := &batch{msgs: []netlink.Message{{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_DELTABLE), Flags: netlink.Request},
 		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), attrBytes(unix.NFTA_TABLE_NAME, cstring(fenceName))...),

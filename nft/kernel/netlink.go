@@ -1,8 +1,12 @@
 // Package kernel is the only code on the netfilter socket: it sends the
-// plans of package nft as netlink transactions, reads table inet
-// ip-masq-agent back (read.go; requests in request.go), watches nftables
-// notifications (monitor.go, watch.go), reads counters, probes what the
-// kernel can do, and lends its sockets to original/ (session.go).
+// plans of package nft as netlink transactions (batch.go), reads table
+// inet ip-masq-agent back (read.go, on the requests and answers of
+// request.go), watches nftables notifications (monitor.go, watch.go),
+// reads counters, probes what the kernel can do, and lends its sockets
+// to original/ (session.go). The read path, the batch send and the fence
+// go through a small transport (request.go), which is *netlink.Conn or,
+// in tests without root, a replay of a kernel's recorded datagrams
+// (testdata/wire-replay.hex) that checks every request byte for byte.
 package kernel
 
 import (

@@ -172,7 +172,7 @@ func sameRead(t, last *nft.Table) bool {
 
 // readTable reads table inet ip-masq-agent, all of it: nil if there is none.
 // ours is the port id whose ownership makes it OwnedByUs.
-func readTable(conn *netlink.Conn, ours uint32) (*nft.Table, error) {
+func readTable(conn transport, ours uint32) (*nft.Table, error) {
 	head, err := readHead(conn, ours)
 	if err != nil || head == nil {
 		return head, err
@@ -181,7 +181,7 @@ func readTable(conn *netlink.Conn, ours uint32) (*nft.Table, error) {
 }
 
 // readContents reads the sets, chains and objects of the table head.
-func readContents(conn *netlink.Conn, head *nft.Table) (*nft.Table, error) {
+func readContents(conn transport, head *nft.Table) (*nft.Table, error) {
 	t := &nft.Table{Owner: head.Owner, Dormant: head.Dormant, Persist: head.Persist, Use: head.Use}
 	if err := readSets(conn, t); err != nil {
 		return nil, err
@@ -204,7 +204,7 @@ func readContents(conn *netlink.Conn, head *nft.Table) (*nft.Table, error) {
 }
 
 // readHead reads the table's flags and owner: nil if there is no table.
-func readHead(conn *netlink.Conn, ours uint32) (*nft.Table, error) {
+func readHead(conn transport, ours uint32) (*nft.Table, error) {
 	msgs, err := request(conn, unix.NFT_MSG_GETTABLE, false, attr(unix.NFTA_TABLE_NAME, cstring(nft.TableName)))
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -245,7 +245,7 @@ func readHead(conn *netlink.Conn, ours uint32) (*nft.Table, error) {
 	return t, nil
 }
 
-func readSets(conn *netlink.Conn, t *nft.Table) error {
+func readSets(conn transport, t *nft.Table) error {
 	msgs, err := request(conn, unix.NFT_MSG_GETSET, true, attr(unix.NFTA_SET_TABLE, cstring(nft.TableName)))
 	if err != nil {
 		return fmt.Errorf("list sets: %w", err)
@@ -321,7 +321,7 @@ func readSets(conn *netlink.Conn, t *nft.Table) error {
 
 // readElements reads a set's elements as ranges, and what is odd about
 // them (timeouts, expressions, comments: never the agent's).
-func readElements(conn *netlink.Conn, s *nft.Set) ([]string, error) {
+func readElements(conn transport, s *nft.Set) ([]string, error) {
 	msgs, err := request(conn, unix.NFT_MSG_GETSETELEM, true,
 		attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstring(nft.TableName)), attr(unix.NFTA_SET_ELEM_LIST_SET, cstring(s.Name)))
 	if err != nil {
@@ -391,7 +391,7 @@ func decodeElements(msgs []netlink.Message, s *nft.Set) ([]string, error) {
 	return append(odd, shape...), nil
 }
 
-func readChains(conn *netlink.Conn, t *nft.Table) error {
+func readChains(conn transport, t *nft.Table) error {
 	// The chain dump cannot be filtered by table: every inet chain comes,
 	// and only the agent's are kept.
 	msgs, err := requestWhole(conn, unix.NFT_MSG_GETCHAIN, func(b []byte) bool {
@@ -490,7 +490,7 @@ func hookName(n uint32) string {
 // messages itself: google/nftables v0.3.0 fails a whole GetRules on a
 // byteorder expression (which --to-ports rules hold), and drops
 // expressions it does not know.
-func readRules(conn *netlink.Conn) (map[string][]nft.Rule, error) {
+func readRules(conn transport) (map[string][]nft.Rule, error) {
 	msgs, err := request(conn, unix.NFT_MSG_GETRULE, true, attr(unix.NFTA_RULE_TABLE, cstring(nft.TableName)))
 	if err != nil {
 		return nil, err
@@ -514,7 +514,7 @@ func decodeRules(msgs []netlink.Message) (map[string][]nft.Rule, error) {
 	return out, nil
 }
 
-func readObjects(conn *netlink.Conn, t *nft.Table) error {
+func readObjects(conn transport, t *nft.Table) error {
 	msgs, err := requestWhole(conn, unix.NFT_MSG_GETOBJ, nil, attr(unix.NFTA_OBJ_TABLE, cstring(nft.TableName)))
 	if err != nil {
 		return fmt.Errorf("list objects: %w", err)
@@ -811,4 +811,19 @@ func decodeExprFamily(fam byte, name string, data []byte) (expr.Any, error) {
 		}
 	}
 	return e, nil
+}
+
+// joinUnique lists the distinct strings of ss, sorted.
+func joinUnique(ss []string) string {
+	ss = slices.Clone(ss)
+	slices.Sort(ss)
+	ss = slices.Compact(ss)
+	out := ""
+	for i, s := range ss {
+		if i > 0 {
+			out += ", "
+		}
+		out += s
+	}
+	return out
 }

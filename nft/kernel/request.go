@@ -16,26 +16,48 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
+// transport is the netfilter socket as the read path, the batch send and
+// the fence use it (knftables' execer seam): *netlink.Conn, or in tests a
+// replay of a kernel's recorded datagrams (replay_test.go). Send numbers
+// and sends one request; receive, sendAll and batch.send read, write and
+// size datagrams through datagramsOf: on the socket itself (rawSocket),
+// or through the transport when it implements datagrams (the replay).
+type transport interface {
+	Send(m netlink.Message) (netlink.Message, error)
+	SetReadDeadline(t time.Time) error
+	syscall.Conn
+}
+
+// datagrams is what receive, sendAll and batch.send do on a socket.
+type datagrams interface {
+	// readDatagram reads one datagram from the kernel into buf.
+	readDatagram(buf []byte) (int, error)
+	// writeDatagram writes one datagram to the kernel.
+	writeDatagram(b []byte) error
+	// growSendBuffer makes the send buffer at least size bytes.
+	growSendBuffer(size int) error
+}
+
 // request sends one nftables request for family inet and returns the
 // answers (every part of a dump). It reads the answers itself, with a
 // 64 KiB buffer: the kernel sizes each part of a dump by the largest read
 // the socket has seen (up to 32 KiB), and a set's dump restarts its walk of
 // the set for every part, so small reads (mdlayher/netlink peeks with one
 // page) make reading 100,000 elements several times slower in the kernel.
-func request(conn *netlink.Conn, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+func request(conn transport, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
 	return requestFamily(conn, unix.NFPROTO_INET, typ, dump, attrs...)
 }
 
 // requestFamily is request for a table family other than inet (iptables-nft's
 // ip and ip6 tables, read for original/).
-func requestFamily(conn *netlink.Conn, family uint8, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+func requestFamily(conn transport, family uint8, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
 	return requestKeep(conn, family, typ, dump, nil, attrs...)
 }
 
 // requestKeep is requestFamily that keeps only the answers keep accepts
 // (its argument: the payload after nfgenmsg), before copying them: the
 // chain dump holds every chain of the family, the agent's or not.
-func requestKeep(conn *netlink.Conn, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+func requestKeep(conn transport, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
 	msgs, _, err := requestIntr(conn, family, typ, dump, keep, attrs...)
 	return msgs, err
 }
@@ -49,7 +71,7 @@ var errDumpInterrupted = fmt.Errorf("%w: a dump was interrupted by a commit", nf
 // neighbour's commit between two parts shifts that index, and one of our
 // objects would be skipped or listed twice. The kernel flags such a dump
 // (NLM_F_DUMP_INTR); it is taken again, a few times, then stale.
-func requestWhole(conn *netlink.Conn, typ int, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+func requestWhole(conn transport, typ int, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
 	for try := 1; ; try++ {
 		msgs, intr, err := requestIntr(conn, unix.NFPROTO_INET, typ, true, keep, attrs...)
 		if err != nil || !intr {
@@ -63,7 +85,7 @@ func requestWhole(conn *netlink.Conn, typ int, keep func([]byte) bool, attrs ...
 
 // requestIntr is requestKeep that also says whether the kernel flagged
 // the dump as interrupted by a commit.
-func requestIntr(conn *netlink.Conn, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, bool, error) {
+func requestIntr(conn transport, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, bool, error) {
 	data, err := netlink.MarshalAttributes(attrs)
 	if err != nil {
 		return nil, false, err
@@ -121,6 +143,107 @@ func requestIntr(conn *netlink.Conn, family uint8, typ int, dump bool, keep func
 	}
 }
 
+// receive reads one datagram from the kernel and splits it into netlink
+// messages.
+func receive(conn transport, buf []byte) ([]syscall.NetlinkMessage, error) {
+	n, err := datagramsOf(conn).readDatagram(buf)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+	if err != nil {
+		return nil, fmt.Errorf("parse: %w", err)
+	}
+	return msgs, nil
+}
+
+// datagramsOf is conn's datagrams: its own, or its socket's.
+func datagramsOf(conn transport) datagrams {
+	if d, ok := conn.(datagrams); ok {
+		return d
+	}
+	return rawSocket{conn}
+}
+
+// rawSocket reads and writes the socket's datagrams itself:
+// netlink.Conn.Receive turns an error message into an error without its
+// sequence number, which says what failed, and takes any process's
+// datagrams.
+type rawSocket struct{ conn syscall.Conn }
+
+func (s rawSocket) readDatagram(buf []byte) (int, error) {
+	raw, err := s.conn.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var rerr error
+	if err := raw.Read(func(fd uintptr) bool {
+		for {
+			var from unix.Sockaddr
+			n, from, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			if rerr == nil && !fromKernel(from) {
+				continue // another process's datagram to our port: not an answer
+			}
+			return rerr != unix.EAGAIN
+		}
+	}); err != nil {
+		return 0, err
+	}
+	return n, rerr
+}
+
+func (s rawSocket) writeDatagram(b []byte) error {
+	raw, err := s.conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		return serr != unix.EAGAIN
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+func (s rawSocket) growSendBuffer(size int) error {
+	return setBuffer(s.conn, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, size)
+}
+
+// fromKernel reports whether a datagram came from the kernel (port id 0):
+// any root process can send to a netlink socket's port or to the
+// nftables group, and what it sends is neither an answer nor a
+// notification.
+func fromKernel(from unix.Sockaddr) bool {
+	sa, ok := from.(*unix.SockaddrNetlink)
+	return ok && sa.Pid == 0
+}
+
+// setBuffer sets a socket buffer size, past the system's limit (net.core.
+// wmem_max / rmem_max) when the process has CAP_NET_ADMIN, which it needs
+// for nftables anyway.
+func setBuffer(conn syscall.Conn, force, plain, size int) error {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		if cur, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, plain); err == nil && cur >= size {
+			return
+		}
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, force, size); serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, plain, size)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
 func attr(typ uint16, data []byte) netlink.Attribute { return netlink.Attribute{Type: typ, Data: data} }
 
 // decode walks the attributes of a message's payload (after nfgenmsg).
@@ -172,7 +295,7 @@ func walkAttrsFlags(b []byte, f func(typ uint16, nested bool, payload []byte) bo
 }
 
 // generation returns the kernel's nftables generation id.
-func generation(conn *netlink.Conn) (uint32, error) {
+func generation(conn transport) (uint32, error) {
 	// Through requestFamily's receive, which takes only the kernel's
 	// datagrams (mdlayher/netlink's Execute takes any process's).
 	msgs, err := requestFamily(conn, unix.AF_UNSPEC, unix.NFT_MSG_GETGEN, false)

@@ -3,7 +3,6 @@ package kernel
 import (
 	"bytes"
 	"context"
-	"slices"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
@@ -69,18 +68,4 @@ var messageNames = map[int]string{
 	unix.NFT_MSG_NEWSETELEM: "add elements", unix.NFT_MSG_DELSETELEM: "delete elements",
 	unix.NFT_MSG_NEWOBJ: "add object", unix.NFT_MSG_DELOBJ: "delete object",
 	unix.NFT_MSG_NEWFLOWTABLE: "add flowtable", unix.NFT_MSG_DELFLOWTABLE: "delete flowtable",
-}
-
-func joinUnique(ss []string) string {
-	ss = slices.Clone(ss)
-	slices.Sort(ss)
-	ss = slices.Compact(ss)
-	out := ""
-	for i, s := range ss {
-		if i > 0 {
-			out += ", "
-		}
-		out += s
-	}
-	return out
 }

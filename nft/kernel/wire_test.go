@@ -35,6 +35,38 @@ func wireTable(t *testing.T) nft.Table {
 		ToPorts: []nft.PortRange{{First: 1024, Last: 65535}}})
 }
 
+// createBatch is the transaction that creates wireTable, its set ids 0
+// (clearSetIDs).
+func createBatch(t *testing.T) *batch {
+	t.Helper()
+	p, err := nft.PlanFor(nil, wireTable(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := encode(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clearSetIDs(b.msgs)
+	return b
+}
+
+// clearSetIDs writes the transaction-local ids of new sets as 0: they come
+// from a counter of google/nftables that every test in the process moves.
+// No message of the agent's refers to a set by id.
+func clearSetIDs(msgs []netlink.Message) {
+	for _, m := range msgs {
+		if m.Header.Type == netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWSET) {
+			walkAttrs(m.Data[4:], func(typ uint16, v []byte) bool {
+				if typ == unix.NFTA_SET_ID {
+					clear(v)
+				}
+				return true
+			})
+		}
+	}
+}
+
 // writeHex writes messages as sections of "type flags data" lines.
 func writeHex(sections map[string][]netlink.Message, order []string) []byte {
 	var b bytes.Buffer
@@ -49,21 +81,8 @@ func writeHex(sections map[string][]netlink.Message, order []string) []byte {
 
 func readHex(t *testing.T, path string) map[string][]netlink.Message {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatalf("%v (record it: go test ./nft/kernel -run Wire -record, as root)", err)
-	}
-	defer f.Close()
 	out := map[string][]netlink.Message{}
-	section := ""
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if name, ok := strings.CutPrefix(line, "# "); ok {
-			section = name
-			continue
-		}
+	scanHex(t, path, func(section, line string) {
 		var typ, flags uint16
 		var data string
 		if _, err := fmt.Sscanf(line, "%04x %04x %s", &typ, &flags, &data); err != nil {
@@ -74,38 +93,41 @@ func readHex(t *testing.T, path string) map[string][]netlink.Message {
 			t.Fatal(err)
 		}
 		out[section] = append(out[section], netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(typ), Flags: netlink.HeaderFlags(flags)}, Data: d})
-	}
+	})
 	return out
+}
+
+// scanHex calls f with every line of a testdata/wire-*.hex file but its
+// "# section" lines, and the section the line is in.
+func scanHex(t *testing.T, path string, f func(section, line string)) {
+	t.Helper()
+	file, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("%v (record it: go test ./nft/kernel -run Wire -record, as root)", err)
+	}
+	defer file.Close()
+	section := ""
+	sc := bufio.NewScanner(file)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if name, ok := strings.CutPrefix(line, "# "); ok {
+			section = name
+			continue
+		}
+		f(section, line)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestWireSend: the transaction that creates the table is, byte for
 // byte, the recorded one (a change to the encoding shows as a diff here,
 // to be recorded again on purpose).
 func TestWireSend(t *testing.T) {
-	p, err := nft.PlanFor(nil, wireTable(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := encode(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A set's transaction-local id comes from a counter of google/nftables
-	// that every test in the process moves: it is written as 0.
-	var msgs []netlink.Message
-	for _, m := range b.msgs {
-		m.Data = bytes.Clone(m.Data)
-		if m.Header.Type == netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWSET) {
-			walkAttrs(m.Data[4:], func(typ uint16, v []byte) bool {
-				if typ == unix.NFTA_SET_ID {
-					clear(v)
-				}
-				return true
-			})
-		}
-		msgs = append(msgs, m)
-	}
-	got := writeHex(map[string][]netlink.Message{"create": msgs}, []string{"create"})
+	b := createBatch(t)
+	got := writeHex(map[string][]netlink.Message{"create": b.msgs}, []string{"create"})
 	const path = "testdata/wire-send.hex"
 	if *record {
 		if err := os.WriteFile(path, got, 0o644); err != nil {
