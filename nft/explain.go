@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
@@ -160,11 +159,11 @@ func reason(r result, base string, local bool) (reason, rule string) {
 	}
 	d := r.steps[n-1]
 	switch {
-	case d.verdict == verdictMasquerade && n > 1 && r.steps[n-2].verdict != "" && strings.HasSuffix(r.steps[n-2].verdict, " "+d.chain):
+	case d.verdict == verdictMasquerade && n > 1 && r.steps[n-2].target == d.chain:
 		d = r.steps[n-2] // the rule that sent it to the masquerade chain
-	case r.outcome == outReturn && d.verdict != "return":
+	case r.outcome == outReturn && d.target != "":
 		// fell off the end of the chain the last step jumped to
-		return fmt.Sprintf("no rule of chain %s matched (after chain %s rule %d)", d.verdict[strings.Index(d.verdict, " ")+1:], d.chain, d.index), d.text
+		return fmt.Sprintf("no rule of chain %s matched (after chain %s rule %d)", d.target, d.chain, d.index), d.text
 	}
 	where := fmt.Sprintf("chain %s rule %d", d.chain, d.index)
 	if d.set != "" {
