@@ -51,9 +51,9 @@ func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
 		e.Reason = "IPv6 is not handled without --enable-ipv6"
 		return e
 	}
-	outbound := "masqOutBound"
+	outbound := config.KeyOutBound
 	if addr.Is6() {
-		outbound = "masqOutBoundIPv6"
+		outbound = config.KeyOutBound6
 	}
 	var d *step // the decision chain's rule that decided
 	for i := range ev.steps {
@@ -69,9 +69,9 @@ func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
 	matched, _ := d.element.Prefix() // Build makes one range per prefix
 	switch {
 	case d.set != "" && e.Masquerade:
-		e.Reason = source("masqueradeCIDRs", cfg.MasqueradeCIDRs, matched, false)
+		e.Reason = source(config.KeyMasq, cfg.MasqueradeCIDRs, matched, false)
 	case d.set != "":
-		e.Reason = source("nonMasqueradeCIDRs", cfg.NonMasqueradeCIDRs, matched, isDefaultList(cfg.NonMasqueradeCIDRs))
+		e.Reason = source(config.KeyNonMasq, cfg.NonMasqueradeCIDRs, matched, isDefaultList(cfg.NonMasqueradeCIDRs))
 	default:
 		e.Reason = outbound + ": true (no other rule matched)"
 	}
@@ -93,9 +93,9 @@ func source(key string, list []netip.Prefix, p netip.Prefix, defaults bool) stri
 	}
 	switch p {
 	case config.LinkLocalIPv4:
-		return fmt.Sprintf("link-local %s (masqLinkLocal: false)", p)
+		return fmt.Sprintf("link-local %s (%s: false)", p, config.KeyLinkLocal)
 	case config.LinkLocalIPv6:
-		return fmt.Sprintf("link-local %s (masqLinkLocalIPv6: false)", p)
+		return fmt.Sprintf("link-local %s (%s: false)", p, config.KeyLinkLocal6)
 	}
 	return fmt.Sprintf("%s %s", key, p)
 }
