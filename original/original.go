@@ -134,14 +134,6 @@ func (f Family) Table() string {
 	return "ip nat"
 }
 
-// Tool is the iptables command of the family.
-func (f Family) Tool() string {
-	if f.Family == 6 {
-		return "ip6tables"
-	}
-	return "iptables"
-}
-
 // MetricFamily is "ipv4" or "ipv6".
 func (f Family) MetricFamily() string {
 	if f.Family == 6 {
@@ -209,17 +201,6 @@ type Rules struct {
 func (o Rules) Present() bool {
 	for _, f := range o.Families {
 		if f.Present() {
-			return true
-		}
-	}
-	return false
-}
-
-// FamilyPresent reports whether the family (4 or 6) holds any of the
-// original's chains or jumps.
-func (o Rules) FamilyPresent(family nft.Family) bool {
-	for _, f := range o.Families {
-		if f.Family == family && f.Present() {
 			return true
 		}
 	}
