@@ -165,15 +165,15 @@ func shadowed(c Config, present map[string]bool) []shadow {
 			}
 		}
 	}
-	if present[keyNonMasq] && present[keyMasq] {
+	if present[KeyNonMasq] && present[KeyMasq] {
 		m := index(c.MasqueradeCIDRs)
 		for i, p := range c.NonMasqueradeCIDRs {
 			if !p.IsValid() {
 				continue
 			}
 			if e, ok := container(m, p, len(c.MasqueradeCIDRs)); ok {
-				out = append(out, shadow{keyNonMasq, i, fmt.Sprintf("%q is inside %s[%d] %q, which wins, so it has no effect",
-					p.String(), keyMasq, e.index, e.p.String())})
+				out = append(out, shadow{KeyNonMasq, i, fmt.Sprintf("%q is inside %s[%d] %q, which wins, so it has no effect",
+					p.String(), KeyMasq, e.index, e.p.String())})
 			}
 		}
 	}

@@ -571,7 +571,7 @@ func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 			if key, ok := d.written[name]; ok {
 				d.errorAt(key, -1, "%d CIDRs exceed cidrLimit %d", n, c.CIDRLimit)
 			} else if n > 0 { // not written: its defaults exceed the limit
-				d.add(finding{key: name, index: -1, at: d.written[keyLimit],
+				d.add(finding{key: name, index: -1, at: d.written[KeyLimit],
 					msg: fmt.Sprintf("%d CIDRs (the defaults) exceed cidrLimit %d", n, c.CIDRLimit)})
 			}
 		}

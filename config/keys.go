@@ -9,16 +9,17 @@ import (
 	"time"
 )
 
-// The keys of the file, as the original agent and CCE spell them.
+// The keys of the file, as the original agent and CCE spell them; other
+// packages name them in their messages with these (nft's explain).
 const (
-	keyNonMasq    = "nonMasqueradeCIDRs"
-	keyMasq       = "masqueradeCIDRs"
-	keyLimit      = "cidrLimit"
-	keyLinkLocal  = "masqLinkLocal"
-	keyLinkLocal6 = "masqLinkLocalIPv6"
-	keyOutBound   = "masqOutBound"
-	keyOutBound6  = "masqOutBoundIPv6"
-	keyResync     = "resyncInterval"
+	KeyNonMasq    = "nonMasqueradeCIDRs"
+	KeyMasq       = "masqueradeCIDRs"
+	KeyLimit      = "cidrLimit"
+	KeyLinkLocal  = "masqLinkLocal"
+	KeyLinkLocal6 = "masqLinkLocalIPv6"
+	KeyOutBound   = "masqOutBound"
+	KeyOutBound6  = "masqOutBoundIPv6"
+	KeyResync     = "resyncInterval"
 )
 
 // keys is every key of the file, one entry each, in the order String
@@ -27,21 +28,21 @@ const (
 // of Config, an entry here, and its use. TestKeyTable fails when a field
 // has no entry or an entry misses a column.
 var keys = []key{
-	&keyOf[[]netip.Prefix]{name: keyNonMasq, original: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeCIDRs },
+	&keyOf[[]netip.Prefix]{name: KeyNonMasq, original: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeCIDRs },
 		def: defaultNonMasq, decode: (*decoder).cidrList, null: nullNonMasq, merge: union},
-	&keyOf[[]netip.Prefix]{name: keyMasq, original: false, field: func(c *Config) *[]netip.Prefix { return &c.MasqueradeCIDRs },
+	&keyOf[[]netip.Prefix]{name: KeyMasq, original: false, field: func(c *Config) *[]netip.Prefix { return &c.MasqueradeCIDRs },
 		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
-	&keyOf[int]{name: keyLimit, original: true, field: func(c *Config) *int { return &c.CIDRLimit },
+	&keyOf[int]{name: KeyLimit, original: true, field: func(c *Config) *int { return &c.CIDRLimit },
 		def: always(defaultCIDRLimit), decode: (*decoder).limit, null: keep[int], merge: largestLimit},
-	&keyOf[bool]{name: keyLinkLocal, original: true, field: func(c *Config) *bool { return &c.MasqLinkLocal },
+	&keyOf[bool]{name: KeyLinkLocal, original: true, field: func(c *Config) *bool { return &c.MasqLinkLocal },
 		def: zero[bool], decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
-	&keyOf[bool]{name: keyLinkLocal6, original: true, field: func(c *Config) *bool { return &c.MasqLinkLocalIPv6 },
+	&keyOf[bool]{name: KeyLinkLocal6, original: true, field: func(c *Config) *bool { return &c.MasqLinkLocalIPv6 },
 		def: zero[bool], decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
-	&keyOf[bool]{name: keyOutBound, original: false, field: func(c *Config) *bool { return &c.MasqOutBound },
+	&keyOf[bool]{name: KeyOutBound, original: false, field: func(c *Config) *bool { return &c.MasqOutBound },
 		def: always(true), decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
-	&keyOf[bool]{name: keyOutBound6, original: false, field: func(c *Config) *bool { return &c.MasqOutBoundIPv6 },
+	&keyOf[bool]{name: KeyOutBound6, original: false, field: func(c *Config) *bool { return &c.MasqOutBoundIPv6 },
 		def: always(true), decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
-	&keyOf[time.Duration]{name: keyResync, original: true, field: func(c *Config) *time.Duration { return &c.ResyncInterval },
+	&keyOf[time.Duration]{name: KeyResync, original: true, field: func(c *Config) *time.Duration { return &c.ResyncInterval },
 		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration, merge: smallest},
 }
 

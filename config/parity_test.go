@@ -259,7 +259,7 @@ func hasMappedCIDR(list []string) bool {
 	return false
 }
 
-var extensionKeys = []string{keyMasq, keyOutBound, keyOutBound6}
+var extensionKeys = []string{KeyMasq, KeyOutBound, KeyOutBound6}
 
 // hasExtensionKey reports whether the original's JSON has a key that
 // matches an extension key as encoding/json matches keys.
@@ -401,21 +401,21 @@ func generatedCases(n int) []parityCase {
 	limits := []string{"0", "1", "2", "3", "4", "64", "-1", "64.0", "1e2", "0x10", "null", "\"5\"", "2.5", "100000000000"}
 	intervals := []string{"60s", "0s", "0", "-5s", "500ms", "1s", "1m", "2h", "60", "\"60s\"", "null", "1.5s", "bogus", "1h2m3s", "\"0\""}
 	keys := map[string][]string{
-		keyNonMasq:    {"nonMasqueradeCIDRs", "nonmasqueradecidrs", "NonMasqueradeCIDRs", "nonMasqueradeCidrs"},
-		keyMasq:       {"masqueradeCIDRs", "MasqueradeCIDRs"},
-		keyLimit:      {"cidrLimit", "CidrLimit", "cidrlimit", "CIDRLIMIT"},
-		keyLinkLocal:  {"masqLinkLocal", "MasqLinkLocal", "masqlinklocal"},
-		keyLinkLocal6: {"masqLinkLocalIPv6", "masqLinkLocalIpv6"},
-		keyOutBound:   {"masqOutBound", "masqOutbound"},
-		keyOutBound6:  {"masqOutBoundIPv6"},
-		keyResync:     {"resyncInterval", "ResyncInterval", "resyncinterval"},
+		KeyNonMasq:    {"nonMasqueradeCIDRs", "nonmasqueradecidrs", "NonMasqueradeCIDRs", "nonMasqueradeCidrs"},
+		KeyMasq:       {"masqueradeCIDRs", "MasqueradeCIDRs"},
+		KeyLimit:      {"cidrLimit", "CidrLimit", "cidrlimit", "CIDRLIMIT"},
+		KeyLinkLocal:  {"masqLinkLocal", "MasqLinkLocal", "masqlinklocal"},
+		KeyLinkLocal6: {"masqLinkLocalIPv6", "masqLinkLocalIpv6"},
+		KeyOutBound:   {"masqOutBound", "masqOutbound"},
+		KeyOutBound6:  {"masqOutBoundIPv6"},
+		KeyResync:     {"resyncInterval", "ResyncInterval", "resyncinterval"},
 		"unknown":     {"foo", "nonMasqueradeCIDR", "masqLinkLocl", "resync"},
 	}
-	names := []string{keyNonMasq, keyNonMasq, keyNonMasq, keyMasq, keyLimit, keyLimit, keyLinkLocal, keyLinkLocal6,
-		keyOutBound, keyOutBound6, keyResync, keyResync, "unknown"}
+	names := []string{KeyNonMasq, KeyNonMasq, KeyNonMasq, KeyMasq, KeyLimit, KeyLimit, KeyLinkLocal, KeyLinkLocal6,
+		KeyOutBound, KeyOutBound6, KeyResync, KeyResync, "unknown"}
 	value := func(name string) (yamlVal, jsonVal string) {
 		switch name {
-		case keyNonMasq, keyMasq:
+		case KeyNonMasq, KeyMasq:
 			if r.IntN(8) == 0 {
 				v := pick([]string{"null", "[]", "10.0.0.0/8", "{}"})
 				return v, map[string]string{"null": "null", "[]": "[]", "10.0.0.0/8": `"10.0.0.0/8"`, "{}": "{}"}[v]
@@ -434,10 +434,10 @@ func generatedCases(n int) []parityCase {
 				}
 			}
 			return "[" + strings.Join(ys, ", ") + "]", "[" + strings.Join(js, ", ") + "]"
-		case keyLimit:
+		case KeyLimit:
 			v := pick(limits)
 			return v, jsonOf(v)
-		case keyResync:
+		case KeyResync:
 			v := pick(intervals)
 			if !strings.HasPrefix(v, "\"") && r.IntN(2) == 0 && v != "null" {
 				return fmt.Sprintf("%q", v), fmt.Sprintf("%q", v)

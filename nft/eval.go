@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
@@ -18,9 +17,10 @@ import (
 // One evaluator of what rules do with a new connection from a pod to one
 // destination, as the kernel evaluates them, expression by expression:
 // Decide is it without reasons (the conntrack cleanup), Explain and
-// ExplainTable are it with reasons (explain.go), and MatchExprs and
-// RuleVerdict offer it for one rule of any table (the original agent's
-// iptables-nft rules, package original).
+// ExplainTable are it with reasons (explain.go), EvalChain offers it for
+// one chain of any table, and MatchExprs, RuleVerdict, RuleTarget and
+// RulePasses for one rule (the original agent's iptables-nft rules,
+// package original).
 
 // evaluation is what a table does with a new connection to one address.
 type evaluation struct {
@@ -156,8 +156,59 @@ func MatchExprs(exprs []expr.Any, addr netip.Addr, local bool) Match {
 // "goto CHAIN", "-j TARGET" (an xtables target of iptables-nft's other
 // than MASQUERADE), or "" for a rule without one.
 func RuleVerdict(exprs []expr.Any) string {
-	v, _ := verdictOf(exprs)
+	v, _, _ := verdictOf(exprs)
 	return v
+}
+
+// RuleTarget is the chain a rule of any table jumps or goes to ("" for
+// the other verdicts).
+func RuleTarget(exprs []expr.Any) string {
+	_, _, chain := verdictOf(exprs)
+	return chain
+}
+
+// RulePasses reports whether a rule of any table, when it matches, ends
+// its chain without translating the address: its verdict is accept or
+// return.
+func RulePasses(exprs []expr.Any) bool {
+	_, v, _ := verdictOf(exprs)
+	return v != nil && (v.kind == expr.VerdictAccept || v.kind == expr.VerdictReturn)
+}
+
+// ChainVerdict is what the rules of one chain do with a new connection
+// (EvalChain).
+type ChainVerdict struct {
+	Masquerade bool // rule Rule masquerades it
+	// Passes: the connection leaves the chain without a translation, by
+	// rule Rule's return, or, with Rule 0, through the chain's end.
+	Passes bool
+	// Undetermined: the outcome depends on more than the destination, or
+	// is not known here (a jump out of the chain); Rule is the rule that
+	// made it so, Why says how.
+	Undetermined bool
+	// Otherwise rule Rule ends the chain with Verdict (accept, drop).
+	Verdict string
+	Rule    int // 1-based; 0: none
+	Why     string
+}
+
+// EvalChain evaluates the rules of one chain of any table (FoundRule of
+// the original agent's iptables-nft rules, say) on a new connection from
+// a pod to addr (local: one of the node's own addresses) with the
+// evaluator of Decide and ExplainTable. The chain is taken on its own:
+// its set lookups are unknown, and so is where a jump or goto leads.
+func EvalChain(name string, rules []Rule, addr netip.Addr, local bool) ChainVerdict {
+	res := (&evaluator{addr: addr.Unmap(), local: local}).chain(&Chain{Name: name, Rules: rules}, 0, nil)
+	out := ChainVerdict{
+		Masquerade:   res.outcome == outMasquerade,
+		Passes:       res.outcome == outReturn,
+		Undetermined: res.outcome == outUndetermined,
+		Why:          res.why,
+	}
+	if n := len(res.steps); n > 0 {
+		out.Verdict, out.Rule = res.steps[n-1].verdict, res.steps[n-1].index
+	}
+	return out
 }
 
 // natPostrouting returns the base chains hooked at nat postrouting, in
@@ -197,6 +248,7 @@ type step struct {
 	set     string         // the set a lookup matched in, if any
 	element netipx.IPRange // the element it matched
 	verdict string
+	target  string // the chain a jump or goto leads to
 }
 
 type evaluator struct {
@@ -214,7 +266,8 @@ type evaluator struct {
 const maxDepth = 16 // nft refuses deeper jumps too
 
 // chain walks c's rules as the kernel does; path holds the steps that led
-// to c.
+// to c. Without a table (EvalChain) c is taken on its own: where a jump
+// or goto leads is not known.
 func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
 	if depth > maxDepth {
 		return result{outcome: outUndetermined, steps: path, why: fmt.Sprintf("jumps nest deeper than %d", maxDepth)}
@@ -224,9 +277,9 @@ func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
 		r := &c.Rules[i]
 		exprs := r.expressions()
 		m, s := ev.matchExprs(exprs)
-		var target string
+		var v *nftVerdict
 		s.chain, s.index = c.Name, i+1
-		s.verdict, target = verdictOf(exprs)
+		s.verdict, v, s.target = verdictOf(exprs)
 		if !ev.quiet {
 			s.text = RenderRule(*r)
 		}
@@ -245,33 +298,35 @@ func (ev *evaluator) chain(c *Chain, depth int, path []step) result {
 			steps = append(slices.Clone(path), s)
 		}
 		var res result
-		switch s.verdict {
-		case verdictMasquerade:
+		switch {
+		case s.verdict == verdictMasquerade:
 			res = result{outcome: outMasquerade, steps: steps}
-		case "accept":
-			res = result{outcome: outAccept, steps: steps}
-		case "drop":
-			res = result{outcome: outDrop, steps: steps}
-		case "return":
-			res = result{outcome: outReturn, steps: steps}
-		default: // jump or goto
-			if !strings.HasPrefix(s.verdict, "jump ") && !strings.HasPrefix(s.verdict, "goto ") { // -j TARGET
-				return result{outcome: outUndetermined, steps: steps,
-					why: fmt.Sprintf("rule %d of chain %s: %s", s.index, c.Name, s.verdict)}
-			}
-			next := ev.t.Chain(target)
+		case v == nil || (v.chain && ev.t == nil): // -j TARGET, or a jump out of a chain on its own
+			return result{outcome: outUndetermined, steps: steps,
+				why: fmt.Sprintf("rule %d of chain %s: %s", s.index, c.Name, s.verdict)}
+		case v.chain: // jump or goto
+			next := ev.t.Chain(s.target)
 			if next == nil {
 				return result{outcome: outUndetermined, steps: steps, why: "a jump to a missing chain"}
 			}
 			res = ev.chain(next, depth+1, steps)
-			if res.outcome == outReturn && strings.HasPrefix(s.verdict, "jump") {
+			if res.outcome == outReturn && v.kind == expr.VerdictJump {
 				path = res.steps // back from the jump: go on with the next rule
 				continue
 			}
+		default: // return, accept, drop
+			res = result{outcome: verdictOutcome[v.kind], steps: steps}
 		}
 		return settle(res, maybeMasq)
 	}
 	return settle(result{outcome: outReturn, steps: path}, maybeMasq)
+}
+
+// verdictOutcome is what the verdicts that end a chain decide.
+var verdictOutcome = map[expr.VerdictKind]outcome{
+	expr.VerdictReturn: outReturn,
+	expr.VerdictAccept: outAccept,
+	expr.VerdictDrop:   outDrop,
 }
 
 // settle turns an outcome other than masquerade into undetermined when a
@@ -284,9 +339,6 @@ func settle(r result, maybeMasq []step) result {
 	return result{outcome: outUndetermined, steps: append(r.steps, s),
 		why: fmt.Sprintf("rule %d of chain %s masquerades some packets to this destination", s.index, s.chain)}
 }
-
-// match is matchExprs of a rule's expressions.
-func (ev *evaluator) match(r Rule) (Match, step) { return ev.matchExprs(r.expressions()) }
 
 // matchExprs evaluates a rule's expressions up to its verdict on a packet
 // to ev.addr. The step it returns records the set element a lookup matched.
@@ -443,28 +495,29 @@ func destRegister(e expr.Any) (uint32, bool) {
 	return 0, false
 }
 
-// verdictOf is RuleVerdict, and the chain the rule jumps or goes to.
-func verdictOf(exprs []expr.Any) (verdict, chain string) {
+// verdictOf is RuleVerdict, its entry of verdicts (nil for masquerade,
+// an xtables target and none), and the chain the rule jumps or goes to.
+func verdictOf(exprs []expr.Any) (verdict string, v *nftVerdict, chain string) {
 	for _, e := range exprs {
 		switch e := e.(type) {
 		case *expr.Masq, *expr.NAT:
-			return verdictMasquerade, ""
+			return verdictMasquerade, nil, ""
 		case *expr.Verdict:
 			if v := verdictByKind(e.Kind); v != nil {
-				return v.text(e.Chain), cond(v.chain, e.Chain)
+				return v.text(e.Chain), v, cond(v.chain, e.Chain)
 			}
 		case *expr.Target:
 			if e.Name == "MASQUERADE" {
-				return verdictMasquerade, ""
+				return verdictMasquerade, nil, ""
 			}
-			return "-j " + e.Name, ""
+			return "-j " + e.Name, nil, ""
 		}
 	}
-	return "", ""
+	return "", nil, ""
 }
 
 // target is the chain a rule jumps or goes to.
 func (r Rule) target() string {
-	_, chain := verdictOf(r.expressions())
+	_, _, chain := verdictOf(r.expressions())
 	return chain
 }

@@ -123,3 +123,33 @@ func TestRuleEqualEveryField(t *testing.T) {
 		}
 	}
 }
+
+// EvalChain takes one chain of another table on its own: the first rule
+// that decides, a return or the chain's end passes, and a jump out of the
+// chain, whose target it cannot see, is undetermined.
+func TestEvalChain(t *testing.T) {
+	daddr10 := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 1},
+		&expr.Cmp{Register: 1, Data: []byte{10}}}
+	rule := func(exprs ...expr.Any) Rule { return FoundRule(exprs, "") }
+	ret10 := rule(append(daddr10, &expr.Verdict{Kind: expr.VerdictReturn})...)
+	jump10 := rule(append(daddr10, &expr.Verdict{Kind: expr.VerdictJump, Chain: "OTHER"})...)
+	accept10 := rule(append(daddr10, &expr.Verdict{Kind: expr.VerdictAccept})...)
+	masq := rule(&expr.Target{Name: "MASQUERADE"})
+	in10, out := netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("203.0.113.10")
+	for _, tc := range []struct {
+		name  string
+		rules []Rule
+		addr  netip.Addr
+		want  ChainVerdict
+	}{
+		{"masquerade", []Rule{ret10, masq}, out, ChainVerdict{Masquerade: true, Verdict: "masquerade", Rule: 2}},
+		{"return", []Rule{ret10, masq}, in10, ChainVerdict{Passes: true, Verdict: "return", Rule: 1}},
+		{"end", []Rule{ret10}, out, ChainVerdict{Passes: true}},
+		{"accept", []Rule{accept10, masq}, in10, ChainVerdict{Verdict: "accept", Rule: 1}},
+		{"jump", []Rule{jump10, masq}, in10, ChainVerdict{Undetermined: true, Verdict: "jump OTHER", Rule: 1, Why: "rule 1 of chain C: jump OTHER"}},
+	} {
+		if got := EvalChain("C", tc.rules, tc.addr, false); got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
@@ -52,9 +51,9 @@ func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
 		e.Reason = "IPv6 is not handled without --enable-ipv6"
 		return e
 	}
-	outbound := "masqOutBound"
+	outbound := config.KeyOutBound
 	if addr.Is6() {
-		outbound = "masqOutBoundIPv6"
+		outbound = config.KeyOutBound6
 	}
 	var d *step // the decision chain's rule that decided
 	for i := range ev.steps {
@@ -70,9 +69,9 @@ func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
 	matched, _ := d.element.Prefix() // Build makes one range per prefix
 	switch {
 	case d.set != "" && e.Masquerade:
-		e.Reason = source("masqueradeCIDRs", cfg.MasqueradeCIDRs, matched, false)
+		e.Reason = source(config.KeyMasq, cfg.MasqueradeCIDRs, matched, false)
 	case d.set != "":
-		e.Reason = source("nonMasqueradeCIDRs", cfg.NonMasqueradeCIDRs, matched, isDefaultList(cfg.NonMasqueradeCIDRs))
+		e.Reason = source(config.KeyNonMasq, cfg.NonMasqueradeCIDRs, matched, isDefaultList(cfg.NonMasqueradeCIDRs))
 	default:
 		e.Reason = outbound + ": true (no other rule matched)"
 	}
@@ -94,9 +93,9 @@ func source(key string, list []netip.Prefix, p netip.Prefix, defaults bool) stri
 	}
 	switch p {
 	case config.LinkLocalIPv4:
-		return fmt.Sprintf("link-local %s (masqLinkLocal: false)", p)
+		return fmt.Sprintf("link-local %s (%s: false)", p, config.KeyLinkLocal)
 	case config.LinkLocalIPv6:
-		return fmt.Sprintf("link-local %s (masqLinkLocalIPv6: false)", p)
+		return fmt.Sprintf("link-local %s (%s: false)", p, config.KeyLinkLocal6)
 	}
 	return fmt.Sprintf("%s %s", key, p)
 }
@@ -160,11 +159,11 @@ func reason(r result, base string, local bool) (reason, rule string) {
 	}
 	d := r.steps[n-1]
 	switch {
-	case d.verdict == verdictMasquerade && n > 1 && r.steps[n-2].verdict != "" && strings.HasSuffix(r.steps[n-2].verdict, " "+d.chain):
+	case d.verdict == verdictMasquerade && n > 1 && r.steps[n-2].target == d.chain:
 		d = r.steps[n-2] // the rule that sent it to the masquerade chain
-	case r.outcome == outReturn && d.verdict != "return":
+	case r.outcome == outReturn && d.target != "":
 		// fell off the end of the chain the last step jumped to
-		return fmt.Sprintf("no rule of chain %s matched (after chain %s rule %d)", d.verdict[strings.Index(d.verdict, " ")+1:], d.chain, d.index), d.text
+		return fmt.Sprintf("no rule of chain %s matched (after chain %s rule %d)", d.target, d.chain, d.index), d.text
 	}
 	where := fmt.Sprintf("chain %s rule %d", d.chain, d.index)
 	if d.set != "" {

@@ -99,16 +99,6 @@ func (f *Fake) Tamper(what string, change func(t **Table)) {
 	}
 }
 
-// Lose tells a running Watch that notifications were lost.
-func (f *Fake) Lose() {
-	f.mu.Lock()
-	ch := f.events
-	f.mu.Unlock()
-	if ch != nil {
-		ch <- Event{What: "lost", Lost: true}
-	}
-}
-
 // Table returns a copy of what the fake kernel holds.
 func (f *Fake) Table() *Table {
 	f.mu.Lock()

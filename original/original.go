@@ -91,7 +91,8 @@ type XTRule struct {
 	Verdict string // accept, return, drop, jump CHAIN, goto CHAIN, masquerade, "" (none), or -j TARGET
 	Text    string // the rule in nft's syntax, xtables matches in iptables' (-m comment --comment "...")
 
-	exprs []expr.Any
+	exprs  []expr.Any
+	target string // the chain it jumps or goes to
 }
 
 func (r XTRule) String() string { return fmt.Sprintf("%s # handle %d", r.Text, r.Handle) }
@@ -131,14 +132,6 @@ func (f Family) Table() string {
 		return "ip6 nat"
 	}
 	return "ip nat"
-}
-
-// Tool is the iptables command of the family.
-func (f Family) Tool() string {
-	if f.Family == 6 {
-		return "ip6tables"
-	}
-	return "iptables"
 }
 
 // MetricFamily is "ipv4" or "ipv6".
@@ -208,17 +201,6 @@ type Rules struct {
 func (o Rules) Present() bool {
 	for _, f := range o.Families {
 		if f.Present() {
-			return true
-		}
-	}
-	return false
-}
-
-// FamilyPresent reports whether the family (4 or 6) holds any of the
-// original's chains or jumps.
-func (o Rules) FamilyPresent(family nft.Family) bool {
-	for _, f := range o.Families {
-		if f.Family == family && f.Present() {
 			return true
 		}
 	}
@@ -393,7 +375,7 @@ func readOriginalFamily(s kernel.Session, fam nft.Family, chain string) ([]Famil
 	}
 	for _, r := range post {
 		if named, ok := isOriginalJumpComment(r.Comment); ok {
-			add(jumpTarget(r.Verdict))
+			add(r.target)
 			add(named)
 		}
 	}
@@ -436,7 +418,7 @@ func withJumps(fam nft.Family, chain string, post []XTRule, found []Family) []Fa
 	for _, f := range found {
 		f.first = -1
 		for i, r := range post {
-			if jumpTarget(r.Verdict) != f.Chain {
+			if r.target != f.Chain {
 				continue
 			}
 			f.Jumps = append(f.Jumps, r)
@@ -454,7 +436,7 @@ func withJumps(fam nft.Family, chain string, post []XTRule, found []Family) []Fa
 	}
 	var exemptions []XTRule
 	for _, r := range post[:firstJump] {
-		if r.Verdict == "accept" || r.Verdict == "return" {
+		if nft.RulePasses(r.exprs) {
 			exemptions = append(exemptions, r)
 		}
 	}
@@ -472,15 +454,6 @@ func absent(fam nft.Family, chain string) Family {
 		chain = nft.DefaultChain
 	}
 	return Family{Family: fam, Chain: chain, first: -1}
-}
-
-// jumpTarget is the chain a verdict jumps or goes to ("" for others).
-func jumpTarget(verdict string) string {
-	if c, ok := strings.CutPrefix(verdict, "jump "); ok {
-		return c
-	}
-	c, _ := strings.CutPrefix(verdict, "goto ")
-	return c
 }
 
 // readXTRules reads a chain of a nat table; no table or chain is no rules.
@@ -506,7 +479,7 @@ func newXTRule(handle uint64, exprs []expr.Any, userData []byte) XTRule {
 			}
 		}
 	}
-	r.Verdict = nft.RuleVerdict(exprs)
+	r.Verdict, r.target = nft.RuleVerdict(exprs), nft.RuleTarget(exprs)
 	r.Text = nft.DescribeExprs(exprs)
 	if c, ok := userdata.GetString(userData, userdata.TypeComment); ok && c != "" {
 		if r.Comment == "" {
@@ -668,7 +641,8 @@ func (o Rules) ExplainOriginal(a netip.Addr, local bool) (e nft.Explanation, dec
 	return e, false
 }
 
-// explain evaluates one of the original's chains, entered by its first jump.
+// explain evaluates one of the original's chains, entered by its first
+// jump, with nft's evaluator, and says what it found.
 func (f *Family) explain(e nft.Explanation, a netip.Addr, local bool) (nft.Explanation, bool) {
 	where := fmt.Sprintf("the original ip-masq-agent's rules in table %s (iptables nat POSTROUTING, priority srcnat: before table inet %s)", f.Table(), nft.TableName)
 	j := f.Jumps[0]
@@ -679,43 +653,29 @@ func (f *Family) explain(e nft.Explanation, a netip.Addr, local bool) (nft.Expla
 		e.Undetermined, e.Reason, e.Rule = true, where+" jump for some packets only", j.Text
 		return e, true
 	}
-	var maybe *XTRule
+	rules := make([]nft.Rule, len(f.Rules))
 	for i, r := range f.Rules {
-		m := xtMatch(r, a, local)
-		switch {
-		case m == nft.MatchNo || r.Verdict == "":
-			continue
-		case m == nft.MatchUnknown && r.Verdict == "masquerade":
-			if maybe == nil {
-				maybe = &f.Rules[i]
-			}
-			continue
-		case m == nft.MatchUnknown:
-			e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s rule %d matches on more than the destination", where, f.Chain, i+1), r.Text
-			return e, true
-		}
-		switch r.Verdict {
-		case "masquerade":
-			e.Masquerade, e.Reason, e.Rule = true, fmt.Sprintf("masqueraded by %s: chain %s rule %d", where, f.Chain, i+1), r.Text
-			return e, true
-		case "return":
-			if maybe != nil {
-				e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s masquerades some packets to it", where, f.Chain), maybe.Text
-				return e, true
-			}
-			e.Reason, e.Rule = fmt.Sprintf("not masqueraded by %s (chain %s rule %d returns); table inet %s decides next", where, f.Chain, i+1, nft.TableName), r.Text
-			return e, false
-		default:
-			e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s rule %d: %s", where, f.Chain, i+1, r.Verdict), r.Text
-			return e, true
-		}
+		rules[i] = nft.FoundRule(r.exprs, "")
 	}
-	if maybe != nil {
-		e.Undetermined, e.Reason, e.Rule = true, fmt.Sprintf("%s: chain %s masquerades some packets to it", where, f.Chain), maybe.Text
-		return e, true
+	v := nft.EvalChain(f.Chain, rules, a, local)
+	if v.Rule > 0 {
+		e.Rule = f.Rules[v.Rule-1].Text
 	}
-	e.Reason = fmt.Sprintf("no rule of %s matched; table inet %s decides next", where, nft.TableName)
-	return e, false
+	switch {
+	case v.Undetermined:
+		e.Undetermined, e.Reason = true, where+": "+v.Why
+	case v.Masquerade:
+		e.Masquerade, e.Reason = true, fmt.Sprintf("masqueraded by %s: chain %s rule %d", where, f.Chain, v.Rule)
+	case v.Passes && v.Rule > 0:
+		e.Reason = fmt.Sprintf("not masqueraded by %s (chain %s rule %d returns); table inet %s decides next", where, f.Chain, v.Rule, nft.TableName)
+		return e, false
+	case v.Passes:
+		e.Reason = fmt.Sprintf("no rule of %s matched; table inet %s decides next", where, nft.TableName)
+		return e, false
+	default: // accept, drop: what iptables then does is not followed here
+		e.Undetermined, e.Reason = true, fmt.Sprintf("%s: chain %s rule %d: %s", where, f.Chain, v.Rule, v.Verdict)
+	}
+	return e, true
 }
 
 // xtMatch evaluates an iptables-nft rule's matches on a new connection from

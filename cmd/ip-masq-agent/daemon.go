@@ -70,7 +70,7 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 		log.Warn("conntrack cleanup without a mark (--conntrack-label=none): a change from masquerade to no masquerade also deletes the entries that another component (kube-proxy, a CNI) masqueraded to a node address", "mode", o.conntrack)
 	}
 	if o.conntrack != conntrack.ModeNone {
-		ao.Applied = func(old, new nft.Table) { cleanConntrack(o.conntrack, old, new, log, m) }
+		ao.Applied = conntrackCleanup{mode: o.conntrack, log: log, m: m}.Applied
 	}
 	ag := agent.New(ao, k, log, m)
 	// A kernel that lacks what the table needs (kernel.Netlink.Probe asks it,
@@ -154,8 +154,16 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 // kubelet's default grace period of 30 s.
 const stopTimeout = 10 * time.Second
 
-// cleanConntrack deletes the conntrack entries whose decision the new
-// table made wrong; it runs after the new rules are in force.
+// conntrackCleanup is the daemon's agent.Options.Applied with a
+// --conntrack mode other than none.
+type conntrackCleanup struct {
+	mode conntrack.Mode
+	log  *slog.Logger
+	m    *metrics.Agent
+}
+
+// Applied deletes the conntrack entries whose decision the new table made
+// wrong; the agent calls it after the new rules are in force.
 //
 // old is what the kernel held before (an empty table when there was none:
 // nothing masqueraded). When old's masquerade rules marked the connections
@@ -164,22 +172,22 @@ const stopTimeout = 10 * time.Second
 // in its masquerade chain, --conntrack-label=none) every entry
 // masqueraded to a node address counts as the agent's, and the cleanup's
 // log line says so (marked=false).
-func cleanConntrack(mode conntrack.Mode, old, new nft.Table, log *slog.Logger, m *metrics.Agent) {
+func (c conntrackCleanup) Applied(old, new nft.Table) {
 	mark := old.MarkLabel()
-	res, err := conntrack.CleanupMarked(netns.None(), mode, old.Decider(), new.Decider(), mark)
-	m.ConntrackDeleted(res.Deleted)
-	attrs := []any{"mode", mode, "marked", mark >= 0}
+	res, err := conntrack.CleanupMarked(netns.None(), c.mode, old.Decider(), new.Decider(), mark)
+	c.m.ConntrackDeleted(res.Deleted)
+	attrs := []any{"mode", c.mode, "marked", mark >= 0}
 	if mark >= 0 {
 		attrs = append(attrs, "label", mark)
 	}
 	if err != nil {
-		log.Error("conntrack cleanup failed; running flows keep their old decision", append(attrs, "err", err)...)
+		c.log.Error("conntrack cleanup failed; running flows keep their old decision", append(attrs, "err", err)...)
 		return
 	}
 	if res.Deleted > 0 || res.Failed > 0 {
-		log.Info("conntrack cleanup: "+res.String(), attrs...)
+		c.log.Info("conntrack cleanup: "+res.String(), attrs...)
 	} else {
-		log.Debug("conntrack cleanup: "+res.String(), attrs...)
+		c.log.Debug("conntrack cleanup: "+res.String(), attrs...)
 	}
 }
 
