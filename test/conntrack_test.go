@@ -3,12 +3,14 @@ package test
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,11 +22,15 @@ import (
 )
 
 // Bounds of the conntrack tests: a stream sends one datagram every
-// streamEvery, at most streamMax of them; waits for an answer are bounded by
-// seenBound. No assertion is on time: the bounds only end a failing test.
+// streamEvery until it is stopped, at most streamMax of them (5 minutes:
+// far beyond a test's life even in a slow emulated guest, whose agent
+// start alone took 20 s, but a traffic loop must end); waits for an answer
+// are bounded by seenBound. No assertion is on time: the bounds only end a
+// failing test.
 const (
 	streamEvery = 50 * time.Millisecond
-	streamMax   = 600 // 30 s
+	streamMax   = 6000 // 5 minutes
+	seenBuffer  = 600  // answers kept unread; more are dropped
 	seenBound   = 5 * time.Second
 )
 
@@ -51,19 +57,22 @@ func applyConntrackConfig(t *testing.T, topo *testnet.Topology, yaml string, ipv
 }
 
 // udpStream is a long-lived UDP flow from the pod: one socket (one
-// conntrack entry) sending a datagram every streamEvery; the answers (the
-// source the server saw) arrive on seen.
+// conntrack entry) sending a datagram every streamEvery until stopped (at
+// most streamMax); the answers (the source the server saw) arrive on seen.
+// ended is closed when the sender has stopped, after sent datagrams.
 type udpStream struct {
-	dst  netip.Addr
-	c    *net.UDPConn
-	seen chan netip.AddrPort
-	stop chan struct{}
-	wg   sync.WaitGroup
+	dst   netip.Addr
+	c     *net.UDPConn
+	seen  chan netip.AddrPort
+	stop  chan struct{}
+	ended chan struct{}
+	sent  atomic.Int64
+	wg    sync.WaitGroup
 }
 
 func startUDPStream(t *testing.T, topo *testnet.Topology, dst string) *udpStream {
 	t.Helper()
-	s := &udpStream{dst: netip.MustParseAddr(dst), seen: make(chan netip.AddrPort, streamMax), stop: make(chan struct{})}
+	s := &udpStream{dst: netip.MustParseAddr(dst), seen: make(chan netip.AddrPort, seenBuffer), stop: make(chan struct{}), ended: make(chan struct{})}
 	c, err := topo.DialPodUDP(s.dst)
 	if err != nil {
 		t.Fatalf("udp to %s: %v", dst, err)
@@ -72,10 +81,12 @@ func startUDPStream(t *testing.T, topo *testnet.Topology, dst string) *udpStream
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
+		defer close(s.ended)
 		tick := time.NewTicker(streamEvery)
 		defer tick.Stop()
 		for i := 0; i < streamMax; i++ {
 			c.Write([]byte("?"))
+			s.sent.Add(1)
 			select {
 			case <-s.stop:
 				return
@@ -133,7 +144,7 @@ func (s *udpStream) waitFor(t *testing.T, addr netip.Addr) netip.AddrPort {
 				last = last[1:]
 			}
 		case <-timeout:
-			t.Fatalf("the stream to %s never showed source %s within %s; last answers %v", s.dst, addr, seenBound, last)
+			t.Fatalf("the stream to %s never showed source %s within %s; last answers %v%s", s.dst, addr, seenBound, last, s.senderState())
 		}
 	}
 }
@@ -153,8 +164,20 @@ func (s *udpStream) expectOnly(t *testing.T, want netip.AddrPort, n int) {
 				t.Fatalf("the stream to %s showed source %s (answer %d after the cleanup), want %s throughout", s.dst, ap, i+1, want)
 			}
 		case <-timeout:
-			t.Fatalf("the stream to %s stopped answering after %d answers", s.dst, i)
+			t.Fatalf("the stream to %s stopped answering after %d answers%s", s.dst, i, s.senderState())
 		}
+	}
+}
+
+// senderState is, for a failed wait, whether the sender had ended (its
+// cap, streamMax, reached or the stream stopped): then the answers that
+// did not come were never asked for.
+func (s *udpStream) senderState() string {
+	select {
+	case <-s.ended:
+		return fmt.Sprintf(" (the sender had ended after %d datagrams, its cap %d: nothing more was sent)", s.sent.Load(), streamMax)
+	default:
+		return fmt.Sprintf(" (the sender was still sending: %d datagrams so far)", s.sent.Load())
 	}
 }
 

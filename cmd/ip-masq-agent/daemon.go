@@ -27,9 +27,9 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
-// probe asks the kernel whether it has what the agent needs (a variable:
-// tests give it a kernel that lacks something).
-var probe = (*kernel.Netlink).Probe
+// probe asks the kernel whether it has what the table built with the
+// options needs (a variable: tests give it a kernel that lacks something).
+var probe = (*kernel.Netlink).ProbeFor
 
 // runDaemon runs the agent (the DaemonSet's command), --once and --cleanup
 // among its modes, with its parsed flags.
@@ -80,7 +80,7 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	if !o.cleanup {
 		var lacks *kernel.LacksError
 		start := time.Now()
-		err := probe(k)
+		err := probe(k, o.nft)
 		log.Debug("asked the kernel what it can do", "took", time.Since(start).Round(time.Microsecond), "own", k.Owns())
 		switch {
 		case errors.As(err, &lacks):

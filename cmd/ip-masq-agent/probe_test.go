@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
@@ -21,8 +22,8 @@ import (
 func TestKernelLackingRefused(t *testing.T) {
 	lacking := &kernel.LacksError{What: "nat chains in the inet family", Since: "5.2", Module: "nft_chain_nat", Err: syscall.EOPNOTSUPP}
 	probed := 0
-	defer func(p func(*kernel.Netlink) error) { probe = p }(probe)
-	probe = func(*kernel.Netlink) error { probed++; return lacking }
+	defer func(p func(*kernel.Netlink, nft.Options) error) { probe = p }(probe)
+	probe = func(*kernel.Netlink, nft.Options) error { probed++; return lacking }
 	// A bad config: should the probe not stop the agent, it reads the
 	// config before the kernel, and stops there (this test must never
 	// program the test machine's own namespace).
@@ -56,7 +57,7 @@ func TestKernelLackingRefused(t *testing.T) {
 		}
 	}
 	// A probe that cannot ask (no socket) is no finding about the kernel.
-	probe = func(*kernel.Netlink) error {
+	probe = func(*kernel.Netlink, nft.Options) error {
 		return errors.New("probe the kernel: open netlink socket: too many open files")
 	}
 	var out, errOut syncBuffer

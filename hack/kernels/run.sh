@@ -66,7 +66,17 @@ EOT
 		series=$(uname -r | cut -d. -f1,2)
 		sh hack/kernels/guest.sh "$out"
 	else
-		kdir=$(sh hack/kernels/fetch.sh "$k" "$cache") || { echo "kernel $k: cannot fetch it (see above)" >>"$summary"; status=1; continue; }
+		# fetch.sh names the package (or the pattern it looked for) in its
+		# last line on stderr: the summary repeats it.
+		kdir=$(sh hack/kernels/fetch.sh "$k" "$cache" 2>"$out/fetch.err") || {
+			cat "$out/fetch.err" >&2
+			why=$(sed -n 's/^fetch\.sh: cannot fetch kernel [^ ]* (\(.*\)): \(.*\)$/\1: \2/p' "$out/fetch.err" | tail -1)
+			[ -n "$why" ] || why=$(grep 'fetch\.sh:' "$out/fetch.err" | tail -1 | sed 's/^fetch\.sh: //')
+			echo "kernel $k: cannot fetch ${why:-it: fetch.sh failed without a reason (see above)}" | tee -a "$summary"
+			status=1
+			continue
+		}
+		cat "$out/fetch.err" >&2
 		ver=$(cat "$kdir/version") pkg=$(cat "$kdir/package")
 		# The initramfs: busybox, and the modules that mount 9p over
 		# virtio, in the order modprobe would load them (decompressed:
@@ -107,15 +117,18 @@ EOT
 		status=1
 		continue
 	fi
-	# Top-level tests only: subtests are counted with their test.
+	# Top-level tests: subtests are counted with their test, but for the
+	# skipped ones (go test -v indents them), counted apart: a test that
+	# passes may have skipped some of its subtests.
 	passed=$(grep -c '^--- PASS' "$out/test.out" || true)
 	failed=$(grep -c '^--- FAIL' "$out/test.out" || true)
 	skipped=$(grep -c '^--- SKIP' "$out/test.out" || true)
+	subskipped=$(grep -cE '^[[:space:]]+--- SKIP' "$out/test.out" || true)
 	mode=$(sed -n 's/.*kernel mode: \([a-z-]*\).*/\1/p' "$out/test.out" | head -1)
 	[ -n "$mode" ] || mode="?"
 	rc=$(cat "$out/test.rc")
 	[ "$rc" = 0 ] || status=1
-	line="kernel $series ($uname): $mode; $passed passed, $failed failed, $skipped skipped (${took}s)"
+	line="kernel $series ($uname): $mode; $passed passed, $failed failed, $skipped skipped, $subskipped subtests skipped (${took}s)"
 	echo "$line" | tee -a "$summary"
 	if [ "$rc" != 0 ]; then
 		grep -E '^\s*--- FAIL|^panic|^FAIL' "$out/test.out" | head -20 >&2
@@ -123,10 +136,13 @@ EOT
 	if [ "${RECORD:-1}" = 1 ]; then
 		# docs/kernels.tsv: one line per kernel series, the last run's.
 		f=docs/kernels.tsv
-		[ -f "$f" ] || printf 'series\tkernel\tpackage\tmode\tpassed\tfailed\tskipped\tseconds\ttests\tskip\tdate\tcommit\n' >"$f"
-		awk -F'\t' -v s="$series" 'NR == 1 || $1 != s' "$f" >"$f.new"
-		printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$series" "$uname" "$pkg" "$mode" "$passed" "$failed" "$skipped" \
-			"$took" "$tests" "${skip:--}" "$(date -u +%Y-%m-%d)" "$code" >>"$f.new"
+		[ -f "$f" ] || printf 'series\tkernel\tpackage\tmode\tpassed\tfailed\tskipped\tseconds\ttests\tskip\tdate\tcommit\tsubskipped\n' >"$f"
+		# A file from before the subskipped column gets it, "-" (not
+		# counted) in its rows.
+		awk -F'\t' -v OFS='\t' -v s="$series" 'NR == 1 { sub_ = ($NF == "subskipped"); if (!sub_) $0 = $0 OFS "subskipped"; print; next }
+			$1 != s { if (!sub_) $0 = $0 OFS "-"; print }' "$f" >"$f.new"
+		printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$series" "$uname" "$pkg" "$mode" "$passed" "$failed" "$skipped" \
+			"$took" "$tests" "${skip:--}" "$(date -u +%Y-%m-%d)" "$code" "$subskipped" >>"$f.new"
 		mv "$f.new" "$f"
 	fi
 done

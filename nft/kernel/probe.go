@@ -17,37 +17,49 @@ const probeTable = nft.TableName + "-probe"
 
 // feature is what the agent's table needs of the kernel, one part of the
 // probe transaction each: what it is, the oldest mainline kernel that has
-// it, and the module that brings it.
+// it, and the module that brings it. needs, when not nil, says whether
+// the table built with the options o uses it (nil: every table does).
 type feature struct {
 	what, since, module string
-	add                 func(cc *nftables.Conn, t *nftables.Table)
+	needs               func(o nft.Options) bool
+	add                 func(cc *nftables.Conn, t *nftables.Table, o nft.Options)
 }
+
+// probeRule adds, to the probe's nat chain, the rule r in the agent's own
+// encoding (nft.Rule.Encode), as its table has it.
+func probeRule(cc *nftables.Conn, t *nftables.Table, r nft.Rule) {
+	cc.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: "c"}, Exprs: r.Encode()})
+}
+
+// probePorts is the port range of the probe's masquerade to ports when the
+// options have none (Probe: every feature).
+var probePorts = nft.PortRange{First: 1024, Last: 65535}
 
 // features are asked in this order: each may use what the ones before made.
 var features = []feature{{
 	what: "nf_tables tables of the inet family", since: "3.14", module: "nf_tables",
-	add: func(cc *nftables.Conn, t *nftables.Table) { cc.AddTable(t) },
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) { cc.AddTable(t) },
 }, {
 	what: "interval sets of addresses", since: "3.13", module: "nf_tables",
-	add: func(cc *nftables.Conn, t *nftables.Table) {
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
 		cc.AddSet(&nftables.Set{Table: t, Name: "s", KeyType: nftables.TypeIPAddr, Interval: true, KeyByteOrder: binaryutil.BigEndian}, nil)
 	},
 }, {
 	what: "nat chains in the inet family", since: "5.2", module: "nft_chain_nat",
-	add: func(cc *nftables.Conn, t *nftables.Table) {
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
 		cc.AddChain(&nftables.Chain{Table: t, Name: "c", Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	},
 }, {
 	what: "the fib expression", since: "4.10", module: "nft_fib_inet",
-	add: func(cc *nftables.Conn, t *nftables.Table) {
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
 		f := expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true} // fib daddr type
 		cc.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: "c"}, Exprs: []expr.Any{&f,
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)}}})
 	},
 }, {
 	what: "set lookups of the destination address", since: "3.13", module: "nf_tables",
-	add: func(cc *nftables.Conn, t *nftables.Table) {
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
 		p := nft.Daddr(4)
 		cc.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: "c"}, Exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
@@ -55,15 +67,52 @@ var features = []feature{{
 	},
 }, {
 	what: "the counter expression", since: "3.13", module: "nft_counter",
-	add: func(cc *nftables.Conn, t *nftables.Table) {
-		cc.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: "c"}, Exprs: []expr.Any{&expr.Counter{}}})
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
+		// counter return: the agent's encoding of a rule, whose verdict
+		// (nf_tables' own immediate) every kernel has.
+		probeRule(cc, t, nft.Rule{Verdict: nft.Return})
 	},
 }, {
 	what: "masquerade in the inet family", since: "5.2", module: "nft_masq",
-	add: func(cc *nftables.Conn, t *nftables.Table) {
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
 		cc.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: "c"}, Exprs: []expr.Any{&expr.Masq{FullyRandom: true}}})
 	},
+}, {
+	// --conntrack-label (on by default): every masquerade rule marks the
+	// connection, ct label set BIT (nft/codec.go).
+	what: "setting conntrack labels (ct label set)", since: "4.7", module: "nft_ct",
+	needs: func(o nft.Options) bool { return o.CtLabel != nil },
+	add: func(cc *nftables.Conn, t *nftables.Table, o nft.Options) {
+		bit := uint8(0)
+		if o.CtLabel != nil {
+			bit = *o.CtLabel
+		}
+		probeRule(cc, t, nft.Rule{CtLabel: &bit, Verdict: nft.Masquerade})
+	},
+}, {
+	// --to-ports: masquerade to a source port range, for TCP, UDP, SCTP.
+	what: "masquerade to a port range", since: "4.6", module: "nft_masq",
+	needs: func(o nft.Options) bool { return len(o.ToPorts) > 0 },
+	add: func(cc *nftables.Conn, t *nftables.Table, o nft.Options) {
+		p := probePorts
+		if len(o.ToPorts) > 0 {
+			p = o.ToPorts[0]
+		}
+		probeRule(cc, t, nft.Rule{L4Proto: unix.IPPROTO_TCP, Verdict: nft.Masquerade, Ports: &p, FullyRandom: o.RandomFully})
+	},
+}, {
+	// --to-ports with more than one range: each but the last is chosen
+	// by a random number, numgen random mod N < SIZE (nft/build.go).
+	what: "the numgen expression", since: "4.9", module: "nft_numgen",
+	needs: func(o nft.Options) bool { return len(o.ToPorts) > 1 },
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
+		probeRule(cc, t, nft.Rule{L4Proto: unix.IPPROTO_TCP, Share: &nft.Share{Below: 1, Of: 2}, Verdict: nft.Return})
+	},
 }}
+
+// probeEverything is the options under which Probe asks for every
+// feature: a conntrack label and two port ranges.
+var probeEverything = nft.Options{CtLabel: new(uint8), ToPorts: []nft.PortRange{{First: 1024, Last: 32767}, {First: 32768, Last: 65535}}}
 
 // Probe asks the kernel whether it has what the agent's table needs, with
 // one transaction that never commits: it creates a table of its own
@@ -81,8 +130,15 @@ var features = []feature{{
 // owned and persistent, as the agent's own is on Linux 6.9 and later: a
 // kernel that refuses it, whatever its answer, cannot own the table, and
 // the Netlink does not ask for ownership again (Owns reports false).
-func (n *Netlink) Probe() error {
-	b, err := probeBatch(!n.NoOwner)
+//
+// Probe asks for every feature any option can need; ProbeFor, the
+// agent's start probe, only for those the table built with o uses.
+func (n *Netlink) Probe() error { return n.ProbeFor(probeEverything) }
+
+// ProbeFor is Probe for the table built with the options o: the features
+// that every table needs, and those of o (a conntrack label, port ranges).
+func (n *Netlink) ProbeFor(o nft.Options) error {
+	b, err := probeBatch(!n.NoOwner, o)
 	if err != nil {
 		return err
 	}
@@ -143,9 +199,10 @@ const (
 	probeOwned    = -2 // creates an owned, persistent table
 )
 
-// probeBatch encodes the probe: the features' messages, with owned the
-// owned table's, then the sentinel.
-func probeBatch(owned bool) (*batch, error) {
+// probeBatch encodes the probe: the messages of the features that the
+// table built with o needs, with owned the owned table's, then the
+// sentinel.
+func probeBatch(owned bool, o nft.Options) (*batch, error) {
 	b := &batch{}
 	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
 	cc, _ := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
@@ -157,8 +214,11 @@ func probeBatch(owned bool) (*batch, error) {
 	}))
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: probeTable}
 	for i, f := range features {
+		if f.needs != nil && !f.needs(o) {
+			continue
+		}
 		n := len(b.msgs)
-		f.add(cc, t)
+		f.add(cc, t, o)
 		if err := cc.Flush(); err != nil {
 			return nil, fmt.Errorf("encode the probe of %s: %w", f.what, err)
 		}

@@ -2,6 +2,8 @@ package kernel
 
 import (
 	"errors"
+	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"syscall"
@@ -9,13 +11,152 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
+
+// TestProbeAsksWhatTheTableUses: for the options the agent runs with, the
+// probe asks for every expression the table built with them uses, each
+// with the same attributes (a masquerade's port registers, a ct set's
+// source register), and for no feature that the options leave out: a
+// kernel without numgen runs an agent without --to-ports ranges.
+func TestProbeAsksWhatTheTableUses(t *testing.T) {
+	bit := uint8(3)
+	ports := []nft.PortRange{{First: 2000, Last: 2999}, {First: 5000, Last: 5999}}
+	for name, c := range map[string]struct {
+		o    nft.Options
+		not  []string // features the probe must not ask for
+		want []string // features it must
+	}{
+		"no label, no ports": {nft.Options{RandomFully: true},
+			[]string{"nft_ct", "nft_numgen", "masquerade to a port range"}, nil},
+		"the default label": {nft.Options{RandomFully: true, CtLabel: &bit},
+			[]string{"nft_numgen", "masquerade to a port range"}, []string{"nft_ct"}},
+		"one port range": {nft.Options{RandomFully: true, CtLabel: &bit, ToPorts: ports[:1]},
+			[]string{"nft_numgen"}, []string{"nft_ct", "masquerade to a port range"}},
+		"two port ranges": {nft.Options{RandomFully: true, CtLabel: &bit, ToPorts: ports, EnableIPv6: true},
+			nil, []string{"nft_ct", "masquerade to a port range", "nft_numgen"}},
+		"everything (Probe)": {probeEverything, nil, []string{"nft_ct", "masquerade to a port range", "nft_numgen"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c.o.Chain = nft.DefaultChain
+			b, err := probeBatch(false, c.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			asked := map[string]bool{}
+			for _, i := range b.op {
+				if i >= 0 {
+					asked[features[i].what] = true
+					asked[features[i].module] = true
+				}
+			}
+			for _, f := range c.not {
+				if asked[f] {
+					t.Errorf("the probe asks for %s", f)
+				}
+			}
+			for _, f := range c.want {
+				if !asked[f] {
+					t.Errorf("the probe does not ask for %s", f)
+				}
+			}
+			probed := exprKinds(t, b.msgs)
+			table := nft.Build(config.Default(config.Flags{}), c.o)
+			var rules []netlink.Message
+			cc, _ := nftables.New(nftables.WithTestDial(captureDial(&rules)))
+			tb := &nftables.Table{Family: nftables.TableFamilyINet, Name: nft.TableName}
+			for _, ch := range table.Chains {
+				for _, r := range ch.Rules {
+					cc.AddRule(&nftables.Rule{Table: tb, Chain: &nftables.Chain{Name: ch.Name}, Exprs: r.Encode()})
+				}
+			}
+			if err := cc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			used := exprKinds(t, rules)
+			if len(used) == 0 {
+				t.Fatal("the table has no expressions")
+			}
+			for k := range used {
+				if !probed[k] {
+					t.Errorf("the table uses %s, which the probe does not ask for (it asks for %v)", k, slices.Sorted(maps.Keys(probed)))
+				}
+			}
+		})
+	}
+}
+
+// captureDial is a test dial of google/nftables that keeps the messages
+// of each batch (without its begin and end).
+func captureDial(into *[]netlink.Message) func([]netlink.Message) ([]netlink.Message, error) {
+	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
+	return func(req []netlink.Message) ([]netlink.Message, error) {
+		if req == nil {
+			return ack, nil
+		}
+		*into = append(*into, req[1:len(req)-1]...)
+		return nil, nil
+	}
+}
+
+// exprKinds returns the expressions of the rule messages in msgs, each as
+// its kernel name and the types of its attributes ("masq 1,2,3").
+func exprKinds(t *testing.T, msgs []netlink.Message) map[string]bool {
+	t.Helper()
+	kinds := map[string]bool{}
+	for _, m := range msgs {
+		if m.Header.Type&0xff != unix.NFT_MSG_NEWRULE {
+			continue
+		}
+		attrs, err := netlink.UnmarshalAttributes(m.Data[4:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range attrs {
+			if a.Type&^unix.NLA_F_NESTED != unix.NFTA_RULE_EXPRESSIONS {
+				continue
+			}
+			elems, err := netlink.UnmarshalAttributes(a.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range elems {
+				ex, err := netlink.UnmarshalAttributes(e.Data)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var name string
+				var types []int
+				for _, x := range ex {
+					switch x.Type &^ unix.NLA_F_NESTED {
+					case unix.NFTA_EXPR_NAME:
+						name = strings.TrimRight(string(x.Data), "\x00")
+					case unix.NFTA_EXPR_DATA:
+						data, err := netlink.UnmarshalAttributes(x.Data)
+						if err != nil {
+							t.Fatal(err)
+						}
+						for _, d := range data {
+							types = append(types, int(d.Type&^unix.NLA_F_NESTED))
+						}
+					}
+				}
+				slices.Sort(types)
+				kinds[fmt.Sprintf("%s %v", name, types)] = true
+			}
+		}
+	}
+	return kinds
+}
 
 // TestProbeAnswers: the first refused message of the probe names the
 // feature it asks for and the oldest kernel with it; the sentinel's
 // refusal alone, or a transaction refused whole, is no finding.
 func TestProbeAnswers(t *testing.T) {
-	b, err := probeBatch(true)
+	b, err := probeBatch(true, probeEverything)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,7 +166,7 @@ func TestProbeAnswers(t *testing.T) {
 	if err := lacks(b.op, len(b.op)-2, syscall.EINVAL); err != nil {
 		t.Errorf("the owned table refused: %v, want nil (not essential)", err)
 	}
-	if nb, _ := probeBatch(false); len(nb.op) != len(b.op)-1 || nb.op[len(nb.op)-2] == probeOwned {
+	if nb, _ := probeBatch(false, probeEverything); len(nb.op) != len(b.op)-1 || nb.op[len(nb.op)-2] == probeOwned {
 		t.Errorf("without ownership the probe asks for it: %v", nb.op)
 	}
 	first := map[int]int{} // feature: its first message
@@ -66,7 +207,7 @@ func TestProbeNamesTheKernelsRefusal(t *testing.T) {
 	n, topo := kernelNetlink(t)
 	defer func(f []feature) { features = f }(features)
 	missing := feature{what: "chains of a type that no kernel has", since: "never", module: "none",
-		add: func(cc *nftables.Conn, t *nftables.Table) {
+		add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
 			cc.AddChain(&nftables.Chain{Table: t, Name: "x", Type: "no-such-type",
 				Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 		}}

@@ -96,12 +96,18 @@ func Table(tsv string) (string, error) {
 		if mode == "" {
 			mode = r[col["mode"]]
 		}
+		// subskipped (optional; "-" in rows recorded before it): the
+		// subtests that skipped, which the top-level count leaves out.
+		skipped := r[col["skipped"]]
+		if i, ok := col["subskipped"]; ok && r[i] != "-" && r[i] != "" && r[i] != "0" {
+			skipped += " (subtests " + r[i] + ")"
+		}
 		tests := "`" + r[col["tests"]] + "`"
 		if s := r[col["skip"]]; s != "-" && s != "" {
 			tests += " but `" + s + "`"
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s s | %s | %s |\n", r[col["kernel"]], how, mode,
-			r[col["passed"]], r[col["failed"]], r[col["skipped"]], strings.ReplaceAll(tests, "|", `\|`), r[col["seconds"]], r[col["date"]],
+			r[col["passed"]], r[col["failed"]], skipped, strings.ReplaceAll(tests, "|", `\|`), r[col["seconds"]], r[col["date"]],
 			r[col["commit"]])
 	}
 	return b.String(), nil
