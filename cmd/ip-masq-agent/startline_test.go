@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
@@ -17,8 +18,8 @@ import (
 // named), are left out. The start probe refuses (a fake kernel that lacks
 // something), so the daemon stops right after the line and writes nothing.
 func TestStartLine(t *testing.T) {
-	defer func(p func(*kernel.Netlink) error) { probe = p }(probe)
-	probe = func(*kernel.Netlink) error {
+	defer func(p func(*kernel.Netlink, nft.Options) error) { probe = p }(probe)
+	probe = func(*kernel.Netlink, nft.Options) error {
 		return &kernel.LacksError{What: "nat chains in the inet family", Since: "5.2", Module: "nft_chain_nat", Err: syscall.EOPNOTSUPP}
 	}
 	defer func(v string) { version = v }(version)
