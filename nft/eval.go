@@ -439,7 +439,7 @@ func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
 			if found {
 				s.set, s.element = set.Name, elem
 			}
-		case *expr.Counter, *expr.Verdict, *expr.Masq, *expr.NAT, *expr.Target:
+		case *expr.Counter, *expr.Log, *expr.Verdict, *expr.Masq, *expr.NAT, *expr.Target:
 			// statements: no match
 		default:
 			// numgen, ct, limit, ...: what they load or match is unknown

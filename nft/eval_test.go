@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
+	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
@@ -68,6 +69,9 @@ func TestMatchExprs(t *testing.T) {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x20, 0x01, 0x0d, 0xb8}},
 		&expr.Verdict{Kind: expr.VerdictReturn},
 	}
+	logged := []expr.Any{ // -d 10.0.0.0/8 -j RETURN with a log statement before it
+		ret[0], ret[1], &expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte("x")}, ret[2], ret[3],
+	}
 	for _, tc := range []struct {
 		name    string
 		exprs   []expr.Any
@@ -76,6 +80,8 @@ func TestMatchExprs(t *testing.T) {
 		match   Match
 		verdict string
 	}{
+		{"log statement, in", logged, "10.1.2.3", false, MatchYes, "return"},
+		{"log statement, out", logged, "11.1.2.3", false, MatchNo, "return"},
 		{"jump, remote", jump, "203.0.113.1", false, MatchYes, "jump IP-MASQ"},
 		{"jump, local", jump, "203.0.113.1", true, MatchNo, "jump IP-MASQ"},
 		{"prefix, in", ret, "10.1.2.3", false, MatchYes, "return"},

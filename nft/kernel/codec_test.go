@@ -1,7 +1,12 @@
 package kernel
 
 import (
+	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -38,4 +43,36 @@ func TestRuleMessageRoundTrip(t *testing.T) {
 		}
 	}
 	t.Logf("%d rules", n)
+}
+
+// Every expression google/nftables decodes reads back as itself, not as
+// an unknown expression (so a statement added to the agent's rules later
+// needs no change in the read); data it cannot decode reads as unknown,
+// without failing the read.
+func TestExprKindsReadBack(t *testing.T) {
+	for _, e := range []expr.Any{
+		&expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte("masq: ")},
+		&expr.Limit{Type: expr.LimitTypePkts, Rate: 10, Unit: expr.LimitTimeSecond, Burst: 5},
+		&expr.Quota{Bytes: 1 << 20},
+		&expr.Objref{Type: 1, Name: "c"},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		&expr.Redir{RegisterProtoMin: 1},
+	} {
+		name := strings.ToLower(strings.TrimPrefix(reflect.TypeOf(e).String(), "*expr."))
+		if _, ok := exprDecoders[name]; !ok {
+			t.Fatalf("%s: not in exprDecoders", name)
+		}
+		data, err := expr.MarshalExprData(unix.NFPROTO_INET, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeExprFamily(unix.NFPROTO_INET, name, data)
+		if err != nil || reflect.TypeOf(got) != reflect.TypeOf(e) {
+			t.Errorf("%s read back as %#v: %v", name, got, err)
+		}
+	}
+	got, err := decodeExprFamily(unix.NFPROTO_INET, "log", []byte{0xff})
+	if m, ok := got.(*expr.Match); err != nil || !ok || m.Name != nft.UnknownPrefix+"log" {
+		t.Errorf("undecodable log read back as %#v, %v; want an unknown expression", got, err)
+	}
 }

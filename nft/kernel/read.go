@@ -738,6 +738,28 @@ func decodeRuleAttrs(data []byte, fam byte) (ruleAttrs, error) {
 	return r, nil
 }
 
+// exprDecoders is every expression google/nftables v0.3.0 decodes, by its
+// kernel name (its own table, exprFromName, is not exported): a rule
+// statement the agent adds later (a log, a mark) reads back as itself,
+// not as an unknown expression, with no change here.
+var exprDecoders = map[string]func() expr.Any{
+	"bitwise": func() expr.Any { return &expr.Bitwise{} }, "cmp": func() expr.Any { return &expr.Cmp{} },
+	"connlimit": func() expr.Any { return &expr.Connlimit{} }, "counter": func() expr.Any { return &expr.Counter{} },
+	"ct": func() expr.Any { return &expr.Ct{} }, "dynset": func() expr.Any { return &expr.Dynset{} },
+	"exthdr": func() expr.Any { return &expr.Exthdr{} }, "fib": func() expr.Any { return &expr.Fib{} },
+	"hash": func() expr.Any { return &expr.Hash{} }, "immediate": func() expr.Any { return &expr.Immediate{} },
+	"limit": func() expr.Any { return &expr.Limit{} }, "log": func() expr.Any { return &expr.Log{} },
+	"lookup": func() expr.Any { return &expr.Lookup{} }, "masq": func() expr.Any { return &expr.Masq{} },
+	"meta": func() expr.Any { return &expr.Meta{} }, "nat": func() expr.Any { return &expr.NAT{} },
+	"numgen": func() expr.Any { return &expr.Numgen{} }, "objref": func() expr.Any { return &expr.Objref{} },
+	"payload": func() expr.Any { return &expr.Payload{} }, "queue": func() expr.Any { return &expr.Queue{} },
+	"quota": func() expr.Any { return &expr.Quota{} }, "range": func() expr.Any { return &expr.Range{} },
+	"redir": func() expr.Any { return &expr.Redir{} }, "reject": func() expr.Any { return &expr.Reject{} },
+	"secmark": func() expr.Any { return &expr.SecMark{} }, "synproxy": func() expr.Any { return &expr.SynProxy{} },
+	// an xtables match or target (iptables-nft): its name and info
+	"match": func() expr.Any { return &expr.Match{} }, "target": func() expr.Any { return &expr.Target{} },
+}
+
 // decodeExprFamily decodes one expression's data in a table of family fam.
 func decodeExprFamily(fam byte, name string, data []byte) (expr.Any, error) {
 	var e expr.Any
@@ -764,44 +786,18 @@ func decodeExprFamily(fam byte, name string, data []byte) (expr.Any, error) {
 			}
 		}
 		return b, ad.Err()
-	case "fib":
-		e = &expr.Fib{}
-	case "cmp":
-		e = &expr.Cmp{}
-	case "meta":
-		e = &expr.Meta{}
-	case "payload":
-		e = &expr.Payload{}
-	case "lookup":
-		e = &expr.Lookup{}
-	case "numgen":
-		e = &expr.Numgen{}
-	case "counter":
-		e = &expr.Counter{}
-	case "immediate":
-		e = &expr.Immediate{}
-	case "masq":
-		e = &expr.Masq{}
-	case "nat":
-		e = &expr.NAT{}
-	case "bitwise":
-		e = &expr.Bitwise{}
-	case "range":
-		e = &expr.Range{}
-	case "ct":
-		e = &expr.Ct{}
-	case "match": // an xtables match (iptables-nft): its name and info
-		e = &expr.Match{}
-	case "target": // an xtables target (iptables-nft)
-		e = &expr.Target{}
 	default:
-		return &expr.Match{Name: nft.UnknownPrefix + name}, nil
-	}
-	if err := expr.Unmarshal(fam, data, e); err != nil {
-		if name == "match" || name == "target" { // an info blob google/nftables cannot read
+		newExpr, ok := exprDecoders[name]
+		if !ok {
 			return &expr.Match{Name: nft.UnknownPrefix + name}, nil
 		}
-		return nil, err
+		e = newExpr()
+	}
+	if err := expr.Unmarshal(fam, data, e); err != nil {
+		// Data google/nftables cannot read (an xtables info blob, a
+		// newer kernel's attribute): a rule the agent did not write, which
+		// the plan replaces; the read goes on.
+		return &expr.Match{Name: nft.UnknownPrefix + name}, nil
 	}
 	// A verdict is an immediate that writes the verdict register.
 	if imm, ok := e.(*expr.Immediate); ok && imm.Register == unix.NFT_REG_VERDICT && len(imm.Data) == 0 {
