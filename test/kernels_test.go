@@ -29,6 +29,22 @@ func kernelOwns(t *testing.T, topo *testnet.Topology) bool {
 // table (nft/ownership.go): it then verifies and repairs.
 const cannotOwnLog = "the kernel cannot own a persistent table"
 
+// ownsTable says whether agent d owns its table: false where the kernel
+// refused the owned table (the agent logged cannotOwnLog), for a test to
+// assert the fallback, verify and repair, instead of skipping. A table
+// that is not owned without that line fails the test.
+func ownsTable(t *testing.T, topo *testnet.Topology, d *daemon) bool {
+	t.Helper()
+	if strings.Contains(d.output(), cannotOwnLog) {
+		t.Logf("this kernel cannot own the table: the fallback is asserted")
+		return false
+	}
+	if !strings.Contains(listTable(t, topo), "flags owner") {
+		t.Fatalf("the agent did not log %q, yet its table is not owned:\n%s", cannotOwnLog, listTable(t, topo))
+	}
+	return true
+}
+
 // TestKernelSmoke is make test-kernels' packet-level smoke test of the
 // agent binary, the same on every kernel (docs/kernels.md): the daemon with
 // its default flags applies its table, each destination sees the source the
