@@ -97,3 +97,34 @@ func TestKernelProbeKeepsNotifications(t *testing.T) {
 		})
 	}
 }
+
+// TestKernelProbeIgnoresPlantedTables: tables another process made under
+// the names a probe might use (an owned one, an unowned "-owned" one, and
+// one for the sentinel to delete) neither fail the probe, nor turn the
+// ownership off, nor let it commit: each probe's tables have a name of
+// their own, and its sentinel a name no table can have.
+func TestKernelProbeIgnoresPlantedTables(t *testing.T) {
+	topo := newTopology(t)
+	owns := kernelOwns(t, topo) // learnt before anything is planted
+	planted := []string{nft.TableName + "-probe", nft.TableName + "-probe-owned", nft.TableName + "-probe-absent"}
+	for _, name := range planted {
+		if out, err := topo.NFT("add", "table", "inet", name); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	}
+	want, err := topo.NFT("list", "tables")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &kernel.Netlink{NetNS: int(topo.NodeHandle())}
+	defer k.Close()
+	if err := k.Probe(); err != nil {
+		t.Errorf("Probe with planted tables: %v", err)
+	}
+	if got := k.Owns(); got != owns {
+		t.Errorf("after the probe Owns() = %v; the kernel says %v", got, owns)
+	}
+	if got, err := topo.NFT("list", "tables"); err != nil || got != want {
+		t.Errorf("the probe changed the tables: %v\nbefore:\n%s\nafter:\n%s", err, want, got)
+	}
+}

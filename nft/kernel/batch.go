@@ -335,11 +335,11 @@ func (b *batch) wait(conn transport, begin, last uint32) (int, error) {
 		return -1, err
 	}
 	defer conn.SetReadDeadline(time.Time{})
-	buf := make([]byte, 1<<16)
+	buf, from := make([]byte, 1<<16), datagramsOf(conn)
 	var errs []error
 	failed := -1
 	for {
-		msgs, err := receive(conn, buf)
+		msgs, err := receive(from, buf)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				err = fmt.Errorf("%w within %s", nft.ErrNoAnswer, replyTimeout)

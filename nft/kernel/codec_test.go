@@ -75,4 +75,8 @@ func TestExprKindsReadBack(t *testing.T) {
 	if m, ok := got.(*expr.Match); err != nil || !ok || m.Name != nft.UnknownPrefix+"log" {
 		t.Errorf("undecodable log read back as %#v, %v; want an unknown expression", got, err)
 	}
+	got, err = decodeExprFamily(unix.NFPROTO_INET, "target", []byte{0xff})
+	if _, ok := got.(*expr.Target); err != nil || !ok || nft.RuleVerdict([]expr.Any{got}) == "" {
+		t.Errorf("undecodable target read back as %#v, %v; want a target, which decides", got, err)
+	}
 }

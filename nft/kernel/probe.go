@@ -2,6 +2,8 @@ package kernel
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
@@ -12,8 +14,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// probeTable is the table of the probe transaction, which never commits.
-const probeTable = nft.TableName + "-probe"
+// probeTable is the prefix of the probe transaction's tables, which it
+// never commits. Each probe adds a random suffix: a table another process
+// made under a fixed name would be reused by the probe's messages (the
+// kernel takes a create of an existing table), and could fail the probe
+// (an owned one), turn ownership off (an unowned "-owned") or let it
+// commit.
+const probeTable = nft.TableName + "-probe-"
 
 // feature is what the agent's table needs of the kernel, one part of the
 // probe transaction each: what it is, the oldest mainline kernel that has
@@ -138,7 +145,8 @@ func (n *Netlink) Probe() error { return n.ProbeFor(probeEverything) }
 // ProbeFor is Probe for the table built with the options o: the features
 // that every table needs, and those of o (a conntrack label, port ranges).
 func (n *Netlink) ProbeFor(o nft.Options) error {
-	b, err := probeBatch(!n.NoOwner, o)
+	name := probeTable + strconv.FormatUint(rand.Uint64(), 36)
+	b, err := probeBatch(name, !n.NoOwner, o)
 	if err != nil {
 		return err
 	}
@@ -162,9 +170,12 @@ func (n *Netlink) ProbeFor(o nft.Options) error {
 	if err == nil {
 		// The sentinel was taken: the probe table exists. Never seen; but
 		// the agent must not leave a table that is not its own behind.
-		del := &batch{msgs: []netlink.Message{tableMsg(unix.NFT_MSG_DELTABLE, probeTable, 0, 0)}, op: []int{0}}
+		del := &batch{msgs: []netlink.Message{tableMsg(unix.NFT_MSG_DELTABLE, name, 0, 0)}, op: []int{0}}
+		if !n.NoOwner {
+			del.msgs, del.op = append(del.msgs, tableMsg(unix.NFT_MSG_DELTABLE, name+"-owned", 0, 0)), []int{0, 0}
+		}
 		_, derr := del.send(conn, 0)
-		return fmt.Errorf("the kernel took the deletion of a table that does not exist; delete table inet %s: %v", probeTable, derr)
+		return fmt.Errorf("the kernel took the deletion of a table that cannot exist; delete table inet %s: %v", name, derr)
 	}
 	return lacks(b.op, failed, err)
 }
@@ -199,10 +210,10 @@ const (
 	probeOwned    = -2 // creates an owned, persistent table
 )
 
-// probeBatch encodes the probe: the messages of the features that the
-// table built with o needs, with owned the owned table's, then the
-// sentinel.
-func probeBatch(owned bool, o nft.Options) (*batch, error) {
+// probeBatch encodes the probe in table name: the messages of the
+// features that the table built with o needs, with owned the owned
+// table's, then the sentinel.
+func probeBatch(name string, owned bool, o nft.Options) (*batch, error) {
 	b := &batch{}
 	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
 	cc, _ := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
@@ -212,7 +223,7 @@ func probeBatch(owned bool, o nft.Options) (*batch, error) {
 		b.msgs = append(b.msgs, req[1:len(req)-1]...)
 		return nil, nil
 	}))
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: probeTable}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: name}
 	for i, f := range features {
 		if f.needs != nil && !f.needs(o) {
 			continue
@@ -226,13 +237,14 @@ func probeBatch(owned bool, o nft.Options) (*batch, error) {
 			b.op = append(b.op, i)
 		}
 	}
-	// The sentinel: the deletion of a table that does not exist, which
-	// every kernel refuses (ENOENT), so that the transaction aborts.
+	// The sentinel: the deletion of a table whose name is too long to
+	// exist (fence's), which every kernel refuses before it looks for it,
+	// so that the transaction aborts.
 	if owned {
-		b.msgs = append(b.msgs, tableMsg(unix.NFT_MSG_NEWTABLE, probeTable+"-owned", netlink.Create, tableFlagOwner|tableFlagPersist))
+		b.msgs = append(b.msgs, tableMsg(unix.NFT_MSG_NEWTABLE, name+"-owned", netlink.Create, tableFlagOwner|tableFlagPersist))
 		b.op = append(b.op, probeOwned)
 	}
-	b.msgs = append(b.msgs, tableMsg(unix.NFT_MSG_DELTABLE, probeTable+"-absent", 0, 0))
+	b.msgs = append(b.msgs, tableMsg(unix.NFT_MSG_DELTABLE, fenceName, 0, 0))
 	b.op = append(b.op, probeSentinel)
 	return b, nil
 }

@@ -42,7 +42,7 @@ func TestProbeAsksWhatTheTableUses(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			c.o.Chain = nft.DefaultChain
-			b, err := probeBatch(false, c.o)
+			b, err := probeBatch(probeTable+"test", false, c.o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,7 +156,7 @@ func exprKinds(t *testing.T, msgs []netlink.Message) map[string]bool {
 // feature it asks for and the oldest kernel with it; the sentinel's
 // refusal alone, or a transaction refused whole, is no finding.
 func TestProbeAnswers(t *testing.T) {
-	b, err := probeBatch(true, probeEverything)
+	b, err := probeBatch(probeTable+"test", true, probeEverything)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestProbeAnswers(t *testing.T) {
 	if err := lacks(b.op, len(b.op)-2, syscall.EINVAL); err != nil {
 		t.Errorf("the owned table refused: %v, want nil (not essential)", err)
 	}
-	if nb, _ := probeBatch(false, probeEverything); len(nb.op) != len(b.op)-1 || nb.op[len(nb.op)-2] == probeOwned {
+	if nb, _ := probeBatch(probeTable+"test", false, probeEverything); len(nb.op) != len(b.op)-1 || nb.op[len(nb.op)-2] == probeOwned {
 		t.Errorf("without ownership the probe asks for it: %v", nb.op)
 	}
 	first := map[int]int{} // feature: its first message

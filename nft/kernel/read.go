@@ -796,7 +796,11 @@ func decodeExprFamily(fam byte, name string, data []byte) (expr.Any, error) {
 	if err := expr.Unmarshal(fam, data, e); err != nil {
 		// Data google/nftables cannot read (an xtables info blob, a
 		// newer kernel's attribute): a rule the agent did not write, which
-		// the plan replaces; the read goes on.
+		// the plan replaces; the read goes on. A target stays a target:
+		// the rule still decides something, which the evaluator cannot tell.
+		if name == "target" {
+			return &expr.Target{Name: nft.UnknownPrefix + name}, nil
+		}
 		return &expr.Match{Name: nft.UnknownPrefix + name}, nil
 	}
 	// A verdict is an immediate that writes the verdict register.

@@ -105,11 +105,11 @@ func requestIntr(conn transport, family uint8, typ int, dump bool, keep func([]b
 		return nil, false, err
 	}
 	defer conn.SetReadDeadline(time.Time{})
-	buf := make([]byte, 64<<10)
+	buf, from := make([]byte, 64<<10), datagramsOf(conn)
 	var out []netlink.Message
 	intr := false
 	for {
-		msgs, err := receive(conn, buf)
+		msgs, err := receive(from, buf)
 		if err != nil {
 			return nil, false, err
 		}
@@ -145,8 +145,8 @@ func requestIntr(conn transport, family uint8, typ int, dump bool, keep func([]b
 
 // receive reads one datagram from the kernel and splits it into netlink
 // messages.
-func receive(conn transport, buf []byte) ([]syscall.NetlinkMessage, error) {
-	n, err := datagramsOf(conn).readDatagram(buf)
+func receive(from datagrams, buf []byte) ([]syscall.NetlinkMessage, error) {
+	n, err := from.readDatagram(buf)
 	if err != nil {
 		return nil, err
 	}
