@@ -297,6 +297,12 @@ var (
 func standIn(t *testing.T) string {
 	t.Helper()
 	originalOnce.Do(func() {
+		// Prebuilt where there is no Go toolchain (make test-kernels'
+		// guests), as IP_MASQ_AGENT_BIN is for the agent.
+		if prebuilt := os.Getenv("IP_MASQ_AGENT_ORIGINAL_BIN"); prebuilt != "" {
+			originalBin = prebuilt
+			return
+		}
 		originalBin = filepath.Join(filepath.Dir(agentBin), "original")
 		cmd := exec.Command("go", "build", "-o", originalBin, "./original")
 		cmd.Dir = "../e2e"

@@ -25,6 +25,6 @@ if [ -n "$ver" ]; then
 fi
 uname -r >"$out/uname"
 cd "$REPO/test" || exit 1
-CI=true IP_MASQ_AGENT_BIN="$BIN/ip-masq-agent" "$BIN/test.test" -test.v -test.count=1 -test.timeout="$TIMEOUT" \
+CI=true IP_MASQ_AGENT_BIN="$BIN/ip-masq-agent" IP_MASQ_AGENT_ORIGINAL_BIN="$BIN/original" "$BIN/test.test" -test.v -test.count=1 -test.timeout="$TIMEOUT" \
 	-test.run "$TESTS" ${SKIP:+-test.skip "$SKIP"} >"$out/test.out" 2>&1
 echo $? >"$out/test.rc"
