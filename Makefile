@@ -37,7 +37,7 @@ deps-kernels:
 ## table in docs/kernels.md. KERNELS="5.10 6.1" for some; KERNEL_TESTS=regexp
 ## for some tests (hack/kernels/run.sh). The full run takes hours: over an
 ## hour a kernel in a guest (docs/kernels.md; leaving the long fault and
-## load tests out with KERNEL_SKIP, about 43 minutes for the four kernels)
+## load tests out with KERNEL_SKIP, about 40 minutes for the four kernels)
 test-kernels: deps-kernels
 	GO='$(GO)' sh hack/kernels/run.sh $(KERNELS)
 
