@@ -105,7 +105,7 @@ soak: deps build
 
 ## bench: benchmarks against nft -f and iptables; writes BENCHMARKS.md (root)
 ## (control plane, kernel side, data plane, live operation and conntrack
-## cleanup, in namespaces; about 6 minutes). BENCH_QUICK=1: a smoke run of seconds that prints the report instead
+## cleanup, in namespaces; about 12 minutes). BENCH_QUICK=1: a smoke run of seconds that prints the report instead
 bench: build
 	$(GO) run ./bench/cmd/bench -agent bin/ip-masq-agent $(if $(filter-out 0,$(BENCH_QUICK)),-quick,-out BENCHMARKS.md)
 
