@@ -706,14 +706,12 @@ func (d *decoder) checkList(name string) []netip.Prefix {
 func (d *decoder) cidr(key string, i int, s string) netip.Prefix {
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
-		// net.ParseCIDR, which the original agent used, also takes leading
-		// zeros in the prefix length ("10.0.0.0/08").
-		if alt, ok := parseCIDRLength(s); ok {
-			p, err = alt, nil
-			d.warnAt(key, i, "%s has leading zeros in its prefix length; read as %q", quote(s), alt.String())
+		// net.ParseCIDR, which the original agent validated with, also
+		// takes leading zeros in the prefix length ("10.0.0.0/010"); then
+		// its iptables-restore read such a length as octal.
+		if dec, ok := parseCIDRLength(s); ok {
+			return d.octalCIDR(key, i, s, dec)
 		}
-	}
-	if err != nil {
 		d.errorAt(key, i, "%s is not a valid CIDR: %s", quote(s), prefixReason(s, err))
 		return netip.Prefix{}
 	}
@@ -721,6 +719,12 @@ func (d *decoder) cidr(key string, i int, s string) netip.Prefix {
 		d.errorAt(key, i, "%s is not aligned to its prefix length (did you mean %q?)", quote(s), m.String())
 		return netip.Prefix{}
 	}
+	return d.family(key, i, s, p)
+}
+
+// family unmaps an IPv4-mapped CIDR and refuses an IPv6 one without
+// --enable-ipv6.
+func (d *decoder) family(key string, i int, s string, p netip.Prefix) netip.Prefix {
 	if q, mapped := UnmapPrefix(p); mapped {
 		p = q
 		d.warnAt(key, i, "%s is an IPv4-mapped IPv6 CIDR; read as %q", quote(s), p.String())
@@ -730,11 +734,42 @@ func (d *decoder) cidr(key string, i int, s string) netip.Prefix {
 	return p
 }
 
+// octalCIDR reads s, whose prefix length has a leading zero, as the
+// original agent did: net.ParseCIDR validated it in decimal (dec, which
+// must be aligned), then iptables-restore installed the length read in
+// octal (xtables_strtoui, base 0: "010" is 8, "032" is 26), masking the
+// address to it. A length with an 8 or a 9 is no octal number: the
+// original's iptables-restore refused it at every sync and its rules
+// stayed as they were; here the config is refused the same way.
+func (d *decoder) octalCIDR(key string, i int, s string, dec netip.Prefix) netip.Prefix {
+	if m := dec.Masked(); m != dec {
+		d.errorAt(key, i, "%s is not aligned to its prefix length (did you mean %q?)", quote(s), m.String())
+		return netip.Prefix{}
+	}
+	_, bits, _ := strings.Cut(s, "/")
+	n, err := strconv.ParseUint(bits, 8, 8)
+	if err != nil {
+		d.errorAt(key, i, "%s has a leading zero in its prefix length, which iptables reads as an octal number, and %q is none: "+
+			"the original agent's iptables-restore refused it at every sync, and its rules stayed as they were; write %q",
+			quote(s), bits, dec.String())
+		return netip.Prefix{}
+	}
+	p := netip.PrefixFrom(dec.Addr(), int(n)).Masked()
+	if int(n) == dec.Bits() {
+		d.warnAt(key, i, "%s has leading zeros in its prefix length; read as %q", quote(s), p.String())
+	} else {
+		d.warnAt(key, i, "%s has a leading zero in its prefix length, which the original agent's iptables-restore read as octal: "+
+			"%q, not %q; this agent reads it so too; write %q to keep that, or %q if you meant /%d",
+			quote(s), p.String(), dec.String(), p.String(), dec.String(), dec.Bits())
+	}
+	return d.family(key, i, s, p)
+}
+
 // parseCIDRLength parses "ADDR/LEN" where LEN has leading zeros, as
-// net.ParseCIDR does (and netip.ParsePrefix does not).
+// net.ParseCIDR does (and netip.ParsePrefix does not): LEN in decimal.
 func parseCIDRLength(s string) (netip.Prefix, bool) {
 	addr, bits, ok := strings.Cut(s, "/")
-	if !ok || len(bits) < 2 || bits[0] != '0' || len(bits) > 64 {
+	if !ok || len(bits) < 2 || bits[0] != '0' {
 		return netip.Prefix{}, false
 	}
 	a, err := netip.ParseAddr(addr)

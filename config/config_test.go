@@ -239,8 +239,27 @@ func TestParseCIDRs(t *testing.T) {
 		{item: `"10.0.0.0/8 "`, wantErr: `%[1]s[0]: "10.0.0.0/8 " is not a valid CIDR: remove the surrounding spaces`},
 		{item: "fe80::1%eth0/64", f: v6, wantErr: `%[1]s[0]: "fe80::1%%eth0/64" is not a valid CIDR: IPv6 zones ("%%...") are not allowed`},
 		{item: "010.0.0.0/8", wantErr: `%[1]s[0]: "010.0.0.0/8" is not a valid CIDR: IPv4 field has octet with leading zero`},
-		{item: "10.0.0.0/08", want: "10.0.0.0/8", // as net.ParseCIDR reads it
-			wantWarn: `%[1]s[0]: "10.0.0.0/08" has leading zeros in its prefix length; read as "10.0.0.0/8"`},
+		// A leading zero in the prefix length: net.ParseCIDR (the original's
+		// validation) reads it in decimal, then iptables-restore in octal.
+		{item: "10.0.0.0/08", wantErr: `%[1]s[0]: "10.0.0.0/08" has a leading zero in its prefix length, which iptables reads as an octal number, and "08" is none: ` +
+			`the original agent's iptables-restore refused it at every sync, and its rules stayed as they were; write "10.0.0.0/8"`},
+		{item: "10.0.0.0/010", want: "10.0.0.0/8",
+			wantWarn: `%[1]s[0]: "10.0.0.0/010" has a leading zero in its prefix length, which the original agent's iptables-restore read as octal: ` +
+				`"10.0.0.0/8", not "10.0.0.0/10"; this agent reads it so too; write "10.0.0.0/8" to keep that, or "10.0.0.0/10" if you meant /10`},
+		{item: "10.64.0.0/010", want: "10.0.0.0/8", // iptables masks the address to the octal length
+			wantWarn: `%[1]s[0]: "10.64.0.0/010" has a leading zero in its prefix length, which the original agent's iptables-restore read as octal: ` +
+				`"10.0.0.0/8", not "10.64.0.0/10"; this agent reads it so too; write "10.0.0.0/8" to keep that, or "10.64.0.0/10" if you meant /10`},
+		{item: "10.0.0.1/032", want: "10.0.0.0/26",
+			wantWarn: `%[1]s[0]: "10.0.0.1/032" has a leading zero in its prefix length, which the original agent's iptables-restore read as octal: ` +
+				`"10.0.0.0/26", not "10.0.0.1/32"; this agent reads it so too; write "10.0.0.0/26" to keep that, or "10.0.0.1/32" if you meant /32`},
+		{item: "10.0.0.0/07", want: "10.0.0.0/7", // the same in octal
+			wantWarn: `%[1]s[0]: "10.0.0.0/07" has leading zeros in its prefix length; read as "10.0.0.0/7"`},
+		{item: "10.0.0.1/026", wantErr: `%[1]s[0]: "10.0.0.1/026" is not aligned to its prefix length (did you mean "10.0.0.0/26"?)`}, // net.ParseCIDR's check, in decimal
+		{item: `"fd00::/010"`, f: v6, want: "fd00::/8",
+			wantWarn: `%[1]s[0]: "fd00::/010" has a leading zero in its prefix length, which the original agent's iptables-restore read as octal: ` +
+				`"fd00::/8", not "fd00::/10"; this agent reads it so too; write "fd00::/8" to keep that, or "fd00::/10" if you meant /10`},
+		{item: `"fd00::/0128"`, f: v6, wantErr: `%[1]s[0]: "fd00::/0128" has a leading zero in its prefix length, which iptables reads as an octal number, and "0128" is none: ` +
+			`the original agent's iptables-restore refused it at every sync, and its rules stayed as they were; write "fd00::/128"`},
 		{item: "10.0.0.0/", wantErr: `%[1]s[0]: "10.0.0.0/" is not a valid CIDR: bad bits after slash: ""`},
 		{item: "10.0.0.0/33", wantErr: `%[1]s[0]: "10.0.0.0/33" is not a valid CIDR: prefix length out of range`},
 		{item: "10.0.0.1", wantErr: `%[1]s[0]: "10.0.0.1" is not a valid CIDR: missing the prefix length (did you mean "10.0.0.1/32"?)`},

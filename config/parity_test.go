@@ -23,6 +23,7 @@ import (
 	"net/netip"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -71,7 +72,30 @@ func origParse(data []byte, f Flags) (*origMasqConfig, error) {
 	if err := c.validate(f.EnableIPv6); err != nil {
 		return nil, err
 	}
+	// Then iptables-restore read each CIDR's prefix length with
+	// xtables_strtoui, base 0: a leading zero is octal, and "08" is no
+	// number, so that the restore failed at every sync.
+	for _, cidr := range c.NonMasqueradeCIDRs {
+		if _, err := iptablesMask(cidr); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// iptablesMask reads a CIDR's prefix length as iptables does (strtoumax
+// with base 0; net.ParseCIDR let through only decimal digits).
+func iptablesMask(cidr string) (int, error) {
+	_, bits, _ := strings.Cut(cidr, "/")
+	base := 10
+	if len(bits) > 1 && bits[0] == '0' {
+		base = 8
+	}
+	n, err := strconv.ParseUint(bits, base, 8)
+	if err != nil {
+		return 0, fmt.Errorf("iptables-restore: invalid mask `%s' specified", bits)
+	}
+	return int(n), nil
 }
 
 // validate is the original's, with --enable-ipv6 as a parameter.
@@ -237,15 +261,15 @@ func compareWithOriginal(t *testing.T, tc parityCase, f Flags) (diffs []string, 
 // reports an IPv4-mapped one, which is compared as this agent reads it.
 func origPrefix(s string) (p netip.Prefix, m bool) {
 	_, ipnet, _ := net.ParseCIDR(s)
-	ones, _ := ipnet.Mask.Size()
+	ones, _ := iptablesMask(s) // as iptables installed it: octal with a leading zero
 	a, _ := netip.AddrFromSlice(ipnet.IP)
 	if a.Is4In6() {
 		if ones >= 96 {
-			return netip.PrefixFrom(a.Unmap(), ones-96), true
+			return netip.PrefixFrom(a.Unmap(), ones-96).Masked(), true
 		}
-		return netip.PrefixFrom(a, ones), true
+		return netip.PrefixFrom(a, ones).Masked(), true
 	}
-	return netip.PrefixFrom(a, ones), false
+	return netip.PrefixFrom(a, ones).Masked(), false
 }
 
 func hasMappedCIDR(list []string) bool {
@@ -342,7 +366,9 @@ func handWrittenCases() []parityCase {
 		"masqLinkLocal: yes\n", "masqLinkLocal: on\n", "masqLinkLocal: y\n", "masqLinkLocal: Off\n", "masqLinkLocal: \"true\"\n",
 		"masqLinkLocal: 1\n", "masqLinkLocalIPv6: TRUE\n", `{"masqLinkLocal": "yes"}`, `{"masqLinkLocal": 1}`,
 		// CIDRs
-		"nonMasqueradeCIDRs: [10.0.0.0/08]\n", "nonMasqueradeCIDRs: [10.0.0.0/0008]\n", "nonMasqueradeCIDRs: [10.0.0.0/]\n",
+		"nonMasqueradeCIDRs: [10.0.0.0/08]\n", "nonMasqueradeCIDRs: [10.0.0.0/0008]\n",
+		"nonMasqueradeCIDRs: [10.0.0.0/010]\n", "nonMasqueradeCIDRs: [10.64.0.0/010, 10.0.0.1/032, 10.0.0.0/016]\n", "nonMasqueradeCIDRs: [10.0.0.0/07]\n",
+		"nonMasqueradeCIDRs: [\"fd00::/010\"]\n", "nonMasqueradeCIDRs: [\"fd00::/0128\"]\n", "nonMasqueradeCIDRs: [10.0.0.0/]\n",
 		"nonMasqueradeCIDRs: [10.0.0.1/8]\n", "nonMasqueradeCIDRs: [010.0.0.0/8]\n", "nonMasqueradeCIDRs: [\" 10.0.0.0/8\"]\n",
 		"nonMasqueradeCIDRs: [10.0.0.0]\n", "nonMasqueradeCIDRs: [10.0.0.0/33]\n", "nonMasqueradeCIDRs: [10.0.0.0/8/8]\n",
 		"nonMasqueradeCIDRs: [fd00::/8]\n", "nonMasqueradeCIDRs: [\"fe80::%eth0/64\"]\n", "nonMasqueradeCIDRs: [\"::/0\"]\n",
@@ -395,7 +421,7 @@ func generatedCases(n int) []parityCase {
 	r := rand.New(rand.NewPCG(12, 2024))
 	pick := func(s []string) string { return s[r.IntN(len(s))] }
 	cidrs := []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "198.51.100.0/24", "0.0.0.0/0", "10.0.0.1/8",
-		"10.0.0.0/08", "fd00::/8", "fe80::/10", "::ffff:10.0.0.0/104", "::ffff:0:0/96", "bad", "", "10.0.0.0",
+		"10.0.0.0/08", "10.0.0.0/010", "10.64.0.0/010", "fd00::/010", "fd00::/8", "fe80::/10", "::ffff:10.0.0.0/104", "::ffff:0:0/96", "bad", "", "10.0.0.0",
 		"100.64.0.0/10", "2001:db8::/32", "2001:db8::1/32", "192.168.1.0/24", "1.2.3.4/32", "10.0.0.0/8 "}
 	bools := []string{"true", "false", "yes", "no", "on", "off", "True", "\"true\"", "1", "0", "null", "~", "y", "n"}
 	limits := []string{"0", "1", "2", "3", "4", "64", "-1", "64.0", "1e2", "0x10", "null", "\"5\"", "2.5", "100000000000"}

@@ -136,11 +136,15 @@ func TestParsePorts(t *testing.T) {
 		{in: "1024 - 2048", wantErr: `"1024 - 2048" is not a port or a range FIRST-LAST`},
 		{in: "-1024", wantErr: `"-1024" is not a port or a range FIRST-LAST`},
 		{in: "http", wantErr: `"http" is not a port or a range FIRST-LAST`},
-		// The original's parser took these, and iptables then refused the
+		// Port 0: iptables-restore installed it for the original (iptables
+		// 1.8.9: "masquerade to :0", ":0-65535"); taken as it is.
+		{in: "0", want: []PortRange{r(0, 0)}},
+		{in: "0-0", want: []PortRange{r(0, 0)}},
+		{in: "0-65535", want: []PortRange{r(0, 65535)}},
+		{in: "0-1024", want: []PortRange{r(0, 1024)}},
+		// The original's parser took this, and iptables then refused the
 		// rule at every sync; refused at start here.
-		{in: "0", wantErr: "0 is not a port (1-65535)"},
-		{in: "0-1024", wantErr: "0 is not a port (1-65535)"},
-		{in: "65536", wantErr: "65536 is not a port (1-65535)"},
+		{in: "65536", wantErr: "65536 is not a port (0-65535)"},
 	}
 	for _, tt := range tests {
 		got, err := ParsePorts(tt.in)
@@ -156,13 +160,56 @@ func TestParsePorts(t *testing.T) {
 	}
 }
 
-func TestValidateChain(t *testing.T) {
-	for name, ok := range map[string]bool{
-		"IP-MASQ-AGENT": true, "my_chain.v2": true, "": false, "1abc": false, "a b": false,
-		BaseChainName: false, MasqChainName: false, strings.Repeat("a", 65): false,
+// TestChainName: every --masq-chain is taken; the chain is named so that
+// nft reads it back (a saved ruleset loads with nft -f) and apart from the
+// agent's other chains.
+func TestChainName(t *testing.T) {
+	for flag, want := range map[string]string{
+		"IP-MASQ-AGENT": "IP-MASQ-AGENT", "IP-MASQ": "IP-MASQ", "my_chain.v2": "my_chain.v2", "_MASQ": "_MASQ",
+		"MASQ/1": "MASQ/1", "MASQUERADE": "MASQUERADE", "RETURN": "RETURN", strings.Repeat("A", 64): strings.Repeat("A", 64),
+		// nft cannot read these back: the upper case, or the default name.
+		BaseChainName: "POSTROUTING", MasqChainName: "MASQ-TO-NODE", "mark": "MARK", "custom-masq": "CUSTOM-MASQ",
+		"1MASQ": DefaultChain, "MASQ:1": DefaultChain, "a#b": DefaultChain, ".MASQ": DefaultChain, "": DefaultChain,
+		"a b": DefaultChain, "-x": DefaultChain, strings.Repeat("A", 256): DefaultChain, "ü-chain": DefaultChain,
 	} {
-		if err := ValidateChain(name); (err == nil) != ok {
-			t.Errorf("ValidateChain(%q) = %v, want ok=%v", name, err, ok)
+		got, why := ChainName(flag)
+		if got != want || (why == "") != (got == flag) {
+			t.Errorf("ChainName(%q) = %q, %q; want %q", flag, got, why, want)
+		}
+		if !nftNameRE.MatchString(got) || !nftKeywordSafe.MatchString(got) || got == BaseChainName || got == MasqChainName {
+			t.Errorf("ChainName(%q) = %q: nft could not read it back, or it is one of the agent's chains", flag, got)
+		}
+	}
+}
+
+// TestOriginalCannotWrite: the names iptables refused the original (as
+// iptables 1.8.9's -N and iptables-restore answer them).
+func TestOriginalCannotWrite(t *testing.T) {
+	for name, cannot := range map[string]bool{
+		"IP-MASQ-AGENT": false, "1MASQ": false, "_MASQ": false, "MASQ:1": false, "postrouting": false, "masq-to-node": false,
+		"mark": false, "ERROR": false, strings.Repeat("a", 28): false,
+		strings.Repeat("a", 29): true, "": true, "-x": true, "!x": true, "a b": true, "MASQUERADE": true, "RETURN": true,
+		"ACCEPT": true, "SNAT": true, "LOG": true, "POSTROUTING": true, `a"b`: true,
+	} {
+		if why := OriginalCannotWrite(name); (why != "") != cannot {
+			t.Errorf("OriginalCannotWrite(%q) = %q, want a reason: %v", name, why, cannot)
+		}
+	}
+}
+
+// TestPortsNote: --to-ports reaching port 0 is taken, with a note.
+func TestPortsNote(t *testing.T) {
+	for in, want := range map[string]string{
+		"0": "source port 0", "0-0": "source port 0", "0-65535": "a range from 0 (0-65535)",
+		"1024-65535": "", "": "", "0,1024-2000": "source port 0",
+	} {
+		ports, err := ParsePorts(in)
+		if err != nil {
+			t.Fatalf("ParsePorts(%q): %v", in, err)
+		}
+		note := PortsNote(in, ports)
+		if (want == "") != (note == "") || !strings.Contains(note, want) {
+			t.Errorf("PortsNote(%q) = %q, want %q in it", in, note, want)
 		}
 	}
 }

@@ -315,29 +315,99 @@ func (t *Table) MarkLabel() int {
 	return bit
 }
 
-var chainNameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,63}$`)
+// nftNameRE is a name that nft's parser reads back as a chain name
+// unquoted (its scanner's {string}): nft has no syntax for a chain named
+// otherwise (1MASQ, MASQ:1, a#b, .MASQ), so a saved ruleset holding one
+// would not load with nft -f.
+var nftNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9/_.-]*$`)
 
-// ValidateChain checks a --masq-chain value: a plain nft identifier that is
-// not one of the agent's other chains.
-func ValidateChain(name string) error {
-	if !chainNameRE.MatchString(name) {
-		return fmt.Errorf("--masq-chain %q: want a letter, then up to 63 letters, digits, '_', '.' or '-'", name)
+// nftKeywordSafe: nft's keywords are lowercase letters, digits and '-'
+// (mark, counter, return, sack-perm ...), in every version; a name with
+// an uppercase letter, '_', '.' or '/' is never one.
+var nftKeywordSafe = regexp.MustCompile(`[A-Z_./]`)
+
+// maxChainName is the kernel's limit (NFT_CHAIN_MAXNAMELEN, 256 with the NUL).
+const maxChainName = 255
+
+// iptablesTargets are names iptables refuses for a new chain ("chain name
+// may not clash with target name"): the standard verdicts and the target
+// extensions of iptables 1.8; and the nat table's built-in chains, to
+// which the original's jump failed.
+var iptablesTargets = []string{"ACCEPT", "DROP", "QUEUE", "RETURN", "standard",
+	"AUDIT", "CHECKSUM", "CLASSIFY", "CLUSTERIP", "CONNMARK", "CONNSECMARK", "CT", "DNAT", "DNPT", "DSCP",
+	"ECN", "HL", "HMARK", "IDLETIMER", "LED", "LOG", "MARK", "MASQUERADE", "NETMAP", "NFLOG", "NFQUEUE",
+	"NOTRACK", "RATEEST", "REDIRECT", "REJECT", "SECMARK", "SET", "SNAT", "SNPT", "SYNPROXY", "TCPMSS",
+	"TCPOPTSTRIP", "TEE", "TOS", "TPROXY", "TRACE", "TTL", "ULOG"}
+
+var natBuiltins = []string{"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"}
+
+// OriginalCannotWrite says why the original agent could never write its
+// chain under --masq-chain name ("" when it could): iptables -N refuses
+// names of 29 characters or more, starting with '-' or '!', holding a
+// space, or clashing with a target; the jump to a built-in chain fails;
+// iptables-restore cannot parse a rule of a chain whose name holds '"'.
+// The original then ran and logged the error at every sync, with no
+// masquerade rules of its own.
+func OriginalCannotWrite(name string) string {
+	switch {
+	case name == "":
+		return "iptables refuses an empty chain name"
+	case len(name) >= 29:
+		return fmt.Sprintf("iptables refuses chain names of 29 characters or more (this one has %d)", len(name))
+	case name[0] == '-' || name[0] == '!':
+		return fmt.Sprintf("iptables refuses chain names starting with %q", name[0])
+	case strings.ContainsAny(name, " \t\n\v\f\r"):
+		return "iptables refuses chain names holding white space"
+	case slices.Contains(iptablesTargets, name):
+		return "iptables refuses a chain named like a target (\"chain name may not clash with target name\")"
+	case slices.Contains(natBuiltins, name):
+		return "it is a built-in chain of table nat, to which iptables refused the original's jump"
+	case strings.Contains(name, `"`):
+		return "iptables-restore refused the original's rules for a chain name holding '\"'"
 	}
-	if name == BaseChainName || name == MasqChainName {
-		return fmt.Errorf("--masq-chain %q: the name is taken by the agent's own %q chain", name, name)
+	return ""
+}
+
+// ChainName returns the name of the decision chain in table inet
+// ip-masq-agent for --masq-chain flag, and, when it is not flag itself,
+// why. The name is flag when nft's parser reads it back unquoted (so a
+// saved ruleset loads with nft -f), it is not a keyword of nft, and it is
+// none of the agent's other chains; else flag in upper case when that is
+// such a name (postrouting: POSTROUTING), else DefaultChain. The name
+// decides nothing: the decisions are the same under any name.
+func ChainName(flag string) (name, why string) {
+	if chainNameOK(flag) {
+		return flag, ""
 	}
-	return nil
+	why = "nft cannot read back a chain named " + strconv.Quote(flag) + " (a saved ruleset would not load with nft -f)"
+	switch {
+	case flag == BaseChainName || flag == MasqChainName:
+		why = "the name is taken by the agent's own chain " + strconv.Quote(flag)
+	case nftNameRE.MatchString(flag) && len(flag) <= maxChainName:
+		why = "a name of lowercase letters, digits and '-' only may be a keyword of nft (mark, counter, return ...), which nft cannot read back as a chain name (a saved ruleset would not load with nft -f)"
+	}
+	if up := strings.ToUpper(flag); chainNameOK(up) {
+		return up, why
+	}
+	return DefaultChain, why
+}
+
+func chainNameOK(s string) bool {
+	return len(s) <= maxChainName && nftNameRE.MatchString(s) && nftKeywordSafe.MatchString(s) &&
+		s != BaseChainName && s != MasqChainName
 }
 
 // ParsePorts parses --to-ports as the original agent did
 // (pkg/interval.ParseIntervals, then iptables' --to-ports): ports or
 // ranges FIRST-LAST separated by commas, each number as strconv.Atoi reads
-// it ("+1024" and "01024" are 1024), FIRST <= LAST; no spaces. Ranges may
-// overlap: each range is chosen with a probability proportional to its
-// size, as the original's "-m statistic" rules did. Empty means no port
-// restriction.
+// it ("+1024" and "01024" are 1024: the original wrote them back in
+// decimal), FIRST <= LAST; no spaces. Ranges may overlap: each range is
+// chosen with a probability proportional to its size, as the original's
+// "-m statistic" rules did. Empty means no port restriction. Port 0 is
+// what iptables-restore installed for the original (PortsNote says what
+// the kernel makes of it).
 //
-// One difference: a port outside 1-65535 passed the original's parser but
+// One difference: a port above 65535 passed the original's parser but
 // iptables-restore refused the rule at every sync, so the original never
 // programmed anything; here it is refused at start.
 func ParsePorts(s string) ([]PortRange, error) {
@@ -356,8 +426,8 @@ func ParsePorts(s string) ([]PortRange, error) {
 			if err != nil {
 				return nil, fmt.Errorf("--to-ports %q: %q is not a port or a range FIRST-LAST", s, part)
 			}
-			if n < 1 || n > 65535 {
-				return nil, fmt.Errorf("--to-ports %q: %d is not a port (1-65535)", s, n)
+			if n < 0 || n > 65535 {
+				return nil, fmt.Errorf("--to-ports %q: %d is not a port (0-65535)", s, n)
 			}
 			ports[i] = n
 		}
@@ -370,4 +440,45 @@ func ParsePorts(s string) ([]PortRange, error) {
 		out = append(out, PortRange{First: uint16(ports[0]), Last: uint16(ports[1])})
 	}
 	return out, nil
+}
+
+// PortsNote says what the kernel makes of --to-ports ranges that reach
+// port 0, which the original's iptables-restore installed as given and
+// this agent installs the same ("" when none does). The kernel's NAT takes
+// a port range as it is: 0 or 0-0 maps every tcp, udp and sctp connection
+// to source port 0; a range from 0 may pick 0 and ports below 1024, which
+// without --to-ports it keeps for sources below 1024 only.
+func PortsNote(flag string, ports []PortRange) string {
+	var zero, from0 []string
+	for _, p := range ports {
+		switch {
+		case p.First == 0 && p.Last == 0:
+			zero = append(zero, "0")
+		case p.First == 0:
+			from0 = append(from0, fmt.Sprintf("0-%d", p.Last))
+		}
+	}
+	var notes []string
+	if len(zero) > 0 {
+		notes = append(notes, "port 0 alone masquerades every tcp, udp and sctp connection to source port 0")
+	}
+	if len(from0) > 0 {
+		notes = append(notes, "a range from 0 ("+strings.Join(from0, ", ")+") lets the kernel pick source port 0 and ports below 1024")
+	}
+	if len(notes) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("--to-ports=%s: %s, as the original agent's iptables-restore installed it (masquerade to :%s); "+
+		"to leave the kernel its default ports, give no --to-ports, or a range such as 1024-65535", flag, strings.Join(notes, "; "), portsText(ports))
+}
+
+func portsText(ports []PortRange) string {
+	s := make([]string, len(ports))
+	for i, p := range ports {
+		s[i] = strconv.Itoa(int(p.First))
+		if p.Last != p.First {
+			s[i] += "-" + strconv.Itoa(int(p.Last))
+		}
+	}
+	return strings.Join(s, ",")
 }

@@ -134,10 +134,13 @@ func rulesetCommand(c *command, fs *flag.FlagSet, args []string, stdout, stderr 
 	if err := adoptAgentFlags(fs, *agentPID, stderr); err != nil {
 		return r, cfg, pos, usageError(c, stderr, "%v", err), true
 	}
-	if err := r.finish(); err != nil {
+	warnings, err := r.finish()
+	if err != nil {
 		return r, cfg, pos, usageError(c, stderr, "%v", err), true
 	}
-	var err error
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "warning: %s\n", w)
+	}
 	if cfg, err = loadConfig(r.configPath, r.flags, stderr); err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent %s: %v\n", c.name, err)
 		return r, cfg, pos, 2, true

@@ -56,6 +56,9 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	if d.resyncWarning != "" {
 		log.Warn(d.resyncWarning)
 	}
+	for _, w := range d.warnings {
+		log.Warn(w)
+	}
 
 	slog.SetDefault(log)
 	// --once --release-on-exit: no owner to release; the table is written unowned.

@@ -22,6 +22,7 @@ type rulesetFlags struct {
 	flags      config.Flags
 	nft        nft.Options
 	toPorts    string
+	masqChain  string // --masq-chain as given; nft.Chain is the chain's name here (nft.ChainName)
 }
 
 // register defines the flags on fs, with the original agent's defaults.
@@ -31,7 +32,7 @@ func (r *rulesetFlags) register(fs *flag.FlagSet) {
 	r.registerValidation(fs)
 	fs.BoolVar(&r.nft.RandomFully, "random-fully", true, "whether to masquerade with fully-random source ports")
 	fs.StringVar(&r.toPorts, "to-ports", "", `masquerade to these source ports only, e.g. "1024-29999,32768-65535"; applies to tcp, udp and sctp`)
-	fs.StringVar(&r.nft.Chain, "masq-chain", nft.DefaultChain, "name of the nft chain that holds the masquerade decisions")
+	fs.StringVar(&r.masqChain, "masq-chain", nft.DefaultChain, "name of the nft chain that holds the masquerade decisions (a name nft cannot read back, or one of the agent's own chains, is spelled differently: a warning says how)")
 	r.nft.CtLabel = labelFlag{&r.nft.CtLabel}.defaultBit()
 	fs.Var(labelFlag{&r.nft.CtLabel}, "conntrack-label",
 		"conntrack label bit (0-127) set on the connections the agent masquerades, so that the conntrack cleanup undoes only its own masquerade; none: no mark (the cleanup then takes every masquerade to a node address for the agent's)")
@@ -72,18 +73,71 @@ func (r *rulesetFlags) registerValidation(fs *flag.FlagSet) {
 	fs.BoolVar(&r.flags.EnableIPv6, "enable-ipv6", false, "whether to enable IPv6 (rules and IPv6 CIDRs)")
 }
 
-// finish checks and completes the flags after parsing.
-func (r *rulesetFlags) finish() error {
-	if err := nft.ValidateChain(r.nft.Chain); err != nil {
-		return err
+// finish checks and completes the flags after parsing. Every --masq-chain
+// and every --to-ports the original agent ran with is taken (the original
+// never exited on them); warnings say what an input means here when that
+// may surprise: a chain named otherwise than the flag, a chain the
+// original could never write, a port range that reaches port 0.
+func (r *rulesetFlags) finish() (warnings []string, err error) {
+	name, why := nft.ChainName(r.masqChain)
+	r.nft.Chain = name
+	if why != "" {
+		warnings = append(warnings, fmt.Sprintf("--masq-chain=%q: the decision chain is named %s in table inet %s, because %s; "+
+			"the name decides nothing, the decisions are the same", r.masqChain, name, nft.TableName, why))
+	}
+	if why := nft.OriginalCannotWrite(r.masqChain); why != "" {
+		warnings = append(warnings, fmt.Sprintf("--masq-chain=%q: the original agent never wrote this chain (%s): it ran with no masquerade rules of its own, "+
+			"and this agent runs with them (a deliberate difference; docs/configuration.md)", r.masqChain, why))
 	}
 	ports, err := nft.ParsePorts(r.toPorts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	r.nft.ToPorts = ports
+	if note := nft.PortsNote(r.toPorts, ports); note != "" {
+		warnings = append(warnings, note)
+	}
 	r.nft.EnableIPv6 = r.flags.EnableIPv6
-	return nil
+	return warnings, nil
+}
+
+// ignoredArgs is the warning about the words that end the daemon's flags:
+// the original agent (Go's flag.Parse, as here) stopped at the first word
+// that is not a flag and ran with the flags before it, so that word and
+// everything after it had no effect. A word after a bool flag is the
+// usual case: "--nomasq-all-reserved-ranges false" turns the flag ON.
+func ignoredArgs(fs *flag.FlagSet, args []string) string {
+	rest := fs.Args()
+	first := len(args) - len(rest) // args[first] is the first word left
+	msg := fmt.Sprintf("the command line's words from %q on are ignored, as by the original agent (flags end at the first word that is not a flag): %s",
+		rest[0], strings.Join(rest, " "))
+	if first > 0 && first <= len(args) && args[first-1] != "--" {
+		prev := args[first-1]
+		name := strings.TrimLeft(prev, "-")
+		f := fs.Lookup(name)
+		var b interface{ IsBoolFlag() bool }
+		if f != nil {
+			b, _ = f.Value.(interface{ IsBoolFlag() bool })
+		}
+		if b != nil && b.IsBoolFlag() && strings.HasPrefix(prev, "-") && !strings.Contains(name, "=") {
+			msg = fmt.Sprintf("%s %s: the word %q is ignored, as by the original agent (a bool flag takes no separate value); the flag is %s",
+				prev, rest[0], rest[0], onOff(f.Value.String()))
+			if v, err := strconv.ParseBool(rest[0]); err == nil && strconv.FormatBool(v) != f.Value.String() {
+				msg += fmt.Sprintf("; write %s=%t to turn it %s", prev, v, onOff(strconv.FormatBool(v)))
+			}
+			if len(rest) > 1 {
+				msg += fmt.Sprintf("; the words after it are ignored too, flags among them, as by the original: %s", strings.Join(rest[1:], " "))
+			}
+		}
+	}
+	return msg
+}
+
+func onOff(v string) string {
+	if v == "true" {
+		return "ON"
+	}
+	return "OFF"
 }
 
 // resyncSeconds is Azure ip-masq-agent-v2's --resync-interval (an int of

@@ -194,3 +194,36 @@ func TestAzureFlagsAccepted(t *testing.T) {
 		t.Errorf("--resync-interval=1m: %d %q", code, errOut)
 	}
 }
+
+// TestDaemonIgnoresWords: the original agent's flag.Parse stopped at the
+// first word that is no flag and ran with the flags before it, so
+// "--nomasq-all-reserved-ranges false" turned the flag ON and the flags
+// after the word had no effect. The daemon decides the same, and says so.
+func TestDaemonIgnoresWords(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		check   func(daemonFlags) bool
+		warning string
+	}{
+		{[]string{"--nomasq-all-reserved-ranges", "false"}, func(d daemonFlags) bool { return d.flags.NoMasqAllReservedRanges },
+			`--nomasq-all-reserved-ranges false: the word "false" is ignored, as by the original agent (a bool flag takes no separate value); the flag is ON; write --nomasq-all-reserved-ranges=false to turn it OFF`},
+		{[]string{"--enable-ipv6", "true"}, func(d daemonFlags) bool { return d.flags.EnableIPv6 && d.nft.EnableIPv6 },
+			`--enable-ipv6 true: the word "true" is ignored, as by the original agent (a bool flag takes no separate value); the flag is ON`},
+		// The flags after the word are ignored too, as by the original.
+		{[]string{"--enable-ipv6", "false", "--masq-chain=OTHER", "--random-fully=false"},
+			func(d daemonFlags) bool { return d.flags.EnableIPv6 && d.nft.Chain == "IP-MASQ-AGENT" && d.nft.RandomFully },
+			`the words after it are ignored too, flags among them, as by the original: --masq-chain=OTHER --random-fully=false`},
+		{[]string{"--masq-chain", "IP-MASQ", "extra"}, func(d daemonFlags) bool { return d.nft.Chain == "IP-MASQ" },
+			`the command line's words from "extra" on are ignored, as by the original agent (flags end at the first word that is not a flag): extra`},
+		{[]string{"--random-fully", "--", "x"}, func(d daemonFlags) bool { return d.nft.RandomFully },
+			`words from "x" on are ignored`},
+	} {
+		d, code, done, _, errOut := parseArgs(t, tc.args...)
+		if done || code != 0 || !tc.check(d) {
+			t.Errorf("%q: code %d, done %v, flags %+v; %s", tc.args, code, done, d.options, errOut)
+		}
+		if !slices.ContainsFunc(d.warnings, func(w string) bool { return strings.Contains(w, tc.warning) }) {
+			t.Errorf("%q: warnings %q, want one with %q", tc.args, d.warnings, tc.warning)
+		}
+	}
+}

@@ -40,6 +40,7 @@ type daemonFlags struct {
 	logFlags            logFlags               // the original agent's klog flags (flags.go)
 	logIgnored          string                 // the warning about those that have no effect, if any
 	resyncWarning       string                 // the warning about a --resync-interval below 1 s, if any
+	warnings            []string               // what the flags mean here where that may surprise (flags.go's finish, ignoredArgs)
 	visit               func(func(*flag.Flag)) // the flags given, for the start line
 }
 
@@ -92,8 +93,10 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 		return d, 2, true
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "ip-masq-agent: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
-		return d, 2, true
+		// The original agent's flag.Parse stopped at the first word that
+		// is no flag, and it ran with the flags before it: the rest of the
+		// command line had no effect ("--enable-ipv6 true" is --enable-ipv6).
+		d.warnings = append(d.warnings, ignoredArgs(fs, args))
 	}
 	if showVersion {
 		fmt.Fprintln(stdout, "ip-masq-agent", version)
@@ -111,10 +114,12 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 				"this agent masquerades with them (the kubernetes-sigs agent's default) unless --random-fully=false"
 		}
 	}
-	if err := o.finish(); err != nil {
+	warnings, err := o.finish()
+	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent: %v\n", err)
 		return d, 2, true
 	}
+	d.warnings = append(d.warnings, warnings...)
 	// The probes of the shipped DaemonSet need /healthz and /readyz: an
 	// agent without the endpoint would be restarted forever. (--once and
 	// --cleanup serve nothing.)
