@@ -266,3 +266,28 @@ func TestToolsReadTheAgentsFlags(t *testing.T) {
 		t.Errorf("process 1 is a tool: %d %q", code, errOut)
 	}
 }
+
+// TestValidateFlags: validate names what --masq-chain and --to-ports mean
+// here before the switch: a chain spelled otherwise, one the original
+// never wrote (a deliberate difference), ports reaching 0.
+func TestValidateFlags(t *testing.T) {
+	good := writeFile(t, "good.yaml", "nonMasqueradeCIDRs: [10.0.0.0/8]\n")
+	code, out, errOut := runCmd(t, "validate", "--masq-chain", "1MASQ", good)
+	if code != 0 || !strings.Contains(out, `--masq-chain="1MASQ": the decision chain is named IP-MASQ-AGENT`) || !strings.Contains(errOut, "1 file checked: 0 errors, 1 warning") {
+		t.Errorf("--masq-chain 1MASQ: %d %q %q", code, out, errOut)
+	}
+	code, out, _ = runCmd(t, "validate", "--strict", "--masq-chain", strings.Repeat("M", 29))
+	if code != 1 || !strings.Contains(out, "the original agent never wrote this chain (iptables refuses chain names of 29 characters or more") {
+		t.Errorf("--masq-chain of 29: %d %q", code, out)
+	}
+	code, out, _ = runCmd(t, "validate", "--to-ports", "0")
+	if code != 0 || !strings.Contains(out, "--to-ports=0: port 0 alone masquerades every tcp, udp and sctp connection to source port 0") {
+		t.Errorf("--to-ports 0: %d %q", code, out)
+	}
+	if code, out, _ = runCmd(t, "validate", "--to-ports", "70000"); code != 1 || !strings.Contains(out, "70000 is not a port") {
+		t.Errorf("--to-ports 70000: %d %q", code, out)
+	}
+	if code, out, _ = runCmd(t, "validate", "--masq-chain", "IP-MASQ", good); code != 0 || out != "" {
+		t.Errorf("--masq-chain IP-MASQ: %d %q", code, out)
+	}
+}

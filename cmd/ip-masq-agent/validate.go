@@ -9,10 +9,11 @@ import (
 	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
 var validateCommand = &command{
-	name: "validate", args: "[--strict] [--enable-ipv6] [--nomasq-all-reserved-ranges] FILE...",
+	name: "validate", args: "[--strict] [--enable-ipv6] [--nomasq-all-reserved-ranges] [--masq-chain NAME] [--to-ports PORTS] FILE...",
 	summary: "check config files (or ConfigMap manifests) as the agent would; exit 1 on a problem",
 	about: `Parses and validates each FILE exactly as the agent would, and prints each
 problem on one line as FILE:LINE: key: message (warnings end in "(warning)").
@@ -28,7 +29,13 @@ any file has an error, 2 on bad usage. --strict also fails on warnings
 (unknown keys, i.e. typos; keys in another case; IPv4-mapped CIDRs; a
 resyncInterval below 1s) and on CIDRs that have no effect: contained in, or
 equal to, another of the same list, or a nonMasqueradeCIDRs entry inside a
-masqueradeCIDRs entry.`,
+masqueradeCIDRs entry.
+
+--masq-chain and --to-ports, when given, are checked as the agent takes
+them, FILE or not: a chain name that nft cannot read back (it is spelled
+otherwise here), one the original agent could never write (it ran with no
+rules of its own; this agent runs with them), and ports reaching 0 are
+warnings; a --to-ports the agent refuses is an error.`,
 	example: "ip-masq-agent validate --strict deploy/*.yaml",
 	run:     runValidate,
 }
@@ -37,15 +44,35 @@ func runValidate(c *command, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	var r rulesetFlags
 	r.registerValidation(fs)
+	fs.StringVar(&r.masqChain, "masq-chain", nft.DefaultChain, "check this --masq-chain as the agent takes it")
+	fs.StringVar(&r.toPorts, "to-ports", "", "check this --to-ports as the agent takes it")
 	strict := fs.Bool("strict", false, "also fail on warnings (unknown keys, i.e. typos) and on CIDRs that have no effect (contained in others)")
 	files, code, done := c.parse(fs, args, stdout, stderr)
 	if done {
 		return code
 	}
-	if len(files) == 0 {
+	flagsGiven := false
+	fs.Visit(func(f *flag.Flag) { flagsGiven = flagsGiven || f.Name == "masq-chain" || f.Name == "to-ports" })
+	if len(files) == 0 && !flagsGiven {
 		return usageError(c, stderr, "no FILE given")
 	}
 	var nFiles, nErrors, nWarnings int
+	// The flags the original ran with, as the agent takes them.
+	switch warnings, err := r.finish(); {
+	case err != nil:
+		fmt.Fprintln(stdout, err)
+		nErrors++
+	default:
+		for _, w := range warnings {
+			if *strict {
+				fmt.Fprintln(stdout, w)
+				nErrors++
+				continue
+			}
+			fmt.Fprintln(stdout, w+" (warning)")
+			nWarnings++
+		}
+	}
 	for _, arg := range files {
 		paths, warn := config.Files(arg)
 		if warn != "" {
