@@ -446,8 +446,9 @@ func ParsePorts(s string) ([]PortRange, error) {
 // port 0, which the original's iptables-restore installed as given and
 // this agent installs the same ("" when none does). The kernel's NAT takes
 // a port range as it is: 0 or 0-0 maps every tcp, udp and sctp connection
-// to source port 0; a range from 0 may pick 0 and ports below 1024, which
-// without --to-ports it keeps for sources below 1024 only.
+// to source port 0 (test/inputs_test.go sees them leave so, unanswered);
+// a range from 0 may pick 0 and ports below 1024, which without
+// --to-ports it keeps for sources below 1024 only.
 func PortsNote(flag string, ports []PortRange) string {
 	var zero, from0 []string
 	for _, p := range ports {
@@ -460,7 +461,8 @@ func PortsNote(flag string, ports []PortRange) string {
 	}
 	var notes []string
 	if len(zero) > 0 {
-		notes = append(notes, "port 0 alone masquerades every tcp, udp and sctp connection to source port 0")
+		notes = append(notes, "port 0 alone masquerades every tcp, udp and sctp connection to source port 0, "+
+			"which hosts do not answer (Linux drops such packets): those connections fail, as they did with the original agent")
 	}
 	if len(from0) > 0 {
 		notes = append(notes, "a range from 0 ("+strings.Join(from0, ", ")+") lets the kernel pick source port 0 and ports below 1024")
