@@ -462,7 +462,7 @@ func PortsNote(flag string, ports []PortRange) string {
 	var notes []string
 	if len(zero) > 0 {
 		notes = append(notes, "port 0 alone masquerades every tcp, udp and sctp connection to source port 0, "+
-			"which hosts do not answer (Linux drops such packets): those connections fail, as they did with the original agent")
+			"which hosts do not answer: those connections fail, as they did with the original agent")
 	}
 	if len(from0) > 0 {
 		notes = append(notes, "a range from 0 ("+strings.Join(from0, ", ")+") lets the kernel pick source port 0 and ports below 1024")
@@ -470,8 +470,8 @@ func PortsNote(flag string, ports []PortRange) string {
 	if len(notes) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("--to-ports=%s: %s, as the original agent's iptables-restore installed it (masquerade to :%s); "+
-		"to leave the kernel its default ports, give no --to-ports, or a range such as 1024-65535", flag, strings.Join(notes, "; "), portsText(ports))
+	return fmt.Sprintf("--to-ports=%s: installed as the original agent's iptables-restore installed it (masquerade to :%s): %s; "+
+		"to leave the kernel its default ports, give no --to-ports, or a range such as 1024-65535", flag, portsText(ports), strings.Join(notes, "; "))
 }
 
 func portsText(ports []PortRange) string {

@@ -134,7 +134,7 @@ func TestRenderCommand(t *testing.T) {
 	}
 	// Inputs the original ran with: taken, with a warning on what they mean.
 	for _, tc := range []struct{ args, out, warning []string }{
-		{[]string{"--to-ports", "0"}, []string{"masquerade to :0-0"}, []string{"warning: --to-ports=0: port 0 alone masquerades every tcp, udp and sctp connection to source port 0"}},
+		{[]string{"--to-ports", "0"}, []string{"masquerade to :0-0"}, []string{"warning: --to-ports=0: installed as the original agent's iptables-restore installed it (masquerade to :0): port 0 alone masquerades every tcp, udp and sctp connection to source port 0"}},
 		{[]string{"--to-ports", "0-65535"}, []string{"masquerade to :0-65535"}, []string{"a range from 0 (0-65535) lets the kernel pick source port 0"}},
 		{[]string{"--masq-chain", "postrouting"}, []string{"chain POSTROUTING {", "jump POSTROUTING"}, []string{`warning: --masq-chain="postrouting": the decision chain is named POSTROUTING`}},
 		{[]string{"--masq-chain", "1MASQ"}, []string{"chain IP-MASQ-AGENT {"}, []string{`warning: --masq-chain="1MASQ": the decision chain is named IP-MASQ-AGENT in table inet ip-masq-agent, because nft cannot read back a chain named "1MASQ"`}},
@@ -281,7 +281,7 @@ func TestValidateFlags(t *testing.T) {
 		t.Errorf("--masq-chain of 29: %d %q", code, out)
 	}
 	code, out, _ = runCmd(t, "validate", "--to-ports", "0")
-	if code != 0 || !strings.Contains(out, "--to-ports=0: port 0 alone masquerades every tcp, udp and sctp connection to source port 0") {
+	if code != 0 || !strings.Contains(out, "(masquerade to :0): port 0 alone masquerades every tcp, udp and sctp connection to source port 0") {
 		t.Errorf("--to-ports 0: %d %q", code, out)
 	}
 	if code, out, _ = runCmd(t, "validate", "--to-ports", "70000"); code != 1 || !strings.Contains(out, "70000 is not a port") {
