@@ -1,10 +1,13 @@
 package test
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 )
@@ -161,6 +164,67 @@ func TestInputToPortsZero(t *testing.T) {
 			want := fmt.Sprintf("src=%s dst=%s sport=%d dport=0 ", tc.dst, topo.NodeUplink4, testnet.ServerPort)
 			if cerr != nil || !strings.Contains(string(ct), want) {
 				t.Errorf("udp to %s (%v): want a conntrack entry with reply %q:\n%s", tc.dst, err, want, ct)
+			}
+		})
+	}
+}
+
+// TestInputsDecideAsTheOriginal: the stand-in original (e2e/original: the
+// original's commands and rules text, through iptables-nft) and this agent
+// run with the same surprising input, one after the other on a node; every
+// destination sees the same source address from both.
+func TestInputsDecideAsTheOriginal(t *testing.T) {
+	const shared = "100.64.0.10"
+	dsts := []string{private1, internet1, internet2, shared, internet6a, private6}
+	for _, tc := range []struct {
+		name, config string
+		flags        []string
+	}{
+		{"octal prefix lengths", "nonMasqueradeCIDRs: [10.0.0.0/010, 203.0.113.0/030]\n", nil},
+		{"a word after --nomasq-all-reserved-ranges", "", []string{"--nomasq-all-reserved-ranges", "false"}},
+		{"a word after --enable-ipv6", "nonMasqueradeCIDRs: [10.0.0.0/8]\n", []string{"--enable-ipv6", "true", "--nomasq-all-reserved-ranges"}},
+		{"--masq-chain 1MASQ", "", []string{"--masq-chain", "1MASQ"}},
+		{"--masq-chain MASQ:1", "", []string{"--masq-chain", "MASQ:1"}},
+		{"--masq-chain postrouting", "", []string{"--masq-chain", "postrouting"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testnet.Require(t, "iptables-nft", "ip6tables-nft")
+			topo := newTopology(t)
+			addDestinations(t, topo, dsts...)
+			cfg := writeConfig(t, tc.config)
+			seen := func() map[string]bool {
+				m := map[string]bool{}
+				for _, d := range dsts {
+					addr := netip.MustParseAddr(d)
+					src, err := topo.SourceSeen(addr)
+					if err != nil {
+						t.Fatalf("connect to %s: %v", d, err)
+					}
+					m[d] = src == topo.NodeUplink4 || src == topo.NodeUplink6
+				}
+				return m
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			out, err := topo.RunInNode(ctx, standIn(t), append([]string{"-once", "--config", cfg}, tc.flags...)...)
+			if err != nil {
+				t.Fatalf("the original: %v\n%s", err, out)
+			}
+			original := seen()
+			for _, bin := range []string{"iptables-nft", "ip6tables-nft"} {
+				for _, op := range []string{"-F", "-X"} {
+					if out, err := testnet.Exec(topo.NodeNS, bin, "-t", "nat", op); err != nil {
+						t.Fatalf("%s -t nat %s: %v\n%s", bin, op, err, out)
+					}
+				}
+			}
+			if out, err := runAgent(t, topo, append([]string{"--once", "--release-on-exit", "--config", cfg}, tc.flags...)...); err != nil {
+				t.Fatalf("the agent: %v\n%s", err, out)
+			}
+			ours := seen()
+			t.Logf("masqueraded: %v", ours)
+			if !maps.Equal(ours, original) {
+				t.Errorf("masqueraded: the original %v, this agent %v", original, ours)
 			}
 		})
 	}
