@@ -211,7 +211,9 @@ func TestDaemonIgnoresWords(t *testing.T) {
 			`--enable-ipv6 true: the word "true" is ignored, as by the original agent (a bool flag takes no separate value); the flag is ON`},
 		// The flags after the word are ignored too, as by the original.
 		{[]string{"--enable-ipv6", "false", "--masq-chain=OTHER", "--random-fully=false"},
-			func(d daemonFlags) bool { return d.flags.EnableIPv6 && d.nft.Chain == "IP-MASQ-AGENT" && d.nft.RandomFully },
+			func(d daemonFlags) bool {
+				return d.flags.EnableIPv6 && d.nft.Chain == "IP-MASQ-AGENT" && d.nft.RandomFully
+			},
 			`the words after it are ignored too, flags among them, as by the original: --masq-chain=OTHER --random-fully=false`},
 		{[]string{"--masq-chain", "IP-MASQ", "extra"}, func(d daemonFlags) bool { return d.nft.Chain == "IP-MASQ" },
 			`the command line's words from "extra" on are ignored, as by the original agent (flags end at the first word that is not a flag): extra`},
