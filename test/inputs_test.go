@@ -229,3 +229,47 @@ func TestInputsDecideAsTheOriginal(t *testing.T) {
 		})
 	}
 }
+
+// TestInputToPortsZeroAsTheOriginal: --to-ports=0 in the stand-in original
+// (its iptables-restore installs "masquerade to :0") and here: a udp
+// connection leaves masqueraded to the node's address and port 0 from
+// both, and neither gets an answer.
+func TestInputToPortsZeroAsTheOriginal(t *testing.T) {
+	testnet.Require(t, "conntrack", "iptables-nft")
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, internet2)
+	cfg := writeConfig(t, "")
+	reply := func(dst string) string {
+		t.Helper()
+		_, err := topo.SourcePortSeen("udp", netip.MustParseAddr(dst))
+		ct, cerr := testnet.Exec(topo.NodeNS, "conntrack", "-L", "-p", "udp", "--orig-dst", dst)
+		if cerr != nil {
+			t.Fatalf("conntrack -L: %v\n%s", cerr, ct)
+		}
+		want := fmt.Sprintf("src=%s dst=%s sport=%d dport=0 ", dst, topo.NodeUplink4, testnet.ServerPort)
+		if !strings.Contains(string(ct), want) {
+			t.Errorf("udp to %s (%v): no conntrack entry with reply %q:\n%s", dst, err, want, ct)
+		}
+		return fmt.Sprint(err != nil)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := topo.RunInNode(ctx, standIn(t), "-once", "--config", cfg, "--to-ports", "0"); err != nil {
+		t.Fatalf("the original: %v\n%s", err, out)
+	}
+	if out, err := testnet.Exec(topo.NodeNS, "iptables-nft-save", "-t", "nat"); err != nil || !strings.Contains(string(out), "-j MASQUERADE --to-ports 0") {
+		t.Errorf("the original's rules (%v):\n%s", err, out)
+	}
+	originalUnanswered := reply(internet1)
+	for _, op := range []string{"-F", "-X"} {
+		if out, err := testnet.Exec(topo.NodeNS, "iptables-nft", "-t", "nat", op); err != nil {
+			t.Fatalf("iptables-nft -t nat %s: %v\n%s", op, err, out)
+		}
+	}
+	if out, err := runAgent(t, topo, "--once", "--release-on-exit", "--config", cfg, "--to-ports", "0"); err != nil {
+		t.Fatalf("the agent: %v\n%s", err, out)
+	}
+	if ours := reply(internet2); ours != originalUnanswered {
+		t.Errorf("unanswered: the original %s, this agent %s", originalUnanswered, ours)
+	}
+}
