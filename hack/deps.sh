@@ -43,7 +43,8 @@ sh dash bash
 make make make
 podman podman podman
 buildah buildah buildah
-runc|crun runc runc'
+runc|crun runc runc
+promtool prometheus golang-github-prometheus'
 # e2e/cluster/main.go's preflight.
 e2e_needs='containerd containerd containerd
 ctr containerd containerd
