@@ -1,6 +1,7 @@
 package test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -132,30 +133,7 @@ func TestAlertRulesInEachState(t *testing.T) {
 		{name: "node-c", scrape: agentInState(t, func(p string, _ *nft.Fake) { writeConfigAt(t, p, bad) }, nil), fires: []string{"IPMasqAgentConfigNotApplied"}},
 	}
 	cases := []map[string]any{alertCase(t, nodes), alertCase(t, differ)}
-	abs, err := filepath.Abs(deployDir + "/prometheus/alerts.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := map[string]any{
-		"rule_files":          []string{abs},
-		"evaluation_interval": "1m",
-		"tests":               cases,
-	}
-	data, err := yaml.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "alerts_test.yaml")
-	if err := os.WriteFile(file, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(promtool, "test", "rules", file).CombinedOutput()
-	if err != nil {
-		t.Errorf("promtool test rules: %v\n%s", err, out)
-		if os.Getenv("ALERTS_TEST_KEEP") != "" {
-			os.WriteFile(os.Getenv("ALERTS_TEST_KEEP"), data, 0o644)
-		}
-	}
+	runPromtool(t, promtool, cases)
 }
 
 // samples turns a metric family into series names (with the target's
@@ -339,4 +317,213 @@ func alertCase(t *testing.T, nodes []alertNode) map[string]any {
 		in = append(in, inputSeries{s, strings.Join(series[s], " ")})
 	}
 	return map[string]any{"interval": "1m", "input_series": in, "alert_rule_test": tests}
+}
+
+// TestAlertRulesRealAgent: the same, with the real agent on the kernel in
+// network namespaces: a good node, a second agent waiting for the first
+// (the table's owner), a bad ConfigMap edit, and a node that joined with a
+// bad ConfigMap. Each agent's /metrics is scraped twice, a few of its loop's
+// turns apart (waited for in its log), and each series goes on at the rate
+// between the two scrapes (counters) or stays (gauges) for the 45 minutes
+// promtool evaluates: the rules see the real agent's names, labels and
+// rates. Before the waiting state was a state of its own, the waiting agent
+// counted a failed sync a second and fired IPMasqAgentSyncFailing.
+func TestAlertRulesRealAgent(t *testing.T) {
+	topo := newTopology(t)
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatalf("%s: the alert rules cannot be evaluated", testnet.MissingReason("promtool"))
+	}
+	const good = "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: 1s\n"
+	const bad = "nonMasqueradeCIDRs: [10.0.0.0/88]\nresyncInterval: 1s\n"
+
+	// The node's agent, good; a second one waits for it to exit.
+	cmA := newConfigMapDir(t, good)
+	a := startDaemon(t, topo, "--config", cmA.path())
+	eventually(t, "the first agent ready", func() bool { code, _ := httpGet(topo, "/readyz"); return code == 200 })
+	owned := false
+	if code, out, _ := runTool(t, topo, "list"); code == 0 {
+		owned = strings.HasPrefix(out, "# owned")
+	}
+	b := startDaemon(t, topo, "--config", cmA.path(), "--http-address=127.0.0.1:9754")
+	const looking = "is owned by another process; looking again in a second"
+	waiting := alertNode{name: "node-waiting", fires: []string{"IPMasqAgentWaitingForOwner"}}
+	if owned {
+		if err := b.WaitCount(context.Background(), 20*time.Second, looking, 1); err != nil {
+			t.Fatal(err)
+		}
+		waiting.scrape = realScrapes(t, topo, b, "http://127.0.0.1:9754/metrics", looking)
+	} else {
+		// A kernel before 6.9 cannot own the table: the second agent
+		// finds it in sync and is as good as the first.
+		t.Log("the kernel does not own the table (before 6.9): the second agent does not wait")
+		waiting.fires = nil
+		waiting.scrape = realScrapes(t, topo, b, "http://127.0.0.1:9754/metrics", "resync: the table read back is the wanted one")
+	}
+	goodNode := alertNode{name: "node-good", scrape: realScrapes(t, topo, a, harnessEndpoint+"/metrics", "resync: the table read back is the wanted one")}
+
+	// A bad ConfigMap edit, on another node.
+	topoC := newTopology(t)
+	cmC := newConfigMapDir(t, good)
+	c := startDaemon(t, topoC, "--config", cmC.path())
+	eventually(t, "ready", func() bool { code, _ := httpGet(topoC, "/readyz"); return code == 200 })
+	cmC.update(bad)
+	if err := c.WaitCount(context.Background(), 20*time.Second, `msg="config not applied`, 1); err != nil {
+		t.Fatal(err)
+	}
+	badNode := alertNode{name: "node-bad-config", fires: []string{"IPMasqAgentConfigNotApplied"},
+		scrape: realScrapes(t, topoC, c, harnessEndpoint+"/metrics", `msg="config not applied`)}
+
+	// A node that joins while the ConfigMap is bad.
+	topoD := newTopology(t)
+	cmD := newConfigMapDir(t, bad)
+	dd := startDaemon(t, topoD, "--config", cmD.path())
+	if err := dd.WaitCount(context.Background(), 20*time.Second, `msg="config not applied`, 1); err != nil {
+		t.Fatal(err)
+	}
+	joined := alertNode{name: "node-joined-bad", fires: []string{"IPMasqAgentConfigNotApplied"},
+		scrape: realScrapes(t, topoD, dd, harnessEndpoint+"/metrics", `msg="config not applied`)}
+
+	cases := []map[string]any{alertCase(t, []alertNode{goodNode, waiting, badNode, joined})}
+	runPromtool(t, promtool, cases)
+}
+
+const harnessEndpoint = "http://127.0.0.1:9753"
+
+// realScrapes scrapes the agent's /metrics at url, waits for two more log
+// lines with marker (turns of its loop), scrapes again, and returns the
+// scrapes of the minutes promtool evaluates: each counter goes on at the
+// rate between the two scrapes, each gauge stays as in the second.
+func realScrapes(t *testing.T, topo *testnet.Topology, d *daemon, url, marker string) func(int) string {
+	t.Helper()
+	get := func() string {
+		resp, err := topo.NodeHTTPClient().Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %v", url, resp.StatusCode, err)
+		}
+		return string(body)
+	}
+	eventually(t, url+" answers", func() bool {
+		resp, err := topo.NodeHTTPClient().Get(url)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	})
+	n := strings.Count(d.output(), marker)
+	s0 := get()
+	if err := d.WaitCount(context.Background(), 30*time.Second, marker, n+2); err != nil {
+		t.Fatal(err)
+	}
+	s1 := get()
+	return extrapolate(t, s0, s1)
+}
+
+// extrapolate returns the scrape of each minute m: s1's samples, a
+// counter's value being v0 + m*(v1-v0).
+func extrapolate(t *testing.T, s0, s1 string) func(int) string {
+	t.Helper()
+	types := map[string]string{}
+	first := map[string]float64{}
+	for _, l := range strings.Split(s0, "\n") {
+		if k, v, ok := sampleLine(l); ok {
+			first[k] = v
+		}
+	}
+	type line struct {
+		text    string // a comment, as it is
+		key     string
+		v0, v1  float64
+		counter bool
+	}
+	var lines []line
+	for _, l := range strings.Split(s1, "\n") {
+		if f := strings.Fields(l); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			types[f[2]] = f[3]
+		}
+		k, v, ok := sampleLine(l)
+		if !ok {
+			lines = append(lines, line{text: l})
+			continue
+		}
+		name, _, _ := strings.Cut(k, "{")
+		counter := types[name] == "counter"
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); ok && types[base] == "histogram" {
+				counter = true
+			}
+		}
+		v0, seen := first[k]
+		if !seen {
+			v0 = v
+		}
+		lines = append(lines, line{key: k, v0: v0, v1: v, counter: counter})
+	}
+	return func(m int) string {
+		var b strings.Builder
+		for _, l := range lines {
+			switch {
+			case l.key == "":
+				b.WriteString(l.text)
+			case l.counter:
+				fmt.Fprintf(&b, "%s %s", l.key, strconv.FormatFloat(l.v0+float64(m)*(l.v1-l.v0), 'g', -1, 64))
+			default:
+				fmt.Fprintf(&b, "%s %s", l.key, strconv.FormatFloat(l.v1, 'g', -1, 64))
+			}
+			b.WriteByte('\n')
+		}
+		return b.String()
+	}
+}
+
+// sampleLine splits a sample line of the text format into its series and
+// value.
+func sampleLine(l string) (string, float64, bool) {
+	if l == "" || strings.HasPrefix(l, "#") {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(l, ' ')
+	if i < 0 {
+		return "", 0, false
+	}
+	v, err := strconv.ParseFloat(l[i+1:], 64)
+	if err != nil {
+		return "", 0, false
+	}
+	return l[:i], v, true
+}
+
+// runPromtool writes the cases as a promtool rule test of the shipped rule
+// file and runs it (ALERTS_TEST_KEEP=FILE keeps the file of a failure).
+func runPromtool(t *testing.T, promtool string, cases []map[string]any) {
+	t.Helper()
+	abs, err := filepath.Abs(deployDir + "/prometheus/alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := map[string]any{
+		"rule_files":          []string{abs},
+		"evaluation_interval": "1m",
+		"tests":               cases,
+	}
+	data, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "alerts_test.yaml")
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(promtool, "test", "rules", file).CombinedOutput()
+	if err != nil {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
+		if os.Getenv("ALERTS_TEST_KEEP") != "" {
+			os.WriteFile(os.Getenv("ALERTS_TEST_KEEP"), data, 0o644)
+		}
+	}
 }
