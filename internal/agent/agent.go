@@ -77,7 +77,7 @@ type Agent struct {
 	lastErr      string
 
 	configBad bool   // the last load of the config failed (not a partial directory)
-	recovered bool   // a config failed to load since the last applied one: log its recovery
+	refused   bool   // a config was refused since the last one applied: log the recovery
 	notReady  string // why the kernel's table is not the config's, though it was verified
 	original  originalState
 }
@@ -220,7 +220,7 @@ func (a *Agent) sync(now time.Time) error {
 	partial := config.IsPartial(err)
 	a.configBad = err != nil && !partial
 	if a.configBad {
-		a.recovered = true
+		a.refused = true
 	}
 	if !slices.Equal(warnings, a.lastWarnings) {
 		for _, w := range warnings {
@@ -315,8 +315,8 @@ func (a *Agent) sync(now time.Time) error {
 		// (The last transaction created the table: it was deleted.)
 		a.reportRepairOf(repairKind(res.Created, res.Plan), res.Plan, now, "apply")
 	}
-	if a.recovered && !partial {
-		a.recovered = false
+	if a.refused && !partial {
+		a.refused = false
 		// The ERROR "config not applied" must not stay the last word
 		// while /readyz is good again.
 		a.log.Info("config is good again; applied", "config", a.opts.ConfigPath, "hash", cfg.Hash())
