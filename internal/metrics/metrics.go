@@ -56,6 +56,7 @@ type Agent struct {
 	intervals   *prometheus.GaugeVec
 	repairs     *prometheus.CounterVec
 	rival       prometheus.Gauge
+	waiting     prometheus.Gauge
 	ctDeleted   prometheus.Counter
 	legacyRules *prometheus.GaugeVec
 
@@ -149,6 +150,11 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 			Name:      "rival_writer",
 			Help:      "1 while another process owns the agent's table or keeps rewriting it (a second agent?), else 0.",
 		}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "waiting_for_owner",
+			Help:      "1 while another process owns the agent's table and the agent waits for it to exit (it counts no failed sync meanwhile), else 0.",
+		}),
 	}
 	a.health.start = a.now()
 	a.health.stuckAfter = StuckAfter
@@ -175,7 +181,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	a.reg.MustRegister(
 		buildInfo,
 		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads, a.configOK, a.configOKAt, a.configInfo,
-		a.cidrs, a.intervals, a.repairs, a.rival, a.ctDeleted, a.legacyRules,
+		a.cidrs, a.intervals, a.repairs, a.rival, a.waiting, a.ctDeleted, a.legacyRules,
 		a.rules,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -299,6 +305,16 @@ func (a *Agent) RivalWriter(yes bool) {
 		v = 1
 	}
 	a.rival.Set(v)
+}
+
+// WaitingForOwner says whether another process owns the table and the
+// agent waits for it to exit: a state of its own, not a failed sync.
+func (a *Agent) WaitingForOwner(yes bool) {
+	v := 0.0
+	if yes {
+		v = 1
+	}
+	a.waiting.Set(v)
 }
 
 // healthz returns /healthz's answer (liveness: the loop turns), whether
