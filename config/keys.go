@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -240,4 +242,90 @@ func largestLimit(set []int) int {
 		return m
 	}
 	return defaultCIDRLimit
+}
+
+// Flags are the command-line flags that change defaults and validation.
+type Flags struct {
+	NoMasqAllReservedRanges bool // --nomasq-all-reserved-ranges
+	EnableIPv6              bool // --enable-ipv6
+	// ResyncInterval, when not zero, is the resync interval of a config
+	// that sets none (Azure's ip-masq-agent-v2: --resync-interval=SECONDS;
+	// its config files have no resyncInterval key).
+	ResyncInterval time.Duration
+}
+
+// Config is a validated configuration.
+type Config struct {
+	NonMasqueradeCIDRs []netip.Prefix // as written (after unmapping 4in6), order kept, duplicates kept
+	MasqueradeCIDRs    []netip.Prefix
+	MasqLinkLocal      bool
+	MasqLinkLocalIPv6  bool
+	MasqOutBound       bool
+	MasqOutBoundIPv6   bool
+	ResyncInterval     time.Duration
+	CIDRLimit          int
+}
+
+// DefaultPath is where Kubernetes mounts the ConfigMap key.
+const DefaultPath = "/etc/config/ip-masq-agent"
+
+// MaxFileSize bounds the file size; larger files are refused before parsing.
+const MaxFileSize = 4 << 20
+
+const (
+	defaultCIDRLimit = 64
+	defaultResync    = 60 * time.Second
+	minResync        = time.Second // shorter intervals would spin the CPU
+	maxReported      = 20          // more errors or warnings are summarised
+	maxShown         = 80          // runes of a value shown in a message
+	ipv4MappedBits   = 96          // ::ffff:0:0/96 holds the IPv4 space
+)
+
+// Default returns the configuration used when there is no file.
+func Default(f Flags) Config {
+	var c Config
+	for _, k := range keys {
+		k.setDefault(&c, f)
+	}
+	return c
+}
+
+// Equal reports whether two configs are the same (for change detection).
+// A nil and an empty list are the same.
+func (c Config) Equal(o Config) bool {
+	for _, k := range keys {
+		if !k.equal(&c, &o) {
+			return false
+		}
+	}
+	return true
+}
+
+// Hash identifies c: the first 16 hex digits of the SHA-256 of c.String().
+// Equal configs have equal hashes (comments, key order and spelling of the
+// file do not matter; the flags' defaults do).
+func (c Config) Hash() string {
+	sum := sha256.Sum256([]byte(c.String()))
+	return hex.EncodeToString(sum[:8])
+}
+
+// String renders c as YAML, one CIDR per line so that two renderings diff well.
+// Parsing it with the same Flags gives back c.
+func (c Config) String() string {
+	var b strings.Builder
+	for _, k := range keys {
+		k.write(&b, &c)
+	}
+	return b.String()
+}
+
+func writeList(b *strings.Builder, key string, ps []netip.Prefix) {
+	if len(ps) == 0 {
+		fmt.Fprintf(b, "%s: []\n", key)
+		return
+	}
+	fmt.Fprintf(b, "%s:\n", key)
+	for _, p := range ps {
+		fmt.Fprintf(b, "  - %q\n", p.String()) // quoted: "::/0" is not a plain YAML scalar
+	}
 }
