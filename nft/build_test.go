@@ -193,25 +193,24 @@ func TestMasqueradeShares(t *testing.T) {
 	}
 }
 
-// AgentSet names Build's sets by what their rules do: the set a goto to
-// the masquerade chain looks up holds masqueradeCIDRs, the set a return
-// looks up nonMasqueradeCIDRs; no other name is the agent's.
+// AgentSet names Build's sets, each looked up by one rule of its
+// decision's selector and verdict; no other name is the agent's.
 func TestAgentSet(t *testing.T) {
 	tbl := Build(config.Default(config.Flags{EnableIPv6: true}), Options{Chain: DefaultChain, EnableIPv6: true})
 	n := 0
 	for _, r := range tbl.DecisionChain().Rules {
-		if r.DaddrSet == "" {
+		if r.Set == "" {
 			continue
 		}
 		n++
-		if masq, ok := AgentSet(r.DaddrSet); !ok || masq != (r.Verdict == Goto) {
-			t.Errorf("AgentSet(%s) = %v %v, for a rule %s", r.DaddrSet, masq, ok, RenderRule(r))
+		if d := decisionOf(r.Set); !AgentSet(r.Set) || d == nil || d.verdict != r.Verdict || d.sel != r.Selector {
+			t.Errorf("AgentSet(%s) = %v, for a rule %s", r.Set, AgentSet(r.Set), RenderRule(r))
 		}
 	}
 	if n != len(tbl.Sets) {
 		t.Errorf("%d rules look up the %d sets", n, len(tbl.Sets))
 	}
-	if _, ok := AgentSet("other"); ok {
+	if AgentSet("other") {
 		t.Error(`AgentSet("other") is the agent's`)
 	}
 }

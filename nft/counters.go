@@ -22,11 +22,8 @@ func DecisionCounters(rules []Rule) []RuleCounter {
 		if r.Family == 6 {
 			rc.Family = "ipv6"
 		}
-		switch masq, ok := AgentSet(r.DaddrSet); {
-		case ok && masq:
-			rc.Reason = "cidrs"
-		case ok:
-			rc.Decision, rc.Reason = "nonmasquerade", "cidrs"
+		if d := decisionOf(r.Set); d != nil {
+			rc.Decision, rc.Reason = d.outcome(), "cidrs"
 		}
 		out = append(out, rc)
 	}

@@ -47,9 +47,9 @@ func applyConntrackConfig(t *testing.T, topo *testnet.Topology, yaml string, ipv
 	if _, err := (&kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}).Apply(nft.Build(cfg, opts)); err != nil {
 		t.Fatalf("apply config %q: %v", yaml, err)
 	}
-	return func(a netip.Addr) (bool, bool) {
-		e := nft.Explain(cfg, opts, a)
-		if e.Undetermined || (a.Unmap().Is6() && !opts.EnableIPv6) {
+	return func(f conntrack.Flow) (bool, bool) {
+		e := nft.Explain(cfg, opts, nft.Packet{Src: f.Src, Dst: f.Dst})
+		if e.Undetermined || (f.Dst.Unmap().Is6() && !opts.EnableIPv6) {
 			return false, false
 		}
 		return e.Masquerade, true

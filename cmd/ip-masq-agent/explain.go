@@ -56,7 +56,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			width = max(width, len(a.String()))
 		}
 		for _, a := range addrs {
-			e := nft.Explain(cfg, r.nft, a)
+			e := nft.Explain(cfg, r.nft, nft.Packet{Dst: a})
 			fmt.Fprintf(stdout, "%-*s  %-15s  %s\n", width, a, e.Verdict(), e.Reason)
 		}
 		return 0
@@ -73,10 +73,10 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	local := localAddrs()
 	disagree := 0
 	for _, a := range addrs {
-		want := nft.Explain(cfg, r.nft, a)
+		want := nft.Explain(cfg, r.nft, nft.Packet{Dst: a})
 		got := nft.Explanation{Addr: want.Addr, Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
 		if table != nil {
-			got = nft.ExplainTable(table, a, local)
+			got = nft.ExplainTable(table, nft.Packet{Dst: a}, local)
 		}
 		// The original agent's jump, in iptables' nat POSTROUTING, runs first.
 		if first, decided := original.ExplainOriginal(a, local(a)); decided {
