@@ -185,7 +185,7 @@ func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 	def := Default(f)
 	for _, k := range keys {
 		if !k.isOriginal() && !k.equal(&c, &def) && len(d.messages(false)) == 0 {
-			d.warnAt(d.written[k.Name()], -1, "%s", msgExtension)
+			d.warnAt(d.written[k.Name()], -1, "%s", k.extensionNote())
 		}
 	}
 	d.entryFindings = len(d.found)

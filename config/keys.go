@@ -22,6 +22,7 @@ const (
 	KeyOutBound   = "masqOutBound"
 	KeyOutBound6  = "masqOutBoundIPv6"
 	KeyResync     = "resyncInterval"
+	KeyNonMasqSrc = "nonMasqueradeSourceCIDRs"
 )
 
 // keys is every key of the file, one entry each, in the order String
@@ -46,6 +47,8 @@ var keys = []key{
 		def: always(true), decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
 	&keyOf[time.Duration]{name: KeyResync, original: true, field: func(c *Config) *time.Duration { return &c.ResyncInterval },
 		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration, merge: smallest},
+	&keyOf[[]netip.Prefix]{name: KeyNonMasqSrc, own: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeSourceCIDRs },
+		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
 }
 
 // knownKeys are the keys' names, in the table's order.
@@ -67,8 +70,12 @@ type keyOf[T any] struct {
 	// this agent (from Baidu CCE), which the original ignores; a file that
 	// sets it to other than its default is warned about.
 	original bool
-	field    func(*Config) *T // where Config holds the value
-	def      func(Flags) T    // the default, for these flags
+	// own: an extension of this agent's own (not Baidu CCE's). String
+	// leaves it out while it is empty, so that a config without it keeps
+	// its text and Hash.
+	own   bool
+	field func(*Config) *T // where Config holds the value
+	def   func(Flags) T    // the default, for these flags
 	// decode reads a value (not null) of the key as written (key), as
 	// encoding/json read it into the original agent's struct: old is what
 	// was there (the default, or an earlier value of a repeated key).
@@ -85,6 +92,9 @@ type keyOf[T any] struct {
 type key interface {
 	Name() string
 	isOriginal() bool
+	// extensionNote is the warning for a file that sets an extension
+	// (not isOriginal) to other than its default.
+	extensionNote() string
 	// cidrs is the key's CIDR list, or nil for a key of one value.
 	cidrs(c *Config) *[]netip.Prefix
 	list() bool // a CIDR list
@@ -98,6 +108,15 @@ type key interface {
 
 func (k *keyOf[T]) Name() string     { return k.name }
 func (k *keyOf[T]) isOriginal() bool { return k.original }
+
+func (k *keyOf[T]) extensionNote() string {
+	if k.own {
+		return msgOwnExtension
+	}
+	return msgExtension
+}
+
+const msgOwnExtension = "an extension of this agent: the original agent ignores this key, so with it the same file means something else there"
 
 func (k *keyOf[T]) cidrs(c *Config) *[]netip.Prefix {
 	p, _ := any(k.field(c)).(*[]netip.Prefix)
@@ -137,6 +156,9 @@ func (k *keyOf[T]) equal(a, b *Config) bool {
 
 func (k *keyOf[T]) write(b *strings.Builder, c *Config) {
 	if l := k.cidrs(c); l != nil {
+		if k.own && len(*l) == 0 {
+			return
+		}
 		writeList(b, k.name, *l)
 		return
 	}
@@ -264,6 +286,9 @@ type Config struct {
 	MasqOutBoundIPv6   bool
 	ResyncInterval     time.Duration
 	CIDRLimit          int
+	// NonMasqueradeSourceCIDRs: traffic from these sources is never
+	// masqueraded (this agent's extension).
+	NonMasqueradeSourceCIDRs []netip.Prefix
 }
 
 // DefaultPath is where Kubernetes mounts the ConfigMap key.

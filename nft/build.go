@@ -11,11 +11,18 @@ import (
 // Comments of the original agent's rules (and Baidu CCE's for
 // masqueradeCIDRs), so that operators recognise them in `nft list`.
 const (
-	commentGuard    = "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom chain"
-	commentMasqSet  = "ip-masq-agent: specific outbound traffic is subject to MASQUERADE"
-	commentNonMasq  = "ip-masq-agent: local traffic is not subject to MASQUERADE"
-	commentOutbound = "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"
-	commentMasq     = "ip-masq-agent: masquerade to the node's address"
+	commentGuard      = "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom chain"
+	commentMasqSet    = "ip-masq-agent: specific outbound traffic is subject to MASQUERADE"
+	commentNonMasq    = "ip-masq-agent: local traffic is not subject to MASQUERADE"
+	commentOutbound   = "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"
+	commentMasq       = "ip-masq-agent: masquerade to the node's address"
+	commentNonMasqSrc = "ip-masq-agent: traffic from these sources is not subject to MASQUERADE"
+)
+
+// The sets of nonMasqueradeSourceCIDRs, made only when it is set.
+const (
+	SetNonMasqSrcV4 = "nonmasq-src-v4"
+	SetNonMasqSrcV6 = "nonmasq-src-v6"
 )
 
 // decision is one rule of each family in the decision chain: a lookup of
@@ -29,6 +36,7 @@ type decision struct {
 	verdict    Verdict // Goto the masquerade chain, or Return
 	comment    string
 	key        string                             // the config key the sets hold (explain names it)
+	reason     string                             // the /metrics reason of a match
 	list       func(config.Config) []netip.Prefix // that key's list, as written
 	// always: the sets and rules exist whatever the list (the original's
 	// keys); otherwise only when the list is not empty, so that a
@@ -40,15 +48,19 @@ type decision struct {
 	extra func(c config.Config, f Family) []netip.Prefix
 }
 
-// decisions, in the decision chain's order: masqueradeCIDRs first (they
-// win over nonMasqueradeCIDRs, as in Baidu CCE's agent), then
-// nonMasqueradeCIDRs return.
+// decisions, in the decision chain's order: nonMasqueradeSourceCIDRs
+// first (traffic from those sources is never masqueraded), then
+// masqueradeCIDRs (they win over nonMasqueradeCIDRs, as in Baidu CCE's
+// agent), then nonMasqueradeCIDRs return.
 var decisions = []decision{
+	{sel: SelSaddr, sets: [2]string{SetNonMasqSrcV4, SetNonMasqSrcV6}, setComment: "ip-masq-agent: nonMasqueradeSourceCIDRs",
+		verdict: Return, comment: commentNonMasqSrc, key: config.KeyNonMasqSrc, reason: "sources",
+		list: func(c config.Config) []netip.Prefix { return c.NonMasqueradeSourceCIDRs }},
 	{sel: SelDaddr, sets: [2]string{SetMasqV4, SetMasqV6}, setComment: "ip-masq-agent: masqueradeCIDRs",
-		verdict: Goto, comment: commentMasqSet, key: config.KeyMasq, always: true,
+		verdict: Goto, comment: commentMasqSet, key: config.KeyMasq, reason: "cidrs", always: true,
 		list: func(c config.Config) []netip.Prefix { return c.MasqueradeCIDRs }},
 	{sel: SelDaddr, sets: [2]string{SetNonMasqV4, SetNonMasqV6}, setComment: "ip-masq-agent: nonMasqueradeCIDRs and link-local",
-		verdict: Return, comment: commentNonMasq, key: config.KeyNonMasq, always: true, defaults: true,
+		verdict: Return, comment: commentNonMasq, key: config.KeyNonMasq, reason: "cidrs", always: true, defaults: true,
 		list: func(c config.Config) []netip.Prefix { return c.NonMasqueradeCIDRs },
 		// Link-local is not masqueraded unless asked, and is not counted
 		// against cidrLimit (config does the counting).

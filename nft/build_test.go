@@ -47,6 +47,19 @@ masqOutBoundIPv6: true
 	{name: "top-of-range", flags: config.Flags{EnableIPv6: true}, yaml: "nonMasqueradeCIDRs: [240.0.0.0/4, 255.255.255.255/32, \"ffff::/16\"]\nmasqueradeCIDRs: [0.0.0.0/0, \"::/0\"]\n"},
 	{name: "to-ports", ports: "1024-29999,32768-65535"},
 	{name: "to-ports-single-no-random-fully", ports: "32768-65535", noRF: true},
+	{name: "source-exceptions", flags: config.Flags{EnableIPv6: true}, yaml: `
+nonMasqueradeSourceCIDRs: [10.244.1.0/24, "fd00:1::/64", 10.244.2.0/24]
+masqueradeCIDRs: [203.0.113.0/24]
+`},
+}
+
+// pod is a pod's address of a's family outside every golden case's
+// nonMasqueradeSourceCIDRs: the source of the golden cases' packets.
+func pod(a netip.Addr) netip.Addr {
+	if a.Unmap().Is4() {
+		return netip.MustParseAddr("10.244.9.9")
+	}
+	return netip.MustParseAddr("fd00:9::9")
 }
 
 func TestGolden(t *testing.T) {

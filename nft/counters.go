@@ -6,7 +6,7 @@ package nft
 type RuleCounter struct {
 	Family         string // "ipv4" or "ipv6"
 	Decision       string // "masquerade" or "nonmasquerade" (the rule returns: left alone)
-	Reason         string // "cidrs" (a CIDR of the decision's set) or "outbound" (no set matched)
+	Reason         string // "cidrs" (a CIDR of the decision's set), "sources" (a source CIDR's) or "outbound" (no set matched)
 	Packets, Bytes uint64
 }
 
@@ -23,7 +23,7 @@ func DecisionCounters(rules []Rule) []RuleCounter {
 			rc.Family = "ipv6"
 		}
 		if d := decisionOf(r.Set); d != nil {
-			rc.Decision, rc.Reason = d.outcome(), "cidrs"
+			rc.Decision, rc.Reason = d.outcome(), d.reason
 		}
 		out = append(out, rc)
 	}

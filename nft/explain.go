@@ -53,6 +53,20 @@ func Explain(cfg config.Config, o Options, p Packet) Explanation {
 		e.Reason = "IPv6 is not handled without --enable-ipv6"
 		return e
 	}
+	if ev.outcome == outUndetermined {
+		// A decision on what the packet does not say (its source).
+		e.Undetermined, e.Reason = true, ev.why
+		if n := len(ev.steps); n > 0 {
+			s := ev.steps[n-1]
+			e.Rule = s.text
+			if c := t.Chain(s.chain); c != nil && s.index <= len(c.Rules) {
+				if dec := decisionOf(c.Rules[s.index-1].Set); dec != nil {
+					e.Reason = fmt.Sprintf("depends on the %s (%s), which is not given", dec.sel.row().what, dec.key)
+				}
+			}
+		}
+		return e
+	}
 	outbound := config.KeyOutBound
 	if p.Dst.Is6() {
 		outbound = config.KeyOutBound6

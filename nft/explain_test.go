@@ -204,7 +204,7 @@ func TestExplainAgreesWithTable(t *testing.T) {
 			if !a.IsValid() {
 				continue
 			}
-			want, got := Explain(cfg, o, Packet{Dst: a}), ExplainTable(tbl, Packet{Dst: a}, nil)
+			want, got := Explain(cfg, o, Packet{Src: pod(a), Dst: a}), ExplainTable(tbl, Packet{Src: pod(a), Dst: a}, nil)
 			if got.Undetermined || got.Masquerade != want.Masquerade {
 				t.Errorf("%s: %s: config says %s (%s), table says %s (%s)", tc.name, a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
 			}
@@ -449,11 +449,11 @@ func TestDecideAgreesWithExplain(t *testing.T) {
 			if !a.IsValid() {
 				continue
 			}
-			masq, handled := tab.Decide(Packet{Dst: a})
-			if m, h := decider(Packet{Dst: a}); m != masq || h != handled {
+			masq, handled := tab.Decide(Packet{Src: pod(a), Dst: a})
+			if m, h := decider(Packet{Src: pod(a), Dst: a}); m != masq || h != handled {
 				t.Errorf("%s: %s: Decider %v (handled %v), Decide %v (handled %v)", tc.name, a, m, h, masq, handled)
 			}
-			e := Explain(cfg, o, Packet{Dst: a})
+			e := Explain(cfg, o, Packet{Src: pod(a), Dst: a})
 			if masq != e.Masquerade || handled != (a.Unmap().Is4() || o.EnableIPv6) {
 				t.Errorf("%s: %s: Decide %v (handled %v), Explain %s (%s)", tc.name, a, masq, handled, e.Verdict(), e.Reason)
 			}

@@ -144,3 +144,53 @@ func TestDecisionsKeys(t *testing.T) {
 		t.Errorf("rules' selectors %v, want %v", got, want)
 	}
 }
+
+// nonMasqueradeSourceCIDRs: traffic from those sources is never
+// masqueraded, whatever its destination, and explain names the entry; a
+// packet without a source is undetermined, and says why.
+func TestExplainSource(t *testing.T) {
+	cfg, _, err := config.Parse([]byte("nonMasqueradeSourceCIDRs: [10.244.1.0/24, \"fd00:1::/64\"]\nmasqueradeCIDRs: [203.0.113.0/24]\n"),
+		config.Flags{EnableIPv6: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Chain: DefaultChain, EnableIPv6: true}
+	tbl := Build(cfg, o)
+	p := func(src, dst string) Packet {
+		var s netip.Addr
+		if src != "" {
+			s = netip.MustParseAddr(src)
+		}
+		return Packet{Src: s, Dst: netip.MustParseAddr(dst)}
+	}
+	for _, tc := range []struct {
+		p               Packet
+		verdict, reason string
+	}{
+		{p("10.244.1.7", "203.0.113.10"), "not masqueraded", "nonMasqueradeSourceCIDRs[0] 10.244.1.0/24"},
+		{p("10.244.1.7", "8.8.8.8"), "not masqueraded", "nonMasqueradeSourceCIDRs[0] 10.244.1.0/24"},
+		{p("fd00:1::7", "2001:db8::1"), "not masqueraded", "nonMasqueradeSourceCIDRs[1] fd00:1::/64"},
+		{p("10.244.2.7", "203.0.113.10"), "masquerade", "masqueradeCIDRs[0] 203.0.113.0/24"},
+		{p("10.244.2.7", "10.1.2.3"), "not masqueraded", "nonMasqueradeCIDRs[0] 10.0.0.0/8 (the default list)"},
+		{p("fd00:2::7", "2001:db8::1"), "masquerade", "masqOutBoundIPv6: true (no other rule matched)"},
+		{p("", "8.8.8.8"), "undetermined", "depends on the source (nonMasqueradeSourceCIDRs), which is not given"},
+	} {
+		e := Explain(cfg, o, tc.p)
+		if e.Verdict() != tc.verdict || e.Reason != tc.reason {
+			t.Errorf("Explain(%+v) = %s (%s), want %s (%s)", tc.p, e.Verdict(), e.Reason, tc.verdict, tc.reason)
+		}
+		got := ExplainTable(&tbl, tc.p, nil)
+		if got.Verdict() != tc.verdict {
+			t.Errorf("ExplainTable(%+v) = %s (%s), want %s", tc.p, got.Verdict(), got.Reason, tc.verdict)
+		}
+		if masq, handled := tbl.Decide(tc.p); masq != (tc.verdict == "masquerade") || handled != (tc.verdict != "undetermined") {
+			t.Errorf("Decide(%+v) = %v %v", tc.p, masq, handled)
+		}
+	}
+	// The source rule's counter is labelled by its own reason.
+	for _, rc := range DecisionCounters(tbl.DecisionChain().Rules[:1]) {
+		if rc.Decision != "nonmasquerade" || rc.Reason != "sources" {
+			t.Errorf("the source rule's counter: %+v", rc)
+		}
+	}
+}
