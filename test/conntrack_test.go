@@ -72,11 +72,16 @@ type udpStream struct {
 
 func startUDPStream(t *testing.T, topo *testnet.Topology, dst string) *udpStream {
 	t.Helper()
-	s := &udpStream{dst: netip.MustParseAddr(dst), seen: make(chan netip.AddrPort, seenBuffer), stop: make(chan struct{}), ended: make(chan struct{})}
-	c, err := topo.DialPodUDP(s.dst)
+	c, err := topo.DialPodUDP(netip.MustParseAddr(dst))
 	if err != nil {
 		t.Fatalf("udp to %s: %v", dst, err)
 	}
+	return streamOn(t, c, dst)
+}
+
+// streamOn is startUDPStream on a socket already connected to dst.
+func streamOn(t *testing.T, c *net.UDPConn, dst string) *udpStream {
+	s := &udpStream{dst: netip.MustParseAddr(dst), seen: make(chan netip.AddrPort, seenBuffer), stop: make(chan struct{}), ended: make(chan struct{})}
 	s.c = c
 	s.wg.Add(2)
 	go func() {

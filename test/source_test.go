@@ -66,3 +66,38 @@ func TestPacketsSource(t *testing.T) {
 		t.Logf("table:\n%s", listTable(t, topo))
 	}
 }
+
+// TestConntrackDaemonSource: the daemon's conntrack cleanup judges a flow
+// by its source. Two UDP streams to one destination, both masqueraded;
+// then nonMasqueradeSourceCIDRs lists the second pod's address: its entry
+// is deleted (its next datagram leaves unmasqueraded), the first pod's is
+// kept (same address and port throughout).
+func TestConntrackDaemonSource(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1)
+	if err := topo.EnableConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	pod2 := netip.MustParseAddr("10.244.1.3")
+	if err := topo.AddPodAddress(netip.MustParsePrefix("10.244.1.3/24")); err != nil {
+		t.Fatal(err)
+	}
+	cm := newConfigMapDir(t, "resyncInterval: 1h\n")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
+	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
+	first := startUDPStream(t, topo, internet1)
+	c, err := topo.DialPodUDPFrom(pod2, netip.MustParseAddr(internet1))
+	if err != nil {
+		t.Fatalf("udp from %s to %s: %v", pod2, internet1, err)
+	}
+	second := streamOn(t, c, internet1)
+	before := first.waitFor(t, topo.NodeUplink4)
+	second.waitFor(t, topo.NodeUplink4)
+	cm.update("resyncInterval: 1h\nnonMasqueradeSourceCIDRs: [10.244.1.3/32]\n")
+	eventually(t, "the new config", func() bool { return strings.Contains(d.output(), "applied new config") })
+	second.waitFor(t, pod2)
+	first.expectOnly(t, before, 20)
+	eventually(t, "the cleanup logged with its count", func() bool {
+		return strings.Contains(d.output(), "conntrack cleanup: examined") && strings.Contains(d.output(), "deleted 1 ")
+	})
+}

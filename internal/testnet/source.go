@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"time"
 )
@@ -43,4 +44,20 @@ func (t *Topology) SourceSeenFrom(src, dst netip.Addr) (netip.Addr, error) {
 	}
 	ap, err := parseSeen(line)
 	return ap.Addr(), err
+}
+
+// DialPodUDPFrom is DialPodUDP from a pod socket bound to src.
+func (t *Topology) DialPodUDPFrom(src, dst netip.Addr) (*net.UDPConn, error) {
+	owner, err := t.owner(dst)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := t.server(owner); err != nil {
+		return nil, err
+	}
+	c, err := t.dial(t.PodNS, PodIf, "udp", src, dst, ServerPort)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UDPConn), nil
 }
