@@ -145,9 +145,9 @@ func newDecider(t Table) *decider {
 }
 
 func (d *decider) decide(p Packet) (bool, bool) {
-	p = p.unmapped()
-	v, ok := d.byDst[p.Dst]
+	v, ok := d.byDst[p.Dst.Unmap()]
 	if !ok {
+		p = p.unmapped()
 		v, ok = d.byPacket[p]
 	}
 	if ok {
