@@ -62,6 +62,15 @@ func pod(a netip.Addr) netip.Addr {
 	return netip.MustParseAddr("fd00:9::9")
 }
 
+// podIn is a pod's address of a's family inside the source-exceptions
+// case's nonMasqueradeSourceCIDRs.
+func podIn(a netip.Addr) netip.Addr {
+	if a.Unmap().Is4() {
+		return netip.MustParseAddr("10.244.1.5")
+	}
+	return netip.MustParseAddr("fd00:1::5")
+}
+
 func TestGolden(t *testing.T) {
 	for _, tc := range goldenCases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -204,14 +204,16 @@ func TestExplainAgreesWithTable(t *testing.T) {
 			if !a.IsValid() {
 				continue
 			}
-			want, got := Explain(cfg, o, Packet{Src: pod(a), Dst: a}), ExplainTable(tbl, Packet{Src: pod(a), Dst: a}, nil)
-			if got.Undetermined || got.Masquerade != want.Masquerade {
-				t.Errorf("%s: %s: config says %s (%s), table says %s (%s)", tc.name, a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
+			for _, src := range []netip.Addr{pod(a), podIn(a)} {
+				want, got := Explain(cfg, o, Packet{Src: src, Dst: a}), ExplainTable(tbl, Packet{Src: src, Dst: a}, nil)
+				if got.Undetermined || got.Masquerade != want.Masquerade {
+					t.Errorf("%s: %s from %s: config says %s (%s), table says %s (%s)", tc.name, a, src, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
+				}
+				if want.Rule != "" && got.Rule != want.Rule {
+					t.Errorf("%s: %s from %s: deciding rule %q, want %q", tc.name, a, src, got.Rule, want.Rule)
+				}
+				n++
 			}
-			if want.Rule != "" && got.Rule != want.Rule {
-				t.Errorf("%s: %s: deciding rule %q, want %q", tc.name, a, got.Rule, want.Rule)
-			}
-			n++
 		}
 	}
 	t.Logf("%d addresses", n)
