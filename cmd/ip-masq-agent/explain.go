@@ -11,12 +11,14 @@ import (
 )
 
 var explainCommand = &command{
-	name: "explain", args: "[--config FILE|DIR] [--live] [flags] ADDRESS...",
+	name: "explain", args: "[--config FILE|DIR] [--live] [--from SOURCE] [flags] ADDRESS...",
 	summary: "say whether traffic to each address is masqueraded, and which rule decides",
 	about: `For each destination ADDRESS, says whether new connections from pods to it
 are masqueraded, and why: the CIDR and the key it comes from (such as
 "nonMasqueradeCIDRs[2] 10.0.0.0/8"), the link-local default, or the
-outbound default, from the config and flags alone.
+outbound default, from the config and flags alone. --from SOURCE is the
+connections' source (a pod's address), which nonMasqueradeSourceCIDRs
+decides on; without it, a config with that key is "undetermined".
 
 In the agent's pod (kubectl exec), the flags not given here are the running
 agent's (--agent-pid), so the answer is for the config and flags in force.
@@ -39,6 +41,7 @@ the kernel.`,
 func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	live := fs.Bool("live", false, "also evaluate the kernel's current table (CAP_NET_ADMIN) and say where it disagrees")
+	from := fs.String("from", "", "the connections' source address (a pod's), for nonMasqueradeSourceCIDRs")
 	r, cfg, pos, cfgErr, code, done := rulesetCommandBadConfig(c, fs, args, stdout, stderr)
 	if done {
 		return code
@@ -49,6 +52,14 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	}
 	if len(pos) == 0 {
 		return usageError(c, stderr, "no ADDRESS given")
+	}
+	var src netip.Addr
+	if *from != "" {
+		a, err := netip.ParseAddr(*from)
+		if err != nil || a.Zone() != "" {
+			return usageError(c, stderr, "--from %q is not an IP address", *from)
+		}
+		src = a
 	}
 	var addrs []netip.Addr
 	for _, s := range pos {
@@ -64,7 +75,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			width = max(width, len(a.String()))
 		}
 		for _, a := range addrs {
-			e := nft.Explain(cfg, r.nft, a)
+			e := nft.Explain(cfg, r.nft, nft.Packet{Src: src, Dst: a})
 			fmt.Fprintf(stdout, "%-*s  %-15s  %s\n", width, a, e.Verdict(), e.Reason)
 		}
 		return 0
@@ -85,9 +96,9 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	local := localAddrs()
 	disagree := 0
 	for _, a := range addrs {
-		got := nft.Explanation{Addr: a, Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
+		got := nft.Explanation{Addr: a.Unmap(), Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
 		if table != nil {
-			got = nft.ExplainTable(table, a, local)
+			got = nft.ExplainTable(table, nft.Packet{Src: src, Dst: a}, local)
 		}
 		// The original agent's jump, in iptables' nat POSTROUTING, runs first.
 		if first, decided := original.ExplainOriginal(a, local(a)); decided {
@@ -102,7 +113,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			}
 			continue
 		}
-		want := nft.Explain(cfg, r.nft, a)
+		want := nft.Explain(cfg, r.nft, nft.Packet{Src: src, Dst: a})
 		fmt.Fprintf(stdout, "%s\n  config: %s: %s\n  kernel: %s: %s\n", a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
 		if got.Rule != "" {
 			fmt.Fprintf(stdout, "          rule: %s\n", got.Rule)

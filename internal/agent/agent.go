@@ -538,14 +538,12 @@ func (a *Agent) setElements(cfg config.Config, t nft.Table) {
 		return n
 	}
 	for _, s := range t.Sets {
-		family, is6 := "ipv4", s.Family == 6
+		family, is6 := "ipv4", s.Key.Family() == 6
 		if is6 {
 			family = "ipv6"
 		}
-		kind, cidrs := "masquerade", count(cfg.MasqueradeCIDRs, is6)
-		if strings.HasPrefix(s.Name, "nonmasq") {
-			kind, cidrs = "nonmasquerade", count(cfg.NonMasqueradeCIDRs, is6)
-		}
+		kind, list, _ := nft.SetOf(cfg, s.Name)
+		cidrs := count(list, is6)
 		if is6 && !a.opts.Flags.EnableIPv6 {
 			cidrs = 0
 		}
