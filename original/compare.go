@@ -284,6 +284,12 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 	decide := want.Decider()
 	h := newHints(o, cfg, flags, opts)
 	for _, fam := range []nft.Family{4, 6} {
+		// A family without the original's rules was left alone by it
+		// only when it ran (IPv4 has them: the original always writes
+		// IPv4's); else they are gone already, and so is the switch.
+		if !o.Removes(fam) && !(fam == 6 && o.Removes(4)) {
+			continue
+		}
 		ob, exact := o.bounds(fam)
 		c.Inexact = c.Inexact || !exact
 		ob = sortedBounds(fam, ob, h.bounds(fam))

@@ -97,13 +97,14 @@ func (f *Fake) findOriginal(chain string) (Rules, error) {
 
 // RemoveOriginal removes the original's removable chains and jumps, as
 // Netlink's does.
-func (f *Fake) RemoveOriginal(chain, fingerprint string) (Rules, error) {
+func (f *Fake) RemoveOriginal(chain, fingerprint string, families ...nft.Family) (Rules, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	o, err := f.findOriginal(chain)
 	if err != nil {
 		return o, err
 	}
+	o = o.Of(families...)
 	if fingerprint != "" && o.Fingerprint() != fingerprint {
 		return o, ErrChanged
 	}

@@ -499,13 +499,15 @@ func newXTRule(handle uint64, exprs []expr.Any, userData []byte) XTRule {
 // that fingerprint. The transaction carries the generation of its read, so
 // that it is refused if anything changed in between (then it reads and
 // tries again). It returns what it removed: Families holds the removed
-// entries only (none, when nothing removable was there).
-func (n Netlink) RemoveOriginal(chain, fingerprint string) (o Rules, err error) {
+// entries only (none, when nothing removable was there). With families
+// given, only theirs are removed (and fingerprinted); none: both.
+func (n Netlink) RemoveOriginal(chain, fingerprint string, families ...nft.Family) (o Rules, err error) {
 	err = n.K.Session(func(s kernel.Session) error {
 		for attempt := 1; ; attempt++ {
 			if o, err = find(s, chain); err != nil {
 				return err
 			}
+			o = o.Of(families...)
 			if fingerprint != "" && o.Fingerprint() != fingerprint {
 				return ErrChanged
 			}
@@ -528,6 +530,14 @@ func (n Netlink) RemoveOriginal(chain, fingerprint string) (o Rules, err error) 
 		}
 	})
 	return o, err
+}
+
+// Of is o with the entries of the families given only (none: all).
+func (o Rules) Of(families ...nft.Family) Rules {
+	if len(families) == 0 {
+		return o
+	}
+	return o.only(func(f Family) bool { return slices.Contains(families, f.Family) })
 }
 
 // removable is o with only its removable entries.
