@@ -373,9 +373,9 @@ type hints struct {
 	// origReserved: the original's rules exempt (1) or masquerade (2)
 	// every reserved range that --nomasq-all-reserved-ranges adds; 0: neither.
 	origReserved int
-	reserved   netipx.IPSet
-	masq       netipx.IPSet
-	nonMasq    netipx.IPSet
+	reserved     netipx.IPSet
+	masq         netipx.IPSet
+	nonMasq      netipx.IPSet
 }
 
 func newHints(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) *hints {

@@ -49,7 +49,9 @@ func TestCompare(t *testing.T) {
 		{name: "the flag given here only", orig: Written{NonMasq: defaultList}, flags: config.Flags{NoMasqAllReservedRanges: true},
 			want: []want{{"ipv4", "100.64.0.0/10", "masquerade", "not masqueraded", "no --nomasq-all-reserved-ranges (the original ran without it)"}}, more: 7},
 		{name: "the flag, but a config of its own", orig: Written{NonMasq: defaultList},
-			edit: func(c *config.Config) { c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10") },
+			edit: func(c *config.Config) {
+				c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+			},
 			want: []want{{"ipv4", "100.64.0.0/10", "masquerade", "not masqueraded", "nonMasqueradeCIDRs: remove 100.64.0.0/10"}}},
 		{name: "--enable-ipv6 not carried over: IPv6 kept", orig: Written{EnableIPv6: true, NonMasq: append([]string{"fd00::/8"}, defaultList...)}, kept: 1},
 		{name: "--enable-ipv6 carried over", orig: Written{EnableIPv6: true, NonMasq: append([]string{"fd00::/8"}, defaultList...)},

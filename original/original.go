@@ -655,6 +655,9 @@ func (o Rules) ExplainOriginal(a netip.Addr, local bool) (e nft.Explanation, dec
 // jump, with nft's evaluator, and says what it found.
 func (f *Family) explain(e nft.Explanation, a netip.Addr, local bool) (nft.Explanation, bool) {
 	where := fmt.Sprintf("the original ip-masq-agent's rules in table %s (iptables nat POSTROUTING, priority srcnat: before table inet %s)", f.Table(), nft.TableName)
+	if !f.Recognised() {
+		where = fmt.Sprintf("chain %s in table %s (a name of the original ip-masq-agent's, not its rules: left alone; iptables nat POSTROUTING, priority srcnat: before table inet %s)", f.Chain, f.Table(), nft.TableName)
+	}
 	j := f.Jumps[0]
 	switch xtMatch(j, a, local) {
 	case nft.MatchNo:

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 var explainCommand = &command{
@@ -25,8 +26,12 @@ agent's (--agent-pid), so the answer is for the config and flags in force.
 CAP_NET_ADMIN, run it on the node, e.g. in the agent's pod) and evaluates
 its rules as the kernel does, with the node's own addresses (never
 masqueraded); it prints both answers and DISAGREE where they differ (then
-"ip-masq-agent diff" says what differs). Exit status: 0; 1 when --live
-found a disagreement; 2 on errors.`,
+"ip-masq-agent diff" says what differs). While the original (iptables)
+agent's rules are there, an address whose decision the switch from them
+changes gets both decisions, the original's and this agent's, and the
+flag or key that would keep the original's ("original: ..." and
+"SWITCH: ..."). Exit status: 0; 1 when --live found a disagreement or a
+decision the switch changes; 2 on errors.`,
 	example: "ip-masq-agent explain --config ip-masq-agent.yaml 10.0.0.1 169.254.169.254 203.0.113.10\n" +
 		"  ip-masq-agent explain --live 10.96.0.10",
 	run: runExplain,
@@ -66,11 +71,15 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %v\n", hint(err))
 		return 2
 	}
-	original, oerr := readOriginal("")
+	orig, oerr := readOriginal("")
 	if oerr != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: cannot look for the original agent's iptables rules: %v\n", hint(oerr))
 	}
 	local := localAddrs()
+	var cmp original.Comparison
+	if oerr == nil {
+		cmp = original.Compare(orig, cfg, r.flags, r.nft)
+	}
 	disagree := 0
 	for _, a := range addrs {
 		want := nft.Explain(cfg, r.nft, a)
@@ -79,7 +88,8 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			got = nft.ExplainTable(table, a, local)
 		}
 		// The original agent's jump, in iptables' nat POSTROUTING, runs first.
-		if first, decided := original.ExplainOriginal(a, local(a)); decided {
+		first, decided := orig.ExplainOriginal(a, local(a))
+		if decided {
 			got = first
 		} else if first.Reason != "" {
 			got.Reason = first.Reason + "; then " + got.Reason
@@ -88,20 +98,49 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		if got.Rule != "" {
 			fmt.Fprintf(stdout, "          rule: %s\n", got.Rule)
 		}
+		// Both decisions of the switch from the original, where it changes one.
+		flagged := false
+		if d, ok := switchChanges(cmp, a); ok && !local(a) {
+			why := first.Reason
+			if !decided {
+				why = "not masqueraded by the original's rules"
+				if first.Reason != "" {
+					why = first.Reason
+				}
+			}
+			fmt.Fprintf(stdout, "  original: %s: %s\n", d.Original, why)
+			fmt.Fprintf(stdout, "  SWITCH: %s (see ip-masq-agent diff --decisions)\n", d)
+			flagged = true
+		}
 		switch {
 		case got.Undetermined || got.Masquerade != want.Masquerade:
 			if local(want.Addr) && !got.Masquerade && !got.Undetermined {
 				fmt.Fprintln(stdout, "  (the address is the node's own: the kernel never masquerades it, whatever the config)")
-				continue
+				break
 			}
-			disagree++
+			flagged = true
 			fmt.Fprintln(stdout, "  DISAGREE: the kernel's table does not do what the config says (see ip-masq-agent diff)")
+		}
+		if flagged {
+			disagree++
 		}
 	}
 	if disagree > 0 {
 		return 1
 	}
 	return 0
+}
+
+// switchChanges returns the range of c that holds a: the switch from the
+// original agent changes a's decision.
+func switchChanges(c original.Comparison, a netip.Addr) (original.Difference, bool) {
+	a = a.Unmap()
+	for _, d := range c.Differences {
+		if d.Range.Contains(a) {
+			return d, true
+		}
+	}
+	return original.Difference{}, false
 }
 
 // localAddrs returns whether an address is one of the node's own (its
