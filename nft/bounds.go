@@ -123,20 +123,35 @@ func prefixLen(mask []byte) int {
 }
 
 // SetBounds returns the bounds (as DaddrBounds) of the elements of the
-// table's sets of family fam: between two of them, a set lookup gives one
-// answer. The agent's own rules compare the destination only through them.
+// table's sets of family fam, adjacent elements of a set taken as one:
+// between two of them, a set lookup gives one answer. The agent's own
+// rules compare the destination only through them.
 func (t Table) SetBounds(fam Family) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range t.Sets {
 		if s.Family != fam {
 			continue
 		}
-		for _, r := range s.Elements {
+		for _, r := range s.Merged() {
 			out = append(out, r.From())
 			if n := r.To().Next(); n.IsValid() {
 				out = append(out, n)
 			}
 		}
+	}
+	return out
+}
+
+// Merged is the set's elements with adjacent ones joined: what a lookup
+// matches, whichever element matches it.
+func (s Set) Merged() []netipx.IPRange {
+	var out []netipx.IPRange
+	for _, r := range s.Elements {
+		if n := len(out); n > 0 && out[n-1].To().Next() == r.From() {
+			out[n-1] = netipx.IPRangeFrom(out[n-1].From(), r.To())
+			continue
+		}
+		out = append(out, r)
 	}
 	return out
 }

@@ -43,9 +43,23 @@ func (e Explanation) Verdict() string {
 // cannot know the node's own addresses, which the kernel never
 // masquerades (the base chain's `fib daddr type != local`).
 func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
+	return Explainer(cfg, o)(addr)
+}
+
+// Explainer is Explain for many addresses: the table is built once.
+func Explainer(cfg config.Config, o Options) func(netip.Addr) Explanation {
+	return Build(cfg, o).Explainer(cfg)
+}
+
+// Explainer is Explain for many addresses with t, which is Build(cfg, o)
+// already.
+func (t Table) Explainer(cfg config.Config) func(netip.Addr) Explanation {
+	return func(addr netip.Addr) Explanation { return explainIn(&t, cfg, addr) }
+}
+
+func explainIn(t *Table, cfg config.Config, addr netip.Addr) Explanation {
 	addr = addr.Unmap()
 	e := Explanation{Addr: addr}
-	t := Build(cfg, o)
 	ev := t.evaluate(addr, false, true)
 	if !ev.handled {
 		e.Reason = "IPv6 is not handled without --enable-ipv6"

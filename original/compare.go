@@ -282,7 +282,7 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 	after := o.afterSwitch(opts)
 	want := nft.Build(cfg, opts)
 	decide := want.Decider()
-	h := newHints(o, cfg, flags, opts)
+	h := newHints(o, cfg, flags, opts, want)
 	for _, fam := range []nft.Family{4, 6} {
 		// A family without the original's rules was left alone by it
 		// only when it ran (IPv4 has them: the original always writes
@@ -329,6 +329,7 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 			cur = &c.Differences[len(c.Differences)-1]
 		}
 	}
+	explain := want.Explainer(cfg)
 	for i := range c.Differences {
 		d := &c.Differences[i]
 		d.Fix = h.fixText(d.Fix, *d)
@@ -344,7 +345,7 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 		if ea, decided := after.ExplainOriginal(a, false); decided {
 			d.AgentWhy = ea.Reason
 		} else {
-			d.AgentWhy = nft.Explain(cfg, opts, a).Reason
+			d.AgentWhy = explain(a).Reason
 		}
 	}
 	return c
@@ -374,14 +375,36 @@ type hints struct {
 	// every reserved range that --nomasq-all-reserved-ranges adds; 0: neither.
 	origReserved int
 	reserved     netipx.IPSet
-	masq         netipx.IPSet
-	nonMasq      netipx.IPSet
+	masq         ranges // this agent's sets, merged
+	nonMasq      ranges
 }
 
-func newHints(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) *hints {
+// ranges are sorted, disjoint and apart.
+type ranges []netipx.IPRange
+
+// contains reports whether r lies within one of them.
+func (rs ranges) contains(r netipx.IPRange) bool {
+	i, _ := slices.BinarySearchFunc(rs, r.From(), func(x netipx.IPRange, a netip.Addr) int { return x.From().Compare(a) })
+	if i == len(rs) || rs[i].From() != r.From() {
+		i--
+	}
+	return i >= 0 && r.To().Compare(rs[i].To()) <= 0
+}
+
+func newHints(o Rules, cfg config.Config, flags config.Flags, opts nft.Options, want nft.Table) *hints {
 	h := &hints{cfg: cfg, flags: flags, opts: opts, orig6: len(o.Jumped(6)) > 0}
 	h.defaultNon = slices.Equal(cfg.NonMasqueradeCIDRs, config.Default(flags).NonMasqueradeCIDRs)
-	var r, m, n netipx.IPSetBuilder
+	for _, s := range want.Sets {
+		if masq, ok := nft.AgentSet(s.Name); ok && masq {
+			h.masq = append(h.masq, s.Merged()...)
+		} else if ok {
+			h.nonMasq = append(h.nonMasq, s.Merged()...)
+		}
+	}
+	for _, rs := range []ranges{h.masq, h.nonMasq} {
+		slices.SortFunc(rs, func(a, b netipx.IPRange) int { return a.From().Compare(b.From()) })
+	}
+	var r netipx.IPSetBuilder
 	with := config.Default(config.Flags{NoMasqAllReservedRanges: true}).NonMasqueradeCIDRs
 	without := config.Default(config.Flags{}).NonMasqueradeCIDRs
 	for _, p := range with {
@@ -389,13 +412,7 @@ func newHints(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) 
 			r.AddPrefix(p)
 		}
 	}
-	for _, p := range cfg.MasqueradeCIDRs {
-		m.AddPrefix(p.Masked())
-	}
-	for _, p := range cfg.NonMasqueradeCIDRs {
-		n.AddPrefix(p.Masked())
-	}
-	h.reserved, h.masq, h.nonMasq = must(r.IPSet()), must(m.IPSet()), must(n.IPSet())
+	h.reserved = must(r.IPSet())
 	exempt, masq := true, true
 	for _, r := range h.reserved.Ranges() {
 		s := o.decide(r.From())
@@ -448,11 +465,11 @@ func (h *hints) fix(fam nft.Family, r netipx.IPRange, before side, now Decision,
 	case fam == 4 && h.defaultNon && h.reserved.ContainsRange(r) &&
 		(h.origReserved == 1 && !h.flags.NoMasqAllReservedRanges || h.origReserved == 2 && h.flags.NoMasqAllReservedRanges):
 		return fixReserved
-	case now == Masqueraded && h.masq.ContainsRange(r):
+	case now == Masqueraded && h.masq.contains(r):
 		return fixMasqCIDRs
 	case now == Masqueraded:
 		return fixMissing
-	case h.nonMasq.ContainsRange(r):
+	case h.nonMasq.contains(r):
 		return fixExtra
 	}
 	return fixOutBound

@@ -1,6 +1,7 @@
 package original
 
 import (
+	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"testing"
@@ -157,5 +158,100 @@ func TestCompareExact(t *testing.T) {
 		if differs != reported {
 			t.Errorf("%s: differs %v, reported %v\n%s", s, differs, reported, c.Key())
 		}
+	}
+}
+
+// Random pairs of configurations: at every bound of both sides, the
+// address before it and random addresses, an address is in a reported
+// range exactly when the two sides decide it differently; the ranges are
+// sorted and apart.
+func TestCompareRandom(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 31))
+	prefix := func(v6 bool) string {
+		if v6 {
+			b := make([]byte, 16)
+			b[0], b[1], b[2], b[3], b[4] = 0x20, 0x01, 0x0d, 0xb8, byte(r.IntN(4))
+			a, _ := netip.AddrFromSlice(b)
+			return netip.PrefixFrom(a, 30+r.IntN(12)).Masked().String()
+		}
+		a := netip.AddrFrom4([4]byte{byte(r.IntN(4) * 64), byte(r.IntN(256)), 0, 0})
+		return netip.PrefixFrom(a, 2+r.IntN(20)).Masked().String()
+	}
+	for i := range 200 {
+		var w Written
+		w.EnableIPv6, w.MasqLinkLocal, w.MasqLinkLocalIPv6 = r.IntN(2) == 0, r.IntN(3) == 0, r.IntN(3) == 0
+		for range r.IntN(6) {
+			w.NonMasq = append(w.NonMasq, prefix(r.IntN(3) == 0))
+		}
+		flags := config.Flags{EnableIPv6: r.IntN(2) == 0, NoMasqAllReservedRanges: r.IntN(2) == 0}
+		cfg := config.Default(flags)
+		if r.IntN(2) == 0 {
+			cfg.NonMasqueradeCIDRs = nil
+			for range r.IntN(6) {
+				cfg.NonMasqueradeCIDRs = append(cfg.NonMasqueradeCIDRs, netip.MustParsePrefix(prefix(r.IntN(3) == 0)))
+			}
+		}
+		for range r.IntN(3) {
+			cfg.MasqueradeCIDRs = append(cfg.MasqueradeCIDRs, netip.MustParsePrefix(prefix(r.IntN(3) == 0)))
+		}
+		cfg.MasqLinkLocal, cfg.MasqOutBound, cfg.MasqOutBoundIPv6 = r.IntN(3) == 0, r.IntN(5) != 0, r.IntN(5) != 0
+		opts := nft.Options{EnableIPv6: flags.EnableIPv6}
+		o := w.Rules()
+		c := Compare(o, cfg, flags, opts)
+		want := nft.Build(cfg, opts)
+		after := o.afterSwitch(opts)
+		var probes []netip.Addr
+		for _, fam := range []nft.Family{4, 6} {
+			b, _ := o.bounds(fam)
+			for _, a := range append(b, want.SetBounds(fam)...) {
+				probes = append(probes, a, a.Prev())
+			}
+		}
+		for range 50 {
+			probes = append(probes, netip.AddrFrom4([4]byte{byte(r.IntN(256)), byte(r.IntN(256)), byte(r.IntN(256)), byte(r.IntN(256))}))
+			probes = append(probes, netip.MustParsePrefix(prefix(true)).Addr().Next())
+		}
+		for _, a := range probes {
+			if !a.IsValid() {
+				continue
+			}
+			before := o.decide(a).d
+			now := after.decide(a)
+			if !now.decided {
+				now.d = NotMasqueraded
+				if m, _ := want.Decide(a); m {
+					now.d = Masqueraded
+				}
+			}
+			fam := familyOf(a)
+			differs := before != now.d && (o.Removes(fam) || fam == 6 && o.Removes(4))
+			reported := false
+			for _, d := range c.Differences {
+				reported = reported || d.Range.Contains(a)
+			}
+			if differs != reported {
+				t.Fatalf("case %d, %s: differs %v (original %s, after %s), reported %v\n%+v\n%s\n%s", i, a, differs, before, now.d, reported, w, cfg, c.Key())
+			}
+		}
+		for j := 1; j < len(c.Differences); j++ {
+			p, d := c.Differences[j-1], c.Differences[j]
+			if p.Family == d.Family && p.Range.To().Compare(d.Range.From()) >= 0 {
+				t.Fatalf("case %d: ranges out of order or overlapping:\n%s", i, c.Key())
+			}
+		}
+	}
+}
+
+// BenchmarkCompare: the addon's rules against a config of 100,000 CIDRs
+// (the daemon compares again only when the rules or the config change).
+func BenchmarkCompare(b *testing.B) {
+	o := Written{Chain: AddonChain, NonMasq: append(append([]string{}, defaultList...), reservedList...)}.Rules()
+	cfg := config.Default(config.Flags{})
+	for i := range 100000 {
+		cfg.NonMasqueradeCIDRs = append(cfg.NonMasqueradeCIDRs, netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(11 + i>>16), byte(i >> 8), byte(i), 0}), 24))
+	}
+	b.ResetTimer()
+	for range b.N {
+		Compare(o, cfg, config.Flags{}, nft.Options{})
 	}
 }
