@@ -177,7 +177,7 @@ func TestCompareRandom(t *testing.T) {
 		a := netip.AddrFrom4([4]byte{byte(r.IntN(4) * 64), byte(r.IntN(256)), 0, 0})
 		return netip.PrefixFrom(a, 2+r.IntN(20)).Masked().String()
 	}
-	for i := range 200 {
+	for i := range 120 {
 		var w Written
 		w.EnableIPv6, w.MasqLinkLocal, w.MasqLinkLocalIPv6 = r.IntN(2) == 0, r.IntN(3) == 0, r.IntN(3) == 0
 		for range r.IntN(6) {

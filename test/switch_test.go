@@ -143,6 +143,11 @@ func TestSwitchIPv6Kept(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "kept ipv6:") || strings.Contains(out, "removes it once") || !strings.Contains(out, "in sync") {
 		t.Errorf("diff: %d\n%s", code, out)
 	}
+	code, out, _ = runTool(t, topo, "explain", "--live", "--agent-pid", "none", "--config", cfg, internet6a)
+	if code != 0 || !strings.Contains(out, "masqueraded by the original ip-masq-agent's rules in table ip6 nat") ||
+		!strings.Contains(out, "the original ip-masq-agent's rules of this family stay") || strings.Contains(out, "DISAGREE") {
+		t.Errorf("explain --live %s: %d\n%s", internet6a, code, out)
+	}
 	code, out, stderr = runTool(t, topo, "cleanup-iptables", "--watch", "0", "--agent-pid", "none", "--family", "ipv6")
 	if code != 0 || !strings.Contains(out, "removed from table ip6 nat") {
 		t.Errorf("cleanup-iptables --family ipv6: %d\n%s%s", code, out, stderr)

@@ -118,6 +118,10 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintln(stdout, "  (the address is the node's own: the kernel never masquerades it, whatever the config)")
 				break
 			}
+			if decided && keeps(orig, r.nft, a) {
+				fmt.Fprintln(stdout, "  (the original ip-masq-agent's rules of this family stay: this agent does not program it, see ip-masq-agent diff)")
+				break
+			}
 			flagged = true
 			fmt.Fprintln(stdout, "  DISAGREE: the kernel's table does not do what the config says (see ip-masq-agent diff)")
 		}
@@ -141,6 +145,21 @@ func switchChanges(c original.Comparison, a netip.Addr) (original.Difference, bo
 		}
 	}
 	return original.Difference{}, false
+}
+
+// keeps reports whether the original's rules of a's family stay: this
+// agent does not program the family.
+func keeps(o original.Rules, opts nft.Options, a netip.Addr) bool {
+	fam := nft.Family(4)
+	if a.Unmap().Is6() {
+		fam = 6
+	}
+	for _, f := range o.KeptFamilies(opts) {
+		if f.Family == fam {
+			return true
+		}
+	}
+	return false
 }
 
 // localAddrs returns whether an address is one of the node's own (its
