@@ -305,11 +305,11 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 		var ib, ia, io int
 		var cur *Difference
 		for i, p := range all {
-			last := netipx.IPRange{}
+			var iv netipx.IPRange // from p to the next bound
 			if i+1 < len(all) {
-				last = netipx.IPRangeFrom(p, all[i+1].Prev())
+				iv = netipx.IPRangeFrom(p, all[i+1].Prev())
 			} else {
-				last = netipx.IPRangeFrom(p, netipx.RangeOfPrefix(netip.PrefixFrom(p, 0)).To())
+				iv = netipx.IPRangeFrom(p, netipx.RangeOfPrefix(netip.PrefixFrom(p, 0)).To())
 			}
 			b, a, w := at(before, &ib, p), at(afterOrig, &ia, p), at(ours, &io, p)
 			now := w
@@ -320,12 +320,12 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 				cur = nil
 				continue
 			}
-			fix := h.fix(fam, last, b, now, a.decided)
+			fix := h.fix(fam, iv, b, now, a.decided)
 			if cur != nil && cur.Original == b.d && cur.Agent == now && cur.Fix == fix {
-				cur.Range = netipx.IPRangeFrom(cur.Range.From(), last.To())
+				cur.Range = netipx.IPRangeFrom(cur.Range.From(), iv.To())
 				continue
 			}
-			c.Differences = append(c.Differences, Difference{Family: fam, Range: last, Original: b.d, Agent: now, Fix: fix})
+			c.Differences = append(c.Differences, Difference{Family: fam, Range: iv, Original: b.d, Agent: now, Fix: fix})
 			cur = &c.Differences[len(c.Differences)-1]
 		}
 	}
