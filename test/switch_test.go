@@ -201,3 +201,46 @@ func TestSwitchImpostorChain(t *testing.T) {
 		t.Errorf("cleanup-iptables --masq-chain IP-MASQ: %d\n%s%s", code, out, stderr)
 	}
 }
+
+// TestSwitchStandInCarriedOver: the whole switch with the addon's flags
+// carried over. The stand-in original (e2e/original, --masq-chain IP-MASQ
+// --nomasq-all-reserved-ranges) runs; the pre-switch check finds no
+// change with the flag (and the reserved ranges without it); the agent
+// with the flag runs beside it, then the original stops and its rules are
+// removed: 203.0.113.10 is left alone by packets before, during and after,
+// and nothing warns of a changed decision.
+func TestSwitchStandInCarriedOver(t *testing.T) {
+	testnet.Require(t, "iptables-nft", "iptables-nft-restore")
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1)
+	cm := newConfigMapDir(t, "resyncInterval: 1s\n")
+	orig := startOriginal(t, topo, "--config", cm.path(), "--masq-chain", original.AddonChain, "--nomasq-all-reserved-ranges")
+	eventually(t, "the original's first rewrite", func() bool { return rewrites(orig) >= 1 })
+	expectSources(t, topo, map[string]bool{internet1: false})
+
+	if code, out, stderr := runTool(t, topo, "diff", "--decisions", "--agent-pid", "none", "--config", cm.path(), "--nomasq-all-reserved-ranges"); code != 0 ||
+		!strings.HasSuffix(out, "decisions: the switch from the original ip-masq-agent changes none\n") {
+		t.Errorf("diff --decisions with the flag: %d\n%s%s", code, out, stderr)
+	}
+	if code, out, stderr := runTool(t, topo, "diff", "--decisions", "--agent-pid", "none", "--config", cm.path()); code != 1 || !strings.Contains(out, reservedChange) {
+		t.Errorf("diff --decisions without the flag: %d\n%s%s", code, out, stderr)
+	}
+	d := startDaemon(t, topo, "--config", cm.path(), "--nomasq-all-reserved-ranges", "--masq-chain", original.AddonChain)
+	eventually(t, "the report of the original's rules", func() bool {
+		return strings.Contains(d.output(), "found the original ip-masq-agent's iptables rules")
+	})
+	expectSources(t, topo, map[string]bool{internet1: false})
+	orig.Stop()
+	eventually(t, "the removal", func() bool { return strings.Contains(d.output(), "removed the original ip-masq-agent's iptables rules") })
+	if s := natTable(t, topo, "ip"); strings.Contains(s, original.AddonChain) {
+		t.Errorf("table ip nat after the removal:\n%s", s)
+	}
+	expectSources(t, topo, map[string]bool{internet1: false})
+	if strings.Contains(d.output(), "changes the masquerade decision") {
+		t.Errorf("a warning with the flags carried over:\n%s", d.output())
+	}
+	_, body := httpGet(topo, "/metrics")
+	if !strings.Contains(body, `ip_masq_agent_original_decision_differences{family="ipv4"} 0`) {
+		t.Errorf("/metrics: no zero for the differences")
+	}
+}
