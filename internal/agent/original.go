@@ -37,6 +37,12 @@ import (
 // agent's. A chain of a well-known name that holds something else is
 // reported and left alone.
 //
+// Only the families this agent programs are taken over and removed: the
+// original's IPv6 rules stay while this agent runs without --enable-ipv6
+// (removing them would stop masquerading that traffic, silently). What
+// the switch changes of the rest is computed exactly (original.Compare)
+// and said: a WARN at every change, and a gauge.
+//
 // "In force" counts every interval the agent had within configPropagation
 // before the rewrite was seen: the kubelet updates each pod's ConfigMap
 // volume in its own time, so the original may have read a config that
