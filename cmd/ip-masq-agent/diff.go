@@ -195,6 +195,10 @@ func printComparison(w io.Writer, c original.Comparison) int {
 		fmt.Fprintln(w, "decisions: the switch from the original ip-masq-agent changes none")
 		return 0
 	}
-	fmt.Fprintf(w, "decisions: the switch from the original ip-masq-agent changes %d ranges (ipv4 %d, ipv6 %d)\n", len(c.Differences), c.Count(4), c.Count(6))
+	ranges := "ranges"
+	if len(c.Differences) == 1 {
+		ranges = "range"
+	}
+	fmt.Fprintf(w, "decisions: the switch from the original ip-masq-agent changes %d %s (ipv4 %d, ipv6 %d)\n", len(c.Differences), ranges, c.Count(4), c.Count(6))
 	return len(c.Differences)
 }
