@@ -34,7 +34,8 @@ type Kernel interface {
 // rules; kernel.Netlink and nft.Fake have it.
 type OriginalRules interface {
 	FindOriginal(chain string) (original.Rules, error)
-	RemoveOriginal(chain, fingerprint string) (original.Rules, error)
+	// RemoveOriginal removes those of the families given (none: both).
+	RemoveOriginal(chain, fingerprint string, families ...nft.Family) (original.Rules, error)
 }
 
 // Options are what the agent is run with.
