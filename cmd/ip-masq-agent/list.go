@@ -51,7 +51,7 @@ func ownership(t nft.Table) string {
 			"and nft -f of a saved ruleset that holds it fails (EPERM); save rulesets without it (docs/upgrade.md)"
 	case t.Persist:
 		return "# orphaned: its owner exited; it stays in force (flags persist) until an agent adopts it; " +
-			"nft 1.0.6 lists it with a bare \"flags \" line that nft -f refuses; save rulesets without it, or run the agent with --release-on-exit (docs/upgrade.md)"
+			"nft 1.0.6 lists it with a bare \"flags \" line that nft -f refuses; save rulesets without it; an agent that exits on SIGTERM or after --once releases it unless --release-on-exit=false (docs/upgrade.md)"
 	}
-	return "# free: not owned (--own-table=false, --release-on-exit after exit, or a kernel before 6.9): any process may change it"
+	return "# free: not owned (the agent exited and released it, --own-table=false, or a kernel before 6.9): any process may change it"
 }
