@@ -2,6 +2,13 @@
 # network namespaces and never touch the machine's own). `make help` lists
 # the targets.
 GO      ?= go
+# The version the binary reports (--version, build_info): the tag an image
+# is built for when TAG is given (make image TAG=v0.1.0), else git describe.
+ifneq ($(filter command line environment,$(origin TAG)),)
+ifeq ($(filter command line environment,$(origin VERSION)),)
+VERSION := $(TAG)
+endif
+endif
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
@@ -160,11 +167,12 @@ push-multiarch: image-multiarch
 	  $(CONTAINER_TOOL) manifest push --all $(IMAGE):$(TAG) docker://$(IMAGE):$(TAG))
 
 ## manifests: bin/manifests/install.yaml, uninstall.yaml and rollback.yaml
-## for IMAGE:TAG (deploy/, deploy/uninstall/ and deploy/rollback/ rendered,
-## for kubectl apply -f; without IMAGE and TAG given, the image that
-## deploy/image/ pins)
+## for IMAGE:TAG, or IMAGE=NAME@sha256:DIGEST (pinned by digest; no TAG)
+## (deploy/, deploy/uninstall/ and deploy/rollback/ rendered, for kubectl
+## apply -f; without IMAGE and TAG given, the image deploy/image/ pins)
 manifests:
-	$(GO) run ./hack/manifests -repo . -out bin/manifests $(if $(filter command line,$(origin IMAGE) $(origin TAG)),-image $(IMAGE):$(TAG))
+	$(if $(and $(findstring @,$(IMAGE)),$(filter command line,$(origin TAG)),$(TAG)),$(error make manifests: IMAGE=$(IMAGE) holds a digest; give no TAG))
+	$(GO) run ./hack/manifests -repo . -out bin/manifests $(if $(filter command line,$(origin IMAGE) $(origin TAG)),-image $(IMAGE)$(if $(findstring @,$(IMAGE)),,:$(TAG)))
 
 ## test-deploy: the deploy/ manifests, and the image in a container (root)
 ## (run with the DaemonSet's rights against a test node, with podman)
