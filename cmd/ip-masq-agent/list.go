@@ -17,7 +17,9 @@ agent's pod, where there is no nft) and prints it as nft list table would,
 with each rule's counter. Whatever the table holds is shown, the agent's
 or not; what the agent did not make is marked "not the agent's". The first
 line says whether the table is owned (a running agent owns it), orphaned
-(its owner exited; it persists) or free (not owned).
+(its owner exited without releasing it, e.g. killed; it persists) or free
+(not owned: released at the agent's exit, --own-table=false, or a kernel
+before 6.9).
 Exit status: 0; 1 when there is no table; 2 on errors.`,
 	example: "ip-masq-agent list\n  kubectl -n kube-system exec $POD -- /ip-masq-agent list   # $POD: the agent's pod on the node (docs/runbook.md)",
 	run:     runList,
