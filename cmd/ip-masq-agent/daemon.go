@@ -159,6 +159,11 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 // (a kernel before 6.9, --own-table=false, another owner) is left as it is.
 func releaseTable(k *kernel.Netlink, log *slog.Logger) {
 	switch released, err := k.Release(); {
+	case errors.Is(err, syscall.EPERM):
+		// Without CAP_NET_ADMIN the table cannot be read, nor can this
+		// process have made it owned: nothing to release (the failed
+		// sync has said why already).
+		log.Debug("no table to release: cannot read it", "err", err)
 	case err != nil:
 		log.Error("cannot release the table at exit; it stays owned until this process exits, then orphaned (flags persist)", "err", agent.Hint(err))
 	case released:
