@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -225,14 +226,43 @@ func TestManifestsReleaseVersion(t *testing.T) {
 	if ldflags == "" {
 		return
 	}
+	bin := buildWith(t, ldflags)
+	if out, err := exec.Command(bin, "--version").Output(); err != nil || string(out) != "ip-masq-agent v0.1.0\n" {
+		t.Errorf("--version of the binary make image TAG=v0.1.0 builds: %q %v", out, err)
+	}
+}
+
+// buildWith builds the agent with the given -ldflags into a temporary
+// directory, as make does.
+func buildWith(t *testing.T, ldflags string) string {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), "ip-masq-agent")
 	build := exec.Command("go", "build", "-trimpath", "-ldflags", ldflags, "-o", bin, "../cmd/ip-masq-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	if out, err := exec.Command(bin, "--version").Output(); err != nil || string(out) != "ip-masq-agent v0.1.0\n" {
-		t.Errorf("--version of the binary make image TAG=v0.1.0 builds: %q %v", out, err)
+	return bin
+}
+
+// TestReleaseBuildInfo: the daemon built as make image TAG=v0.1.0 builds
+// it exports build_info{version="v0.1.0"} (a self-built v0.1.0 image once
+// reported the commit) and says the version on its start line.
+func TestReleaseBuildInfo(t *testing.T) {
+	topo := newTopology(t)
+	out, err := makeDryRun(t, "bin/linux-"+runtime.GOARCH+"/ip-masq-agent", "TAG=v0.1.0")
+	m := regexp.MustCompile(`-ldflags '([^']*)'`).FindStringSubmatch(out)
+	if err != nil || m == nil {
+		t.Fatalf("make -n: %v\n%s", err, out)
+	}
+	bin := buildWith(t, m[1])
+	d := startCommand(t, exec.Command("ip", "netns", "exec", topo.NodeNS, bin, "--config", writeConfig(t, "")), false)
+	eventually(t, "/readyz", func() bool { code, _ := httpGet(topo, "/readyz"); return code == 200 })
+	if _, body := httpGet(topo, "/metrics"); !strings.Contains(body, `ip_masq_agent_build_info{version="v0.1.0"} 1`) {
+		t.Errorf("/metrics has no build_info for v0.1.0:\n%s", body)
+	}
+	if !strings.Contains(d.output(), "version=v0.1.0") {
+		t.Errorf("the start line does not say v0.1.0:\n%s", d.output())
 	}
 }
 
