@@ -99,6 +99,9 @@ func (s *suite) preSwitchCheck() error {
 			}
 		}
 	}
+	// Its connections' conntrack entries go too: the upgrade's check of
+	// every entry of the pod's counts from there.
+	_, _ = run(s.ctx, time.Minute, "nsenter", "--net="+s.n.nodeNS, "--", "conntrack", "-D", "-s", s.podIP)
 	rules, err := s.savedOriginalRules()
 	tbl, _ := s.nodeNft("list", "tables")
 	s.assert(err == nil && len(rules) == 0 && !strings.Contains(tbl, "ip-masq-agent"), "pre-switch: the node is left without either agent's rules (%d of the original's; nft list tables: %s)", len(rules), oneLine(tbl, nil))
