@@ -470,8 +470,8 @@ func (s *suite) docCommandsOnNode() error {
 		// reserved ranges, no ConfigMap) beside this agent's config, which
 		// masquerades 100.64.0.0/10.
 		{"docs/runbook.md", "The switch changed decisions", "diff --decisions", func(r docResult) bool {
-			return r.err == nil && r.code == 1 && strings.Contains(r.stdout, "change ipv4 100.64.0.0/10: original: not masqueraded, this agent: masquerade; to keep the original's decision: --nomasq-all-reserved-ranges")
-		}, "exit 1: each range that changes, with the flag that keeps it", s.writeAddonOnce},
+			return r.err == nil && r.code == 1 && strings.Contains(r.stdout, "change ipv4 100.64.0.0/10: original: not masqueraded, this agent: masquerade; to keep the original's decision: nonMasqueradeCIDRs: add 100.64.0.0/10")
+		}, "exit 1: each range that changes, with the key that keeps it (this ConfigMap lists nonMasqueradeCIDRs, so the flag would not)", s.writeAddonOnce},
 		{"docs/runbook.md", "The switch changed decisions", "explain --live 100.64.0.10", func(r docResult) bool {
 			return r.err == nil && r.code == 1 && strings.Contains(r.stdout, "  original: not masqueraded") && strings.Contains(r.stdout, "  SWITCH: ipv4 100.64.0.0/10")
 		}, "exit 1: both decisions for the address", nil},
