@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
@@ -89,7 +90,38 @@ func Explain(cfg config.Config, o Options, p Packet) Explanation {
 	} else {
 		e.Reason = outbound + ": true (no other rule matched)"
 	}
+	if e.Masquerade {
+		e.Reason += snatNote(cfg, o, p)
+	}
 	return e
+}
+
+// snatNote says to which address a masqueraded connection p goes when the
+// config has a snat address of its family: that address through the
+// interfaces that hold it, the out interface's elsewhere.
+func snatNote(cfg config.Config, o Options, p Packet) string {
+	key, addr := config.KeySNAT, cfg.SNATAddress
+	if p.Dst.Is6() {
+		key, addr = config.KeySNAT6, cfg.SNATAddressIPv6
+	}
+	if !addr.IsValid() {
+		return ""
+	}
+	var links []string
+	for _, l := range SNATLinks(cfg, o) {
+		if l.Addr == addr {
+			links = append(links, l.Link)
+		}
+	}
+	switch {
+	case len(links) == 0:
+		return fmt.Sprintf("; %s %s is on no interface of this node: masquerade to the out interface's address", key, addr)
+	case p.OutIf != "" && slices.Contains(links, p.OutIf):
+		return fmt.Sprintf("; masquerade to %s (%s) through %s", addr, key, p.OutIf)
+	case p.OutIf != "":
+		return fmt.Sprintf("; masquerade to %s's address (%s %s is on %s only)", p.OutIf, key, addr, strings.Join(links, ", "))
+	}
+	return fmt.Sprintf("; masquerade to %s (%s) through %s, to the out interface's address through others", addr, key, strings.Join(links, ", "))
 }
 
 // source names the config entry behind a set element: the first entry of
