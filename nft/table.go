@@ -161,8 +161,8 @@ type Rule struct {
 	// To, when valid, makes the masquerade a source NAT to this address
 	// (snat ip to To, snat ip6 to To; of the rule's Family): snatAddress.
 	// Ports and FullyRandom apply to it as to a masquerade.
-	To netip.Addr
-	Comment     string
+	To      netip.Addr
+	Comment string
 
 	// Foreign, for a rule found in the kernel that the agent cannot have
 	// written, is that rule in a syntax close to nft's; such a rule never
