@@ -297,6 +297,10 @@ type Options struct {
 	// snatAddress is used only for packets leaving through one of them
 	// (Build). Build calls it once per address.
 	Links func(netip.Addr) []string
+	// SNAT: the table may source-NAT to an address (the config at start
+	// has snatAddress or snatAddressIPv6), so the start probe asks the
+	// kernel for snat (kernel.ProbeFor). Build does not read it.
+	SNAT bool
 }
 
 // MarkLabel returns the conntrack label bit with which the table's
