@@ -80,6 +80,9 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	// in a transaction that never commits): one line naming what, and the
 	// oldest kernel that has it, rather than failed syncs forever. The
 	// probe also learns whether the kernel can own the table.
+	if cfg, _, err := config.Load(o.configPath, o.flags); err == nil && (cfg.SNATAddress.IsValid() || cfg.SNATAddressIPv6.IsValid()) {
+		o.nft.SNAT = true // the probe asks for snat
+	}
 	if !o.cleanup {
 		var lacks *kernel.LacksError
 		start := time.Now()
