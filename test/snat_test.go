@@ -1,0 +1,118 @@
+package test
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+)
+
+// The node's second address on its uplink, for snatAddress: in the
+// uplink's subnets, so that ext reaches it as it reaches the uplink's own.
+var (
+	snat4 = netip.MustParsePrefix("192.0.2.10/24")
+	snat6 = netip.MustParsePrefix("2001:db8:1::10/64")
+)
+
+const snatConfig = "nonMasqueradeCIDRs: []\nsnatAddress: 192.0.2.10\nsnatAddressIPv6: \"2001:db8:1::10\"\n"
+
+// TestPacketsSNAT proves snatAddress and snatAddressIPv6 with packets: a
+// destination behind the uplink sees the snat address, not the uplink's
+// own, in both families; traffic that passes through the node out of
+// another interface (here from ext to the pod, masqueraded with
+// nonMasqueradeCIDRs: []) is masqueraded to that interface's address as
+// before, not to the snat address, and keeps working; without the
+// address on the node nothing is source-NATed to it; render's table is
+// the daemon's, loaded by nft, and explain says where.
+func TestPacketsSNAT(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, internet6a)
+	expect := func(what string, seen func() (netip.Addr, error), want netip.Addr) {
+		t.Helper()
+		got, err := seen()
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+		} else if got != want {
+			t.Errorf("%s: saw source %s, want %s", what, got, want)
+		}
+	}
+	to := func(dst string) func() (netip.Addr, error) {
+		return func() (netip.Addr, error) { return topo.SourceSeen(netip.MustParseAddr(dst)) }
+	}
+	atPod := func(dst netip.Addr) func() (netip.Addr, error) {
+		return func() (netip.Addr, error) { return topo.SourceSeenAtPod(dst) }
+	}
+
+	// The address on no interface: masquerade as without it, and a warning.
+	out, err := runAgent(t, topo, "--once", "--config", writeConfig(t, snatConfig), "--enable-ipv6")
+	if err != nil || !strings.Contains(out, "snatAddress 192.0.2.10 is on no interface of this node") {
+		t.Errorf("without the address: %v\n%s", err, out)
+	}
+	if table := listTable(t, topo); strings.Contains(table, "snat") {
+		t.Errorf("snat rules for an address on no interface:\n%s", table)
+	}
+	expect("pod to "+internet1+", no snat address on the node", to(internet1), topo.NodeUplink4)
+
+	for _, p := range []netip.Prefix{snat4, snat6} {
+		if err := topo.AddNodeAddress(testnet.NodeUplinkIf, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustApply(t, topo, snatConfig, "--enable-ipv6")
+	table := listTable(t, topo)
+	for _, want := range []string{`meta nfproto ipv4 oifname "eth0" ct label set 20 counter packets`, "snat ip to 192.0.2.10 fully-random",
+		`meta nfproto ipv6 oifname "eth0" ct label set 20 counter packets`, "snat ip6 to 2001:db8:1::10 fully-random",
+		"masquerade fully-random"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("nft list lacks %q:\n%s", want, table)
+		}
+	}
+	expect("pod to "+internet1, to(internet1), snat4.Addr())
+	expect("pod to "+internet6a, to(internet6a), snat6.Addr())
+	// Through the node to the pod: out of veth-pod, which does not hold
+	// the address: masqueraded to veth-pod's own, as before.
+	expect("ext to the pod", atPod(topo.Pod4), topo.NodePodSide4)
+	expect("ext to the pod (IPv6)", atPod(topo.Pod6), topo.NodePodSide6)
+
+	// render, in the node's namespace, is the daemon's table; nft loads it.
+	code, rendered, stderr := runTool(t, topo, "render", "--config", writeConfig(t, snatConfig), "--enable-ipv6")
+	if code != 0 {
+		t.Fatalf("render: exit %d: %s", code, stderr)
+	}
+	file := filepath.Join(t.TempDir(), "ruleset.nft")
+	if err := os.WriteFile(file, []byte(rendered), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := testnet.Exec(topo.ExtNS, "nft", "-f", file); err != nil {
+		t.Fatalf("nft -f render's output: %v\n%s\n%s", err, out, rendered)
+	}
+	loaded, err := testnet.Exec(topo.ExtNS, "nft", "list", "table", "inet", "ip-masq-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := withoutCounters(listTable(t, topo)), withoutCounters(string(loaded)); got != want {
+		t.Errorf("the daemon's table:\n%s\nrender's, loaded with nft -f:\n%s", got, want)
+	}
+	if code, out, stderr := runTool(t, topo, "diff", "--config", writeConfig(t, snatConfig), "--enable-ipv6"); code != 0 || out != "in sync\n" {
+		t.Errorf("diff: exit %d, %q %s", code, out, stderr)
+	}
+	if code, out, _ := runTool(t, topo, "explain", "--config", writeConfig(t, snatConfig), internet1); code != 0 ||
+		!strings.Contains(out, "masquerade to 192.0.2.10 (snatAddress) through eth0, to the out interface's address through others") {
+		t.Errorf("explain: %d %q", code, out)
+	}
+
+	// Without the keys, the uplink's own address again.
+	mustApply(t, topo, "nonMasqueradeCIDRs: []\n", "--enable-ipv6")
+	expect("pod to "+internet1+" without snatAddress", to(internet1), topo.NodeUplink4)
+	// (IPv6's masquerade takes the uplink's address by source address
+	// selection, which may be the second address of the same /64.)
+	if table := listTable(t, topo); strings.Contains(table, "snat") {
+		t.Errorf("snat rules without the keys:\n%s", table)
+	}
+	if t.Failed() {
+		t.Logf("table:\n%s", listTable(t, topo))
+	}
+}
