@@ -231,3 +231,21 @@ func masqRules(o Options) []Rule {
 	}
 	return append(rules, Rule{CtLabel: o.CtLabel, Verdict: Masquerade, FullyRandom: o.RandomFully, Comment: commentMasq})
 }
+
+// SNATs are the snat rules' addresses and interfaces in t's masquerade
+// chain (Key empty), in order, each once: for the conntrack cleanup after
+// a change of snatAddress.
+func (t *Table) SNATs() []SNATLink {
+	var out []SNATLink
+	c := t.Chain(MasqChainName)
+	if c == nil {
+		return nil
+	}
+	for _, r := range c.Rules {
+		l := SNATLink{Addr: r.To, Link: r.OutIf}
+		if r.Foreign == "" && r.To.IsValid() && !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return out
+}

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -202,6 +204,55 @@ func (c conntrackCleanup) Applied(old, new nft.Table) {
 	} else {
 		c.log.Debug("conntrack cleanup: "+res.String(), attrs...)
 	}
+	// A change of snatAddress: the flows NATed to an address the new
+	// rules no longer give them.
+	if moved := snatMoved(old, new, linkAddrs); len(moved) > 0 {
+		res, err := conntrack.CleanupNATedTo(netns.None(), c.mode, moved, mark)
+		c.m.ConntrackDeleted(res.Deleted)
+		attrs := append(attrs, "from", fmt.Sprint(moved))
+		if err != nil {
+			c.log.Error("conntrack cleanup after a change of snatAddress failed; running flows keep their old address", append(attrs, "err", err)...)
+			return
+		}
+		c.log.Info("conntrack cleanup after a change of snatAddress: "+res.String(), attrs...)
+	}
+}
+
+// snatMoved are the addresses the old table source-NATed a family's
+// flows to and the new one no longer does: its snat address when that
+// changed or went, and, for a new one, the other addresses of the
+// interfaces that hold it (what masquerade gave there).
+func snatMoved(old, new nft.Table, addrsOf func(link string) []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	o, n := old.SNATs(), new.SNATs()
+	for _, is4 := range []bool{true, false} {
+		var oa, na netip.Addr
+		var links []string
+		for _, l := range o {
+			if l.Addr.Is4() == is4 {
+				oa = l.Addr
+			}
+		}
+		for _, l := range n {
+			if l.Addr.Is4() == is4 {
+				na, links = l.Addr, append(links, l.Link)
+			}
+		}
+		if oa == na {
+			continue
+		}
+		if oa.IsValid() {
+			out = append(out, oa)
+		}
+		for _, link := range links {
+			for _, a := range addrsOf(link) {
+				if a.Is4() == is4 && a != na && !slices.Contains(out, a) && !a.IsLinkLocalUnicast() {
+					out = append(out, a)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // debounce coalesces a burst of file events (the kubelet's ..data swap is

@@ -28,3 +28,22 @@ func nodeLinks(a netip.Addr) []string {
 	}
 	return out
 }
+
+// linkAddrs are the addresses of the interface named link.
+func linkAddrs(link string) []netip.Addr {
+	i, err := net.InterfaceByName(link)
+	if err != nil {
+		return nil
+	}
+	addrs, err := i.Addrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, x := range addrs {
+		if p, err := netip.ParsePrefix(x.String()); err == nil {
+			out = append(out, p.Addr().Unmap())
+		}
+	}
+	return out
+}
