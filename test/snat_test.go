@@ -116,3 +116,39 @@ func TestPacketsSNAT(t *testing.T) {
 		t.Logf("table:\n%s", listTable(t, topo))
 	}
 }
+
+// TestConntrackDaemonSNAT: a change of snatAddress moves an established
+// UDP flow. A stream from the pod is source-NATed to the first address;
+// the config names a second one: the daemon deletes the entry NATed to
+// the first (its log says so), and the stream's next datagrams leave from
+// the second. Then the key goes: the stream moves to the uplink's own
+// address (masquerade), as a stream started then would.
+func TestConntrackDaemonSNAT(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1)
+	if err := topo.EnableConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	second := netip.MustParsePrefix("192.0.2.11/24")
+	for _, p := range []netip.Prefix{snat4, second} {
+		if err := topo.AddNodeAddress(testnet.NodeUplinkIf, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cm := newConfigMapDir(t, "resyncInterval: 1h\nsnatAddress: 192.0.2.10\n")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
+	eventually(t, "the snat rule", func() bool {
+		out, err := topo.NFT("list", "chain", "inet", "ip-masq-agent", "masq-to-node")
+		return err == nil && strings.Contains(out, "snat ip to 192.0.2.10")
+	})
+	s := startUDPStream(t, topo, internet1)
+	s.waitFor(t, snat4.Addr())
+	cm.update("resyncInterval: 1h\nsnatAddress: 192.0.2.11\n")
+	s.waitFor(t, second.Addr())
+	eventually(t, "the cleanup logged", func() bool {
+		return strings.Contains(d.output(), "conntrack cleanup after a change of snatAddress: examined") &&
+			strings.Contains(d.output(), "deleted 1 ") && strings.Contains(d.output(), "from=[192.0.2.10]")
+	})
+	cm.update("resyncInterval: 1h\n")
+	s.waitFor(t, topo.NodeUplink4)
+}

@@ -220,10 +220,14 @@ func (c conntrackCleanup) Applied(old, new nft.Table) {
 
 // snatMoved are the addresses the old table source-NATed a family's
 // flows to and the new one no longer does: its snat address when that
-// changed or went, and, for a new one, the other addresses of the
-// interfaces that hold it (what masquerade gave there).
+// changed or went, and, for a new one where there was none, the other
+// addresses of the interfaces that hold it (what masquerade gave there).
+// Nothing without a table before.
 func snatMoved(old, new nft.Table, addrsOf func(link string) []netip.Addr) []netip.Addr {
 	var out []netip.Addr
+	if old.Chain(nft.MasqChainName) == nil {
+		return nil // no table before: no flow was the agent's
+	}
 	o, n := old.SNATs(), new.SNATs()
 	for _, is4 := range []bool{true, false} {
 		var oa, na netip.Addr
@@ -245,6 +249,9 @@ func snatMoved(old, new nft.Table, addrsOf func(link string) []netip.Addr) []net
 			out = append(out, oa)
 		}
 		for _, link := range links {
+			if oa.IsValid() {
+				break // the old snat address's flows only
+			}
 			for _, a := range addrsOf(link) {
 				if a.Is4() == is4 && a != na && !slices.Contains(out, a) && !a.IsLinkLocalUnicast() {
 					out = append(out, a)

@@ -65,7 +65,8 @@ func TestSNATMoved(t *testing.T) {
 		want     string
 	}{
 		{"same", tableWith("192.0.2.10"), tableWith("192.0.2.10"), "[]"},
-		{"changed", tableWith("192.0.2.10"), tableWith("192.0.2.11"), "[192.0.2.10 192.0.2.1]"},
+		{"no table before", nft.Table{}, tableWith("192.0.2.10"), "[]"},
+		{"changed", tableWith("192.0.2.10"), tableWith("192.0.2.11"), "[192.0.2.10]"},
 		{"gone", tableWith("192.0.2.10", "2001:db8:1::10"), tableWith(), "[192.0.2.10 2001:db8:1::10]"},
 		{"new", tableWith(), tableWith("192.0.2.10"), "[192.0.2.1 192.0.2.11]"},
 		{"new IPv6", tableWith(), tableWith("2001:db8:1::10"), "[2001:db8:1::1]"},
