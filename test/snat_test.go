@@ -152,3 +152,57 @@ func TestConntrackDaemonSNAT(t *testing.T) {
 	cm.update("resyncInterval: 1h\n")
 	s.waitFor(t, topo.NodeUplink4)
 }
+
+// TestPacketsSNATPorts: with --to-ports and --random-fully=false the snat
+// rules take the port ranges as masquerade does; the kernel's table reads
+// back as the agent's (diff in sync), render's loads as the same, and the
+// destination sees the address with a port of the ranges.
+func TestPacketsSNATPorts(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, internet6a)
+	for _, p := range []netip.Prefix{snat4, snat6} {
+		if err := topo.AddNodeAddress(testnet.NodeUplinkIf, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flags := []string{"--enable-ipv6", "--to-ports", "20000-20999,30000-30999", "--random-fully=false"}
+	path := writeConfig(t, snatConfig)
+	mustApply(t, topo, snatConfig, flags...)
+	table := listTable(t, topo)
+	for _, want := range []string{"snat ip to 192.0.2.10:20000-20999", "snat ip6 to [2001:db8:1::10]:30000-30999", "numgen random mod 2000 < 1000"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("nft list lacks %q:\n%s", want, table)
+		}
+	}
+	if code, out, stderr := runTool(t, topo, append([]string{"diff", "--config", path}, flags...)...); code != 0 || out != "in sync\n" {
+		t.Errorf("diff: exit %d, %q %s", code, out, stderr)
+	}
+	code, rendered, stderr := runTool(t, topo, append([]string{"render", "--config", path}, flags...)...)
+	if code != 0 {
+		t.Fatalf("render: exit %d: %s", code, stderr)
+	}
+	file := filepath.Join(t.TempDir(), "ruleset.nft")
+	if err := os.WriteFile(file, []byte(rendered), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := testnet.Exec(topo.ExtNS, "nft", "-f", file); err != nil {
+		t.Fatalf("nft -f render's output: %v\n%s\n%s", err, out, rendered)
+	}
+	loaded, err := testnet.Exec(topo.ExtNS, "nft", "list", "table", "inet", "ip-masq-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := withoutCounters(table), withoutCounters(string(loaded)); got != want {
+		t.Errorf("the daemon's table:\n%s\nrender's, loaded with nft -f:\n%s", got, want)
+	}
+	for _, dst := range []string{internet1, internet6a} {
+		ap, err := topo.SourcePortSeen("tcp", netip.MustParseAddr(dst))
+		want := snat4.Addr()
+		if netip.MustParseAddr(dst).Is6() {
+			want = snat6.Addr()
+		}
+		if p := ap.Port(); err != nil || ap.Addr() != want || !(p >= 20000 && p <= 20999 || p >= 30000 && p <= 30999) {
+			t.Errorf("to %s: saw %s (%v), want %s with a port of the ranges", dst, ap, err, want)
+		}
+	}
+}
