@@ -586,7 +586,14 @@ func (a *Agent) warnSNAT(cfg config.Config, links []nft.SNATLink) {
 		addr netip.Addr
 		ok   bool
 	}{{config.KeySNAT, cfg.SNATAddress, true}, {config.KeySNAT6, cfg.SNATAddressIPv6, a.opts.NFT.EnableIPv6}} {
-		if k.addr.IsValid() && k.ok && !slices.ContainsFunc(links, func(l nft.SNATLink) bool { return l.Addr == k.addr }) {
+		n := 0
+		for _, l := range links {
+			if l.Addr == k.addr {
+				n++
+			}
+		}
+		a.metrics.SNATInterfaces(k.key, n, k.addr.IsValid() && k.ok)
+		if k.addr.IsValid() && k.ok && n == 0 {
 			missing = append(missing, k.key+" "+k.addr.String())
 		}
 	}
