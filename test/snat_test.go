@@ -206,3 +206,65 @@ func TestPacketsSNATPorts(t *testing.T) {
 		}
 	}
 }
+
+// TestPacketsSNATOtherInterface is the kernel's behaviour behind the
+// design: the node's second link leads to a network that routes only its
+// own prefixes (an overlay peer, a second NIC's network). A source NAT to
+// the uplink's address out of that link, as a rule of the test's own
+// makes it (unguarded, at srcnat, before the agent's chain), gets no
+// answer: the connection fails. The agent's snatAddress, through the
+// uplink only, leaves that traffic masqueraded to the link's own address:
+// it works, in both families, while the uplink's traffic leaves from the
+// snat address.
+func TestPacketsSNATOtherInterface(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, internet6a)
+	peer, err := topo.AddPeer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []netip.Prefix{snat4, snat6} {
+		if err := topo.AddNodeAddress(testnet.NodeUplinkIf, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Unguarded: the replies to 192.0.2.10 never come back from the peer.
+	const unguarded = `table inet test-unguarded {
+	chain c {
+		type nat hook postrouting priority srcnat; policy accept;
+		oifname "eth1" meta nfproto ipv4 snat ip to 192.0.2.10
+		oifname "eth1" meta nfproto ipv6 snat ip6 to 2001:db8:1::10
+	}
+}
+`
+	file := filepath.Join(t.TempDir(), "unguarded.nft")
+	if err := os.WriteFile(file, []byte(unguarded), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := testnet.Exec(topo.NodeNS, "nft", "-f", file); err != nil {
+		t.Fatalf("nft -f: %v\n%s", err, out)
+	}
+	for _, dst := range []netip.Addr{testnet.PeerAddr4, testnet.PeerAddr6} {
+		if got, err := topo.SourceSeenAtPeer(peer, dst); err == nil {
+			t.Errorf("unguarded snat out of the peer's link: %s answered, seeing %s; want no answer", dst, got)
+		}
+	}
+	if out, err := testnet.Exec(topo.NodeNS, "nft", "delete", "table", "inet", "test-unguarded"); err != nil {
+		t.Fatalf("nft delete: %v\n%s", err, out)
+	}
+
+	mustApply(t, topo, "snatAddress: 192.0.2.10\nsnatAddressIPv6: \"2001:db8:1::10\"\n", "--enable-ipv6")
+	for dst, want := range map[netip.Addr]netip.Addr{testnet.PeerAddr4: testnet.PeerNode4, testnet.PeerAddr6: testnet.PeerNode6} {
+		if got, err := topo.SourceSeenAtPeer(peer, dst); err != nil || got != want {
+			t.Errorf("pod to the peer %s: saw %s (%v), want %s (the link's own address)", dst, got, err, want)
+		}
+	}
+	for dst, want := range map[string]netip.Addr{internet1: snat4.Addr(), internet6a: snat6.Addr()} {
+		if got, err := topo.SourceSeen(netip.MustParseAddr(dst)); err != nil || got != want {
+			t.Errorf("pod to %s: saw %s (%v), want %s", dst, got, err, want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("table:\n%s", listTable(t, topo))
+	}
+}
