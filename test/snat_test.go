@@ -268,3 +268,48 @@ func TestPacketsSNATOtherInterface(t *testing.T) {
 		t.Logf("table:\n%s", listTable(t, topo))
 	}
 }
+
+// TestPacketsSNATDNAT: traffic DNAT'ed on the node, as kube-proxy does for
+// a Service or a NodePort and a CNI for a hostPort (a table of the test's
+// own at dstnat). A pod's connection to the node's address DNAT'ed to a
+// backend behind the uplink leaves through the uplink: source-NATed to the
+// snat address, like any traffic through it, and answered. A connection
+// from outside to the node's address DNAT'ed to the pod leaves through the
+// pod's interface: masqueraded to that interface's address, as without
+// the key (nonMasqueradeCIDRs: [] makes it masqueraded), and answered.
+func TestPacketsSNATDNAT(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1)
+	if err := topo.AddNodeAddress(testnet.NodeUplinkIf, snat4); err != nil {
+		t.Fatal(err)
+	}
+	const dnat = `table ip test-dnat {
+	chain pre {
+		type nat hook prerouting priority dstnat; policy accept;
+		iifname "veth-pod" ip daddr 192.0.2.1 tcp dport 8080 dnat to 203.0.113.10
+		iifname "eth0" ip daddr 192.0.2.1 tcp dport 8080 dnat to 10.244.1.2
+	}
+}
+`
+	file := filepath.Join(t.TempDir(), "dnat.nft")
+	if err := os.WriteFile(file, []byte(dnat), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := testnet.Exec(topo.NodeNS, "nft", "-f", file); err != nil {
+		t.Fatalf("nft -f: %v\n%s", err, out)
+	}
+	mustApply(t, topo, "nonMasqueradeCIDRs: []\nsnatAddress: 192.0.2.10\n")
+	// (directly first: that starts the backend's server)
+	if got, err := topo.SourceSeen(netip.MustParseAddr(internet1)); err != nil || got != snat4.Addr() {
+		t.Errorf("pod to %s: saw %s (%v), want %s", internet1, got, err, snat4.Addr())
+	}
+	if got, err := topo.SourceSeen(topo.NodeUplink4); err != nil || got != snat4.Addr() {
+		t.Errorf("pod to the node's address, DNAT'ed to %s: saw %s (%v), want %s", internet1, got, err, snat4.Addr())
+	}
+	if got, err := topo.SourceSeenAtPod(topo.NodeUplink4); err != nil || got != topo.NodePodSide4 {
+		t.Errorf("ext to the node's address, DNAT'ed to the pod: saw %s (%v), want %s", got, err, topo.NodePodSide4)
+	}
+	if t.Failed() {
+		t.Logf("table:\n%s", listTable(t, topo))
+	}
+}
