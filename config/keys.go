@@ -23,6 +23,8 @@ const (
 	KeyOutBound6  = "masqOutBoundIPv6"
 	KeyResync     = "resyncInterval"
 	KeyNonMasqSrc = "nonMasqueradeSourceCIDRs"
+	KeySNAT       = "snatAddress"
+	KeySNAT6      = "snatAddressIPv6"
 )
 
 // keys is every key of the file, one entry each, in the order String
@@ -49,6 +51,10 @@ var keys = []key{
 		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration, merge: smallest},
 	&keyOf[[]netip.Prefix]{name: KeyNonMasqSrc, own: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeSourceCIDRs },
 		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
+	&keyOf[netip.Addr]{name: KeySNAT, own: true, field: func(c *Config) *netip.Addr { return &c.SNATAddress },
+		def: zero[netip.Addr], decode: snatDecoder(4), null: keep[netip.Addr], merge: lastSet[netip.Addr]},
+	&keyOf[netip.Addr]{name: KeySNAT6, own: true, field: func(c *Config) *netip.Addr { return &c.SNATAddressIPv6 },
+		def: zero[netip.Addr], decode: snatDecoder(6), null: keep[netip.Addr], merge: lastSet[netip.Addr]},
 }
 
 // knownKeys are the keys' names, in the table's order.
@@ -162,6 +168,10 @@ func (k *keyOf[T]) write(b *strings.Builder, c *Config) {
 		writeList(b, k.name, *l)
 		return
 	}
+	var zero T
+	if k.own && any(*k.field(c)) == any(zero) {
+		return // an own key at its zero value: left out, as an empty list
+	}
 	fmt.Fprintf(b, "%s: %s\n", k.name, scalar(*k.field(c)))
 }
 
@@ -170,15 +180,27 @@ func (k *keyOf[T]) diff(old, c *Config) string {
 		return diffList(k.name, *k.cidrs(old), *l)
 	}
 	if o, n := any(*k.field(old)), any(*k.field(c)); o != n {
-		return fmt.Sprintf("%s %v->%v", k.name, o, n)
+		return fmt.Sprintf("%s %s->%s", k.name, shown(o), shown(n))
 	}
 	return ""
 }
 
-// scalar writes a value of one key as YAML: a duration quoted ("1m0s").
+// scalar writes a value of one key as YAML: a duration quoted ("1m0s"),
+// an address quoted ("2001:db8::1" is not a plain YAML scalar everywhere).
 func scalar(v any) string {
-	if d, ok := v.(time.Duration); ok {
-		return strconv.Quote(d.String())
+	switch v := v.(type) {
+	case time.Duration:
+		return strconv.Quote(v.String())
+	case netip.Addr:
+		return strconv.Quote(v.String())
+	}
+	return fmt.Sprint(v)
+}
+
+// shown is a value in Diff: an unset address as "none".
+func shown(v any) string {
+	if a, ok := v.(netip.Addr); ok && !a.IsValid() {
+		return "none"
 	}
 	return fmt.Sprint(v)
 }
@@ -251,6 +273,10 @@ func union(set [][]netip.Prefix) []netip.Prefix {
 	return out
 }
 
+// lastSet: the value of the last file (in name order) that sets it, as a
+// repeated key within one file.
+func lastSet[T any](set []T) T { return set[len(set)-1] }
+
 // anyTrue: true if any file sets it to true.
 func anyTrue(set []bool) bool { return slices.Contains(set, true) }
 
@@ -289,6 +315,11 @@ type Config struct {
 	// NonMasqueradeSourceCIDRs: traffic from these sources is never
 	// masqueraded (this agent's extension).
 	NonMasqueradeSourceCIDRs []netip.Prefix
+	// SNATAddress and SNATAddressIPv6: source-NAT masqueraded traffic of
+	// that family to this address rather than to the outgoing
+	// interface's (this agent's extension); the zero Addr: masquerade.
+	SNATAddress     netip.Addr
+	SNATAddressIPv6 netip.Addr
 }
 
 // DestinationOnly is c without the keys that select traffic by anything
@@ -362,4 +393,49 @@ func writeList(b *strings.Builder, key string, ps []netip.Prefix) {
 	for _, p := range ps {
 		fmt.Fprintf(b, "  - %q\n", p.String()) // quoted: "::/0" is not a plain YAML scalar
 	}
+}
+
+// snatDecoder reads snatAddress (f 4) or snatAddressIPv6 (f 6): one
+// address of that family, as a string; not a prefix, not a zone, not an
+// address that cannot be a packet's source.
+func snatDecoder(f int) func(d *decoder, key string, v any, old netip.Addr) netip.Addr {
+	return func(d *decoder, key string, v any, old netip.Addr) netip.Addr {
+		s, ok := v.(string)
+		if !ok {
+			d.errorAt(key, -1, "expected an IP address string such as %q, got %s", example(f), describe(v))
+			return old
+		}
+		a, err := netip.ParseAddr(strings.TrimSpace(s))
+		switch {
+		case err != nil && strings.Contains(s, "/"):
+			d.errorAt(key, -1, "%s is a prefix: want one address, such as %q", quote(s), example(f))
+			return old
+		case err != nil:
+			d.errorAt(key, -1, "%s is not an IP address", quote(s))
+			return old
+		case a.Zone() != "":
+			d.errorAt(key, -1, "%s has a zone: want an address without one", quote(s))
+			return old
+		}
+		a4 := a.Unmap()
+		switch {
+		case f == 4 && !a4.Is4():
+			d.errorAt(key, -1, "%s is an IPv6 address: want an IPv4 one (IPv6 goes in %s)", quote(s), KeySNAT6)
+			return old
+		case f == 6 && (a.Is4() || a.Is4In6()):
+			d.errorAt(key, -1, "%s is an IPv4 address: want an IPv6 one (IPv4 goes in %s)", quote(s), KeySNAT)
+			return old
+		case a4.IsUnspecified() || a4.IsMulticast() || a4.IsLoopback() || a4 == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+			d.errorAt(key, -1, "%s cannot be a packet's source address", quote(s))
+			return old
+		}
+		return a4
+	}
+}
+
+func example(f int) string {
+	if f == 6 {
+		return "2001:db8::10"
+	}
+	return "192.0.2.10"
 }

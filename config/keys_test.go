@@ -41,7 +41,7 @@ func TestKeyTable(t *testing.T) {
 	for i := range typ.NumField() {
 		field := typ.Field(i).Name
 		c := def
-		setOther(t, reflect.ValueOf(&c).Elem().Field(i))
+		setOther(t, field, reflect.ValueOf(&c).Elem().Field(i))
 		var changed []key
 		for _, k := range keys {
 			if !k.equal(&def, &c) {
@@ -80,7 +80,7 @@ func TestKeyTable(t *testing.T) {
 }
 
 // setOther sets a field to a valid value other than its default.
-func setOther(t *testing.T, f reflect.Value) {
+func setOther(t *testing.T, name string, f reflect.Value) {
 	switch v := f.Addr().Interface().(type) {
 	case *[]netip.Prefix:
 		*v = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
@@ -90,19 +90,24 @@ func setOther(t *testing.T, f reflect.Value) {
 		*v += 1000
 	case *time.Duration:
 		*v += 5 * time.Second
+	case *netip.Addr:
+		*v = netip.MustParseAddr("192.0.2.10")
+		if strings.HasSuffix(name, "IPv6") {
+			*v = netip.MustParseAddr("2001:db8::10")
+		}
 	default:
 		t.Fatalf("a field of type %s: teach setOther and the key table (keys.go) about it", f.Type())
 	}
 }
 
-// String leaves out an empty list of this agent's own keys, and only
-// those, so that a config without them keeps its text and Hash.
+// String leaves out this agent's own keys while they are empty (a list)
+// or unset (an address), and only those, so that a config without them keeps its text and Hash.
 func TestKeyTableOwnEmpty(t *testing.T) {
 	def := Default(Flags{})
 	for _, k := range keys {
 		var b strings.Builder
 		k.write(&b, &def)
-		if l := k.cidrs(&def); (b.Len() == 0) != (l != nil && len(*l) == 0 && k.extensionNote() == msgOwnExtension) {
+		if (b.Len() == 0) != (k.extensionNote() == msgOwnExtension) {
 			t.Errorf("key %s: String writes %q", k.Name(), b.String())
 		}
 	}
@@ -117,9 +122,46 @@ func TestKeyTablePresent(t *testing.T) {
 		if l := k.cidrs(&c); l != nil && len(*l) == 0 {
 			*l = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")} // String leaves out an empty list of this agent's own
 		}
+		c.SNATAddress, c.SNATAddressIPv6 = netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10") // and an unset address
 		k.write(&b, &c)
 		if _, d, err := parse([]byte(b.String()), Flags{}); err != nil || !d.present[k.Name()] {
 			t.Errorf("%q: not read as setting %q (%v)", b.String(), k.Name(), err)
 		}
+	}
+}
+
+// snatAddress and snatAddressIPv6 take one address of their family; a bad
+// value is named by key and value.
+func TestSNATAddress(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"snatAddress: 192.0.2.10\n", ""},
+		{"snatAddressIPv6: \"2001:db8::10\"\n", ""},
+		{"snatAddress: fd00::1\n", `snatAddress: "fd00::1" is an IPv6 address: want an IPv4 one (IPv6 goes in snatAddressIPv6)`},
+		{"snatAddressIPv6: 192.0.2.10\n", `snatAddressIPv6: "192.0.2.10" is an IPv4 address: want an IPv6 one (IPv4 goes in snatAddress)`},
+		{"snatAddressIPv6: \"::ffff:192.0.2.10\"\n", `is an IPv4 address`},
+		{"snatAddress: node\n", `snatAddress: "node" is not an IP address`},
+		{"snatAddress: 192.0.2.0/24\n", `snatAddress: "192.0.2.0/24" is a prefix: want one address, such as "192.0.2.10"`},
+		{"snatAddress: 0.0.0.0\n", `cannot be a packet's source address`},
+		{"snatAddress: [192.0.2.10]\n", `snatAddress: expected an IP address string`},
+	} {
+		c, _, err := Parse([]byte(tc.in), Flags{EnableIPv6: true})
+		if tc.want == "" {
+			if err != nil || (!c.SNATAddress.IsValid() && !c.SNATAddressIPv6.IsValid()) {
+				t.Errorf("%q: %v %v", tc.in, c, err)
+			}
+			if back, _, err := Parse([]byte(c.String()), Flags{EnableIPv6: true}); err != nil || !back.Equal(c) {
+				t.Errorf("%q: String %q does not parse back: %v", tc.in, c.String(), err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.in, err, tc.want)
+		}
+	}
+	def := Default(Flags{})
+	c := def
+	c.SNATAddress = netip.MustParseAddr("192.0.2.10")
+	if d := c.Diff(def); len(d) != 1 || d[0] != "snatAddress none->192.0.2.10" {
+		t.Errorf("Diff = %q", d)
 	}
 }

@@ -51,7 +51,6 @@ func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
 // deleted when it carries the mark, and only then; entries masqueraded by
 // another chain (kube-proxy's, a CNI's) never carry it.
 func CleanupMarked(ns netns.NsHandle, mode Mode, old, new Decider, mark int) (Result, error) {
-	start := time.Now()
 	var res Result
 	if mode == "" {
 		mode = DefaultMode
@@ -65,6 +64,40 @@ func CleanupMarked(ns netns.NsHandle, mode Mode, old, new Decider, mark int) (Re
 	if old == nil || new == nil {
 		return res, errNilDecider
 	}
+	return run(ns, mark, func(e entry, locals *localAddrs) bool {
+		return judge(e, mode, old, new, locals.contains, mark) == deleteStale
+	})
+}
+
+// CleanupNATedTo deletes, in the network namespace ns, the conntrack
+// entries of mode's protocols that are source-NATed to one of the
+// addresses to, and carry the label bit mark (any, when mark is -1): after
+// a change of snatAddress, the flows NATed to an address they would no
+// longer get, so that their next packet meets the new rule. The daemon
+// gives the old snat address, or, for a new one, the other addresses of
+// the interface that holds it (what masquerade gave before).
+func CleanupNATedTo(ns netns.NsHandle, mode Mode, to []netip.Addr, mark int) (Result, error) {
+	if mode == "" {
+		mode = DefaultMode
+	}
+	if _, err := ParseMode(string(mode)); err != nil {
+		return Result{}, err
+	}
+	if mode == ModeNone || len(to) == 0 {
+		return Result{}, nil
+	}
+	set := make(map[netip.Addr]bool, len(to))
+	for _, a := range to {
+		set[a.Unmap()] = true
+	}
+	return run(ns, mark, func(e entry, _ *localAddrs) bool { return judgeNATedTo(e, mode, set, mark) == deleteStale })
+}
+
+// run dumps the conntrack table of ns, both families, and deletes the
+// entries stale says are.
+func run(ns netns.NsHandle, mark int, stale func(entry, *localAddrs) bool) (Result, error) {
+	start := time.Now()
+	var res Result
 	if mark > 127 {
 		return res, fmt.Errorf("conntrack: label bit %d: want 0-127", mark)
 	}
@@ -91,21 +124,21 @@ func CleanupMarked(ns netns.NsHandle, mode Mode, old, new Decider, mark int) (Re
 	}
 	var errs []error
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		var stale [][]byte
+		var toDelete [][]byte
 		n, err := c.dump(fam, func(msg []byte) {
 			e, ref, ok := parseEntry(msg)
 			if !ok {
 				return
 			}
-			if judge(e, mode, old, new, locals.contains, mark) == deleteStale {
-				stale = append(stale, ref.request())
+			if stale(e, locals) {
+				toDelete = append(toDelete, ref.request())
 			}
 		})
 		res.Examined += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("conntrack: dump of IPv%d: %w", famVersion(fam), err))
 		}
-		deleted, failed, err := c.delete(fam, stale)
+		deleted, failed, err := c.delete(fam, toDelete)
 		res.Deleted += deleted
 		res.Failed += failed
 		if err != nil {

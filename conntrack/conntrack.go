@@ -203,6 +203,25 @@ func judge(e entry, mode Mode, old, new Decider, isLocal func(netip.Addr) bool, 
 	return deleteStale
 }
 
+// judgeNATedTo decides one entry for CleanupNATedTo: delete it when it is
+// source-NATed to one of the addresses to (its reply goes there rather
+// than to its original source) and carries the mark (mark -1: any).
+func judgeNATedTo(e entry, mode Mode, to map[netip.Addr]bool, mark int) verdict {
+	if mode == ModeNone || (mode != ModeAll && e.proto != unix.IPPROTO_UDP) {
+		return keepProtocol
+	}
+	if !e.origSrc.IsValid() || !e.replyDst.IsValid() {
+		return keepBroken
+	}
+	if e.replyDst == e.origSrc || !to[e.replyDst] {
+		return keepAgrees
+	}
+	if mark >= 0 && !e.hasLabel(mark) {
+		return keepUnmarked
+	}
+	return deleteStale
+}
+
 // localAddrs is the set of the node's local addresses: the prefixes of
 // type local in the kernel's local routing table (what `fib daddr type
 // local` matches), host routes in a map, wider ones (127.0.0.0/8) in a

@@ -197,3 +197,30 @@ func TestJudgeAsksBySource(t *testing.T) {
 		t.Errorf("another pod's flow: judge = %s, want %s", got, keepUnchanged)
 	}
 }
+
+// judgeNATedTo deletes only entries source-NATed to one of the addresses,
+// of the mode's protocols, with the mark when there is one.
+func TestJudgeNATedTo(t *testing.T) {
+	old := netip.MustParseAddr("192.0.2.10")
+	pod, dst := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("203.0.113.1")
+	to := map[netip.Addr]bool{old: true}
+	marked := make([]byte, 16)
+	binary.NativeEndian.PutUint64(marked, 1<<20)
+	for _, tc := range []struct {
+		name string
+		e    entry
+		mark int
+		want verdict
+	}{
+		{"to the old address, marked", entry{proto: unix.IPPROTO_UDP, origSrc: pod, origDst: dst, replySrc: dst, replyDst: old, statusSNAT: true, labels: marked}, 20, deleteStale},
+		{"to the old address, no mark asked", entry{proto: unix.IPPROTO_UDP, origSrc: pod, origDst: dst, replySrc: dst, replyDst: old, statusSNAT: true}, -1, deleteStale},
+		{"to the old address, unmarked", entry{proto: unix.IPPROTO_UDP, origSrc: pod, origDst: dst, replySrc: dst, replyDst: old, statusSNAT: true}, 20, keepUnmarked},
+		{"tcp in udp mode", entry{proto: unix.IPPROTO_TCP, origSrc: pod, origDst: dst, replySrc: dst, replyDst: old, statusSNAT: true, labels: marked}, 20, keepProtocol},
+		{"to another address", entry{proto: unix.IPPROTO_UDP, origSrc: pod, origDst: dst, replySrc: dst, replyDst: netip.MustParseAddr("192.0.2.1"), statusSNAT: true, labels: marked}, 20, keepAgrees},
+		{"not NATed", entry{proto: unix.IPPROTO_UDP, origSrc: old, origDst: dst, replySrc: dst, replyDst: old, labels: marked}, 20, keepAgrees},
+	} {
+		if got := judgeNATedTo(tc.e, ModeUDP, to, tc.mark); got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}

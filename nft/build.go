@@ -2,6 +2,8 @@ package nft
 
 import (
 	"net/netip"
+	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -17,6 +19,7 @@ const (
 	commentOutbound   = "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"
 	commentMasq       = "ip-masq-agent: masquerade to the node's address"
 	commentNonMasqSrc = "ip-masq-agent: traffic from these sources is not subject to MASQUERADE"
+	commentSNAT       = "ip-masq-agent: masquerade to the snat address through its interface"
 )
 
 // The sets of nonMasqueradeSourceCIDRs, made only when it is set.
@@ -151,7 +154,11 @@ func Build(c config.Config, o Options) Table {
 		}
 	}
 
-	t.Chains = []Chain{base, decision, {Name: MasqChainName, Rules: masqRules(o)}}
+	var masq []Rule
+	for _, l := range SNATLinks(c, o) {
+		masq = append(masq, snatRules(l, o)...)
+	}
+	t.Chains = []Chain{base, decision, {Name: MasqChainName, Rules: append(masq, masqRules(o)...)}}
 	return t
 }
 
@@ -162,6 +169,53 @@ func ofFamily(ps []netip.Prefix, f Family) []netip.Prefix {
 		return v6
 	}
 	return v4
+}
+
+// SNATLink is snatAddress or snatAddressIPv6 and an interface of the node
+// that holds it.
+type SNATLink struct {
+	Key  string // config.KeySNAT or config.KeySNAT6
+	Addr netip.Addr
+	Link string
+}
+
+// SNATLinks are the config's snat addresses of the families the agent
+// handles, each with every interface of the node that holds it (o.Links),
+// sorted: the snat rules' order. An address no interface holds has none:
+// its family is masqueraded as without it.
+func SNATLinks(c config.Config, o Options) []SNATLink {
+	var out []SNATLink
+	for _, k := range []struct {
+		key  string
+		addr netip.Addr
+		ok   bool
+	}{{config.KeySNAT, c.SNATAddress, true}, {config.KeySNAT6, c.SNATAddressIPv6, o.EnableIPv6}} {
+		if !k.addr.IsValid() || !k.ok || o.Links == nil {
+			continue
+		}
+		links := slices.Clone(o.Links(k.addr))
+		slices.Sort(links)
+		for _, l := range slices.Compact(links) {
+			out = append(out, SNATLink{Key: k.key, Addr: k.addr, Link: l})
+		}
+	}
+	return out
+}
+
+// snatRules are masqRules for packets of l's family leaving through l's
+// interface, with the masquerade made a source NAT to l's address. Only
+// there: a packet that leaves through another interface (to a pod of this
+// node, into an overlay, out of a second NIC) is masqueraded to that
+// interface's address as before, so that its replies come back the way
+// they did (docs/configuration.md, "snatAddress").
+func snatRules(l SNATLink, o Options) []Rule {
+	rules := masqRules(o)
+	for i := range rules {
+		r := &rules[i]
+		r.Family, r.OutIf, r.To = familyOf(l.Addr), l.Link, l.Addr
+		r.Comment = strings.Replace(r.Comment, commentMasq, commentSNAT+" ("+l.Key+")", 1)
+	}
+	return rules
 }
 
 // masqRules spells out the masquerade statement. With --to-ports, TCP, UDP
@@ -186,4 +240,22 @@ func masqRules(o Options) []Rule {
 		}
 	}
 	return append(rules, Rule{CtLabel: o.CtLabel, Verdict: Masquerade, FullyRandom: o.RandomFully, Comment: commentMasq})
+}
+
+// SNATs are the snat rules' addresses and interfaces in t's masquerade
+// chain (Key empty), in order, each once: for the conntrack cleanup after
+// a change of snatAddress.
+func (t *Table) SNATs() []SNATLink {
+	var out []SNATLink
+	c := t.Chain(MasqChainName)
+	if c == nil {
+		return nil
+	}
+	for _, r := range c.Rules {
+		l := SNATLink{Addr: r.To, Link: r.OutIf}
+		if r.Foreign == "" && r.To.IsValid() && !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return out
 }

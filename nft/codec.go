@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/google/nftables/binaryutil"
@@ -65,6 +66,34 @@ var parts = []struct {
 		render: func(r Rule) string {
 			return cond(!(r.Set != "" && r.Selector.isAddr()) && r.Family != 0, "meta nfproto ipv"+fmt.Sprint(r.Family))
 		},
+	},
+	{ // oifname "NAME": a load of the out interface's name compared with one name
+		encode: func(r Rule, out []expr.Any) []expr.Any {
+			if r.OutIf == "" {
+				return out
+			}
+			return append(out, &expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(r.OutIf)})
+		},
+		decode: func(d *decoder, r *Rule) bool {
+			m, ok := d.peek().(*expr.Meta)
+			if !ok || m.Key != expr.MetaKeyOIFNAME || d.i+1 >= len(d.exprs) {
+				return true
+			}
+			c, ok := d.exprs[d.i+1].(*expr.Cmp)
+			if !ok {
+				return true // oifname @set: the lookup's
+			}
+			name, _, _ := strings.Cut(string(c.Data), "\x00")
+			if m.Register != 1 || m.SourceRegister || c.Op != expr.CmpOpEq || c.Register != 1 || name == "" ||
+				!bytes.Equal(c.Data, ifnameBytes(name)) {
+				return false
+			}
+			d.i += 2
+			r.OutIf = name
+			return true
+		},
+		render: func(r Rule) string { return cond(r.OutIf != "", fmt.Sprintf("oifname %q", r.OutIf)) },
 	},
 	{ // SELECTOR @set: ip daddr @set, ip6 saddr @set, ... (selector.go)
 		encode: func(r Rule, out []expr.Any) []expr.Any {
@@ -220,9 +249,72 @@ var parts = []struct {
 			return ""
 		},
 	},
+	{ // snat ip|ip6 to ADDR[:First-Last] [fully-random]: the address in register 1, the port range in 2 and 3, as nft puts them
+		encode: func(r Rule, out []expr.Any) []expr.Any {
+			if r.Verdict != Masquerade || !r.To.IsValid() {
+				return out
+			}
+			n := &expr.NAT{Type: expr.NATTypeSourceNAT, Family: uint32(NFProto(familyOf(r.To))), RegAddrMin: 1, RegAddrMax: 1, FullyRandom: r.FullyRandom}
+			out = append(out, &expr.Immediate{Register: 1, Data: r.To.AsSlice()})
+			if r.Ports != nil {
+				n.RegProtoMin, n.RegProtoMax, n.Specified = 2, 3, true
+				out = append(out, &expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(r.Ports.First)},
+					&expr.Immediate{Register: 3, Data: binaryutil.BigEndian.PutUint16(r.Ports.Last)})
+			}
+			return append(out, n)
+		},
+		decode: func(d *decoder, r *Rule) bool {
+			if r.Verdict != 0 || d.i+1 >= len(d.exprs) {
+				return true
+			}
+			im, ok := d.peek().(*expr.Immediate)
+			if !ok || im.Register != 1 || (len(im.Data) != 4 && len(im.Data) != 16) {
+				return true // a masquerade's, or not the agent's: the masquerade decides
+			}
+			to, _ := netip.AddrFromSlice(im.Data)
+			j := d.i + 1
+			var ports *PortRange
+			if lo, ok := d.exprs[j].(*expr.Immediate); ok {
+				if j+2 >= len(d.exprs) {
+					return false
+				}
+				hi, ok := d.exprs[j+1].(*expr.Immediate)
+				if !ok || lo.Register != 2 || hi.Register != 3 || len(lo.Data) != 2 || len(hi.Data) != 2 {
+					return false
+				}
+				ports = &PortRange{First: binary.BigEndian.Uint16(lo.Data), Last: binary.BigEndian.Uint16(hi.Data)}
+				j += 2
+			}
+			n, ok := d.exprs[j].(*expr.NAT)
+			if !ok || n.Type != expr.NATTypeSourceNAT || n.Family != uint32(NFProto(familyOf(to))) || n.RegAddrMin != 1 || n.RegAddrMax != 1 ||
+				n.Random || n.Persistent || n.Prefix || n.Specified != (ports != nil) ||
+				(ports != nil && (n.RegProtoMin != 2 || n.RegProtoMax != 3)) || (ports == nil && (n.RegProtoMin != 0 || n.RegProtoMax != 0)) {
+				return false
+			}
+			d.i = j + 1
+			r.Verdict, r.To, r.Ports, r.FullyRandom = Masquerade, to, ports, n.FullyRandom
+			return true
+		},
+		render: func(r Rule) string {
+			if r.Verdict != Masquerade || !r.To.IsValid() {
+				return ""
+			}
+			s := "snat ip to " + r.To.String()
+			if r.To.Is6() {
+				s = "snat ip6 to " + r.To.String()
+			}
+			if r.Ports != nil {
+				if r.To.Is6() {
+					s = "snat ip6 to [" + r.To.String() + "]"
+				}
+				s += fmt.Sprintf(":%d-%d", r.Ports.First, r.Ports.Last)
+			}
+			return s + cond(r.FullyRandom, " fully-random")
+		},
+	},
 	{ // masquerade [to :First-Last] [fully-random]: the port range in registers 1 and 2
 		encode: func(r Rule, out []expr.Any) []expr.Any {
-			if r.Verdict != Masquerade {
+			if r.Verdict != Masquerade || r.To.IsValid() {
 				return out
 			}
 			m := &expr.Masq{FullyRandom: r.FullyRandom}
@@ -235,7 +327,7 @@ var parts = []struct {
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			if r.Verdict != 0 {
-				return true // a verdict came first: the end decides
+				return true // a verdict or a snat came first: the end decides
 			}
 			if lo, ok := d.peek().(*expr.Immediate); ok {
 				d.i++
@@ -255,7 +347,7 @@ var parts = []struct {
 			return true
 		},
 		render: func(r Rule) string {
-			if r.Verdict != Masquerade {
+			if r.Verdict != Masquerade || r.To.IsValid() {
 				return ""
 			}
 			s := verdictMasquerade
@@ -386,6 +478,14 @@ var addrFields = []addrField{
 	{"ip daddr", 4, 16, 4, 1},
 	{"ip6 saddr", 6, 8, 16, 5}, // shorter: an IPv4 header's ttl and protocol
 	{"ip6 daddr", 6, 24, 16, 1},
+}
+
+// ifnameBytes is an interface name as meta oifname loads it: IFNAMSIZ
+// bytes, zero-padded.
+func ifnameBytes(name string) []byte {
+	b := make([]byte, ifNameSize)
+	copy(b, name)
+	return b
 }
 
 func NFProto(f Family) byte {

@@ -121,6 +121,11 @@ func TestRuleEqualEveryField(t *testing.T) {
 			v.SetUint(1)
 		case reflect.Pointer:
 			v.Set(reflect.New(f.Type.Elem()))
+		case reflect.Struct:
+			if _, ok := v.Interface().(netip.Addr); !ok {
+				t.Fatalf("field %s of type %s: teach this test to set it", f.Name, f.Type)
+			}
+			v.Set(reflect.ValueOf(netip.MustParseAddr("192.0.2.10")))
 		default:
 			t.Fatalf("field %s of kind %s: teach this test to set it", f.Name, v.Kind())
 		}

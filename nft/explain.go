@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
@@ -50,16 +51,16 @@ func Explain(cfg config.Config, o Options, p Packet) Explanation {
 
 // Explainer is Explain for many packets: the table is built once.
 func Explainer(cfg config.Config, o Options) func(Packet) Explanation {
-	return Build(cfg, o).Explainer(cfg)
+	return Build(cfg, o).Explainer(cfg, o)
 }
 
 // Explainer is Explain for many packets with t, which is Build(cfg, o)
 // already.
-func (t Table) Explainer(cfg config.Config) func(Packet) Explanation {
-	return func(p Packet) Explanation { return explainIn(&t, cfg, p) }
+func (t Table) Explainer(cfg config.Config, o Options) func(Packet) Explanation {
+	return func(p Packet) Explanation { return explainIn(&t, cfg, o, p) }
 }
 
-func explainIn(t *Table, cfg config.Config, p Packet) Explanation {
+func explainIn(t *Table, cfg config.Config, o Options, p Packet) Explanation {
 	p = p.unmapped()
 	e := Explanation{Addr: p.Dst, From: p.Src}
 	ev := t.evaluate(p, false, true)
@@ -103,7 +104,38 @@ func explainIn(t *Table, cfg config.Config, p Packet) Explanation {
 	} else {
 		e.Reason = outbound + ": true (no other rule matched)"
 	}
+	if e.Masquerade {
+		e.Reason += snatNote(cfg, o, p)
+	}
 	return e
+}
+
+// snatNote says to which address a masqueraded connection p goes when the
+// config has a snat address of its family: that address through the
+// interfaces that hold it, the out interface's elsewhere.
+func snatNote(cfg config.Config, o Options, p Packet) string {
+	key, addr := config.KeySNAT, cfg.SNATAddress
+	if p.Dst.Is6() {
+		key, addr = config.KeySNAT6, cfg.SNATAddressIPv6
+	}
+	if !addr.IsValid() {
+		return ""
+	}
+	var links []string
+	for _, l := range SNATLinks(cfg, o) {
+		if l.Addr == addr {
+			links = append(links, l.Link)
+		}
+	}
+	switch {
+	case len(links) == 0:
+		return fmt.Sprintf("; %s %s is on no interface of this node: masquerade to the out interface's address", key, addr)
+	case p.OutIf != "" && slices.Contains(links, p.OutIf):
+		return fmt.Sprintf("; masquerade to %s (%s) through %s", addr, key, p.OutIf)
+	case p.OutIf != "":
+		return fmt.Sprintf("; masquerade to %s's address (%s %s is on %s only)", p.OutIf, key, addr, strings.Join(links, ", "))
+	}
+	return fmt.Sprintf("; masquerade to %s (%s) through %s, to the out interface's address through others", addr, key, strings.Join(links, ", "))
 }
 
 // source names the config entry behind a set element: the first entry of

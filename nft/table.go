@@ -12,6 +12,7 @@ package nft
 
 import (
 	"fmt"
+	"net/netip"
 	"reflect"
 	"regexp"
 	"slices"
@@ -149,6 +150,7 @@ type Rule struct {
 	Family      Family     // meta nfproto ipv4/ipv6 (implied by a lookup of an address)
 	Selector    Selector   // what Set is looked up with (selector.go)
 	Set         string     // ip daddr @set, ip6 saddr @set, ...
+	OutIf       string     // oifname "OutIf": the snatAddress rule's interface (build.go)
 	L4Proto     uint8      // meta l4proto
 	Share       *Share     // numgen random mod Of < Below
 	CtLabel     *uint8     // ct label set BIT: marks the connections the rule masquerades
@@ -156,7 +158,11 @@ type Rule struct {
 	Target      string     // chain for Jump and Goto
 	Ports       *PortRange // masquerade to :First-Last
 	FullyRandom bool       // masquerade fully-random
-	Comment     string
+	// To, when valid, makes the masquerade a source NAT to this address
+	// (snat ip to To, snat ip6 to To; of the rule's Family): snatAddress.
+	// Ports and FullyRandom apply to it as to a masquerade.
+	To      netip.Addr
+	Comment string
 
 	// Foreign, for a rule found in the kernel that the agent cannot have
 	// written, is that rule in a syntax close to nft's; such a rule never
@@ -286,6 +292,15 @@ type Options struct {
 	// the conntrack cleanup knows them from those another component
 	// masquerades; nil: none.
 	CtLabel *uint8
+	// Links returns the names of the node's interfaces that hold an
+	// address (the daemon's and the tools' netlink view; nil: none known):
+	// snatAddress is used only for packets leaving through one of them
+	// (Build). Build calls it once per address.
+	Links func(netip.Addr) []string
+	// SNAT: the table may source-NAT to an address (the config at start
+	// has snatAddress or snatAddressIPv6), so the start probe asks the
+	// kernel for snat (kernel.ProbeFor). Build does not read it.
+	SNAT bool
 }
 
 // MarkLabel returns the conntrack label bit with which the table's

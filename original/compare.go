@@ -333,7 +333,7 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 			cur = &c.Differences[len(c.Differences)-1]
 		}
 	}
-	explain := want.Explainer(cfg)
+	explain := want.Explainer(cfg, opts)
 	for i := range c.Differences {
 		d := &c.Differences[i]
 		d.Fix = h.fixText(d.Fix, *d)

@@ -62,6 +62,15 @@ func For(cfg config.Config, enableIPv6 bool) (Policy, []string) {
 		warns = append(warns, fmt.Sprintf("nonMasqueradeSourceCIDRs (%d) cannot be expressed: the ExceptionList holds destinations only, "+
 			"so traffic from those sources is masqueraded like any other", n))
 	}
+	for _, k := range []struct {
+		key  string
+		addr netip.Addr
+	}{{config.KeySNAT, cfg.SNATAddress}, {config.KeySNAT6, cfg.SNATAddressIPv6}} {
+		if k.addr.IsValid() {
+			warns = append(warns, fmt.Sprintf("%s %s has no meaning here: OutBoundNAT masquerades to the node's address (its VIP), "+
+				"so traffic goes out from that address, not from %s", k.key, k.addr, k.addr))
+		}
+	}
 	if !cfg.MasqOutBound {
 		warns = append(warns, "masqOutBound: false cannot be expressed: OutBoundNAT masquerades all traffic outside the ExceptionList")
 	}

@@ -34,6 +34,8 @@ masqOutBoundIPv6: true
 `, warns: []string{"masqueradeCIDRs (1) cannot be expressed", "masqOutBound: false cannot be expressed", "1 IPv6 nonMasqueradeCIDRs left out"}},
 		{name: "source-exceptions", yaml: "nonMasqueradeSourceCIDRs: [10.244.1.0/24]\n",
 			warns: []string{"nonMasqueradeSourceCIDRs (1) cannot be expressed: the ExceptionList holds destinations only"}},
+		{name: "snat-address", yaml: "snatAddress: 203.0.113.10\nsnatAddressIPv6: \"2001:db8::10\"\n",
+			warns: []string{"snatAddress 203.0.113.10 has no meaning here", "snatAddressIPv6 2001:db8::10 has no meaning here"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, _, err := config.Parse([]byte(tc.yaml), tc.flags)

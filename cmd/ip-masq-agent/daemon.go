@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -81,6 +83,9 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	// in a transaction that never commits): one line naming what, and the
 	// oldest kernel that has it, rather than failed syncs forever. The
 	// probe also learns whether the kernel can own the table.
+	if cfg, _, err := config.Load(o.configPath, o.flags); err == nil && (cfg.SNATAddress.IsValid() || cfg.SNATAddressIPv6.IsValid()) {
+		o.nft.SNAT = true // the probe asks for snat
+	}
 	if !o.cleanup {
 		var lacks *kernel.LacksError
 		start := time.Now()
@@ -220,6 +225,62 @@ func (c conntrackCleanup) Applied(old, new nft.Table) {
 	} else {
 		c.log.Debug("conntrack cleanup: "+res.String(), attrs...)
 	}
+	// A change of snatAddress: the flows NATed to an address the new
+	// rules no longer give them.
+	if moved := snatMoved(old, new, linkAddrs); len(moved) > 0 {
+		res, err := conntrack.CleanupNATedTo(netns.None(), c.mode, moved, mark)
+		c.m.ConntrackDeleted(res.Deleted)
+		attrs := append(attrs, "from", fmt.Sprint(moved))
+		if err != nil {
+			c.log.Error("conntrack cleanup after a change of snatAddress failed; running flows keep their old address", append(attrs, "err", err)...)
+			return
+		}
+		c.log.Info("conntrack cleanup after a change of snatAddress: "+res.String(), attrs...)
+	}
+}
+
+// snatMoved are the addresses the old table source-NATed a family's
+// flows to and the new one no longer does: its snat address when that
+// changed or went, and, for a new one where there was none, the other
+// addresses of the interfaces that hold it (what masquerade gave there).
+// Nothing without a table before.
+func snatMoved(old, new nft.Table, addrsOf func(link string) []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	if old.Chain(nft.MasqChainName) == nil {
+		return nil // no table before: no flow was the agent's
+	}
+	o, n := old.SNATs(), new.SNATs()
+	for _, is4 := range []bool{true, false} {
+		var oa, na netip.Addr
+		var links []string
+		for _, l := range o {
+			if l.Addr.Is4() == is4 {
+				oa = l.Addr
+			}
+		}
+		for _, l := range n {
+			if l.Addr.Is4() == is4 {
+				na, links = l.Addr, append(links, l.Link)
+			}
+		}
+		if oa == na {
+			continue
+		}
+		if oa.IsValid() {
+			out = append(out, oa)
+		}
+		for _, link := range links {
+			if oa.IsValid() {
+				break // the old snat address's flows only
+			}
+			for _, a := range addrsOf(link) {
+				if a.Is4() == is4 && a != na && !slices.Contains(out, a) && !a.IsLinkLocalUnicast() {
+					out = append(out, a)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // debounce coalesces a burst of file events (the kubelet's ..data swap is

@@ -81,6 +81,7 @@ func (r *rulesetFlags) registerValidation(fs *flag.FlagSet) {
 func (r *rulesetFlags) finish() (warnings []string, err error) {
 	name, why := nft.ChainName(r.masqChain)
 	r.nft.Chain = name
+	r.nft.Links = nodeLinks
 	if why != "" {
 		warnings = append(warnings, fmt.Sprintf("--masq-chain=%q: the decision chain is named %s in table inet %s, because %s; "+
 			"the name decides nothing, the decisions are the same", r.masqChain, name, nft.TableName, why))

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
 // nonMasqueradeSourceCIDRs end to end without a kernel: validate names a
@@ -33,5 +38,55 @@ func TestNonMasqueradeSourceCIDRs(t *testing.T) {
 	}
 	if code, _, errOut := runCmd(t, "explain", "--config", path, "--from", "pod", "203.0.113.1"); code != 2 || !strings.Contains(errOut, `--from "pod" is not an IP address`) {
 		t.Errorf("explain --from pod: %d %q", code, errOut)
+	}
+}
+
+// snatMoved: the old snat address when it changes or goes; for a new one,
+// the other addresses of its interface; nothing when it stays.
+func TestSNATMoved(t *testing.T) {
+	tableWith := func(addrs ...string) nft.Table {
+		cfg := config.Default(config.Flags{EnableIPv6: true})
+		for _, a := range addrs {
+			if x := netip.MustParseAddr(a); x.Is4() {
+				cfg.SNATAddress = x
+			} else {
+				cfg.SNATAddressIPv6 = x
+			}
+		}
+		return nft.Build(cfg, nft.Options{Chain: nft.DefaultChain, EnableIPv6: true, Links: func(netip.Addr) []string { return []string{"eth0"} }})
+	}
+	addrs := func(string) []netip.Addr {
+		return []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11"),
+			netip.MustParseAddr("2001:db8:1::1"), netip.MustParseAddr("fe80::1")}
+	}
+	for _, tc := range []struct {
+		name     string
+		old, new nft.Table
+		want     string
+	}{
+		{"same", tableWith("192.0.2.10"), tableWith("192.0.2.10"), "[]"},
+		{"no table before", nft.Table{}, tableWith("192.0.2.10"), "[]"},
+		{"changed", tableWith("192.0.2.10"), tableWith("192.0.2.11"), "[192.0.2.10]"},
+		{"gone", tableWith("192.0.2.10", "2001:db8:1::10"), tableWith(), "[192.0.2.10 2001:db8:1::10]"},
+		{"new", tableWith(), tableWith("192.0.2.10"), "[192.0.2.1 192.0.2.11]"},
+		{"new IPv6", tableWith(), tableWith("2001:db8:1::10"), "[2001:db8:1::1]"},
+	} {
+		if got := fmt.Sprint(snatMoved(tc.old, tc.new, addrs)); got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+// validate names a bad snatAddress by file, line, key and value.
+func TestSNATAddressValidate(t *testing.T) {
+	for in, want := range map[string]string{
+		"snatAddress: fd00::1\n":           `:1: snatAddress: "fd00::1" is an IPv6 address: want an IPv4 one (IPv6 goes in snatAddressIPv6)`,
+		"snatAddress: node\n":              `:1: snatAddress: "node" is not an IP address`,
+		"snatAddressIPv6: 2001:db8::/64\n": `:1: snatAddressIPv6: "2001:db8::/64" is a prefix: want one address, such as "2001:db8::10"`,
+	} {
+		bad := writeFile(t, "ip-masq-agent", in)
+		if code, out, _ := runCmd(t, "validate", bad); code != 1 || !strings.Contains(out, bad+want) {
+			t.Errorf("validate %q: %d %q", in, code, out)
+		}
 	}
 }

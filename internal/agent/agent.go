@@ -68,6 +68,8 @@ type Agent struct {
 
 	cfg            *config.Config // the config last put in the kernel
 	want           *nft.Table     // and its table
+	snat           []nft.SNATLink // and the interfaces that held its snat addresses
+	snatMissing    []string       // the snat addresses on no interface, last warned about
 	deadline       time.Time      // the next resync; only a successful sync moves it
 	failures       int            // consecutive failed syncs
 	retryAt        time.Time      // the next try after a failed sync
@@ -270,7 +272,12 @@ func (a *Agent) sync(now time.Time) error {
 	}
 	// A resync of an unchanged config: 100,000 CIDRs take tens of ms to
 	// build, hash and count, and the DaemonSet may run under a CPU limit.
-	same := a.cfg != nil && a.cfg.Equal(cfg)
+	// The node's interfaces that hold the snat addresses are looked up
+	// at every sync (only with a snat address): one that appears, moves
+	// or goes rebuilds the table.
+	snat := nft.SNATLinks(cfg, a.opts.NFT)
+	same := a.cfg != nil && a.cfg.Equal(cfg) && slices.Equal(snat, a.snat)
+	a.warnSNAT(cfg, snat)
 	var want nft.Table
 	if same {
 		want = *a.want
@@ -340,7 +347,7 @@ func (a *Agent) sync(now time.Time) error {
 	if a.opts.Applied != nil && !res.Unchanged {
 		a.opts.Applied(found(res), want)
 	}
-	a.cfg, a.want = &cfg, &want
+	a.cfg, a.want, a.snat = &cfg, &want, snat
 	a.deadline = now.Add(cfg.ResyncInterval)
 	return nil
 }
@@ -574,4 +581,34 @@ func Hint(err error) error {
 		return fmt.Errorf("%w (the agent needs CAP_NET_ADMIN in the node's network namespace)", err)
 	}
 	return err
+}
+
+// warnSNAT warns, once per change, about a snat address of the config
+// that no interface of the node holds: its family is masqueraded to the
+// out interface's address, as without it.
+func (a *Agent) warnSNAT(cfg config.Config, links []nft.SNATLink) {
+	var missing []string
+	for _, k := range []struct {
+		key  string
+		addr netip.Addr
+		ok   bool
+	}{{config.KeySNAT, cfg.SNATAddress, true}, {config.KeySNAT6, cfg.SNATAddressIPv6, a.opts.NFT.EnableIPv6}} {
+		n := 0
+		for _, l := range links {
+			if l.Addr == k.addr {
+				n++
+			}
+		}
+		a.metrics.SNATInterfaces(k.key, n, k.addr.IsValid() && k.ok)
+		if k.addr.IsValid() && k.ok && n == 0 {
+			missing = append(missing, k.key+" "+k.addr.String())
+		}
+	}
+	if slices.Equal(missing, a.snatMissing) {
+		return
+	}
+	a.snatMissing = missing
+	for _, m := range missing {
+		a.log.Warn(m + " is on no interface of this node: its traffic is masqueraded to the out interface's address until an interface holds it (looked up at every sync)")
+	}
 }

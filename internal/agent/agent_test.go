@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -885,5 +886,39 @@ func TestBadConfigAtFirstStart(t *testing.T) {
 	h.holds(h.want("nonMasqueradeCIDRs: [10.0.0.0/8]\n"), "fixed")
 	if !h.ready() || !strings.Contains(h.logs.String(), "config is good again; applied") {
 		t.Errorf("fixed: ready %v, logs\n%s", h.ready(), h.logs)
+	}
+}
+
+// A snat address on no interface: a warning once, the gauge at 0 and no
+// snat rule; once an interface holds it, the next sync rebuilds the table
+// with the rule, without a change of the config.
+func TestSNATInterfaces(t *testing.T) {
+	var links []string
+	h := newHarness(t, func(o *Options) { o.NFT.Links = func(netip.Addr) []string { return links } })
+	h.write("snatAddress: 192.0.2.10\n")
+	now := time.Now()
+	h.sync(now)
+	h.sync(now.Add(time.Minute))
+	if n := strings.Count(h.logs.String(), "snatAddress 192.0.2.10 is on no interface of this node"); n != 1 {
+		t.Errorf("warned %d times, want once:\n%s", n, h.logs.String())
+	}
+	if got := h.metric("ip_masq_agent_snat_address_interfaces"); got != `ip_masq_agent_snat_address_interfaces{key="snatAddress"} 0` {
+		t.Errorf("metric %q", got)
+	}
+	if s := nft.Render(*h.fake.Table()); strings.Contains(s, "snat") {
+		t.Errorf("a snat rule without an interface:\n%s", s)
+	}
+	links = []string{"eth0"}
+	h.sync(now.Add(2 * time.Minute))
+	if s := nft.Render(*h.fake.Table()); !strings.Contains(s, `oifname "eth0"`) {
+		t.Errorf("no snat rule once eth0 holds the address:\n%s", s)
+	}
+	if got := h.metric("ip_masq_agent_snat_address_interfaces"); got != `ip_masq_agent_snat_address_interfaces{key="snatAddress"} 1` {
+		t.Errorf("metric %q", got)
+	}
+	h.write("")
+	h.sync(now.Add(3 * time.Minute))
+	if got := h.metric("ip_masq_agent_snat_address_interfaces"); got != "" {
+		t.Errorf("metric without the key: %q", got)
 	}
 }

@@ -60,6 +60,7 @@ type Agent struct {
 	ctDeleted   prometheus.Counter
 	legacyRules *prometheus.GaugeVec
 	differences *prometheus.GaugeVec
+	snatLinks   *prometheus.GaugeVec
 
 	mu     sync.Mutex
 	health healthState
@@ -151,6 +152,11 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 			Name:      "original_decision_differences",
 			Help:      "Destination ranges (merged) that the original (iptables) ip-masq-agent's rules found on the node and this agent decide differently (masquerade or not), by family; 0 when they agree or no original rules are there.",
 		}, []string{"family"}),
+		snatLinks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "snat_address_interfaces",
+			Help:      "Interfaces of the node that hold the config's snat address (key: snatAddress or snatAddressIPv6), through which its traffic leaves from that address; 0: none, its traffic is masqueraded to the out interface's address. Absent without the key.",
+		}, []string{"key"}),
 		rival: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "rival_writer",
@@ -188,7 +194,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	a.reg.MustRegister(
 		buildInfo,
 		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads, a.configOK, a.configOKAt, a.configInfo,
-		a.cidrs, a.intervals, a.repairs, a.rival, a.waiting, a.ctDeleted, a.legacyRules, a.differences,
+		a.cidrs, a.intervals, a.repairs, a.rival, a.waiting, a.ctDeleted, a.legacyRules, a.differences, a.snatLinks,
 		a.rules,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -293,6 +299,16 @@ func (a *Agent) Repaired(what string) {
 
 // ConntrackDeleted counts conntrack entries deleted by a cleanup.
 func (a *Agent) ConntrackDeleted(n int) { a.ctDeleted.Add(float64(max(n, 0))) }
+
+// SNATInterfaces says how many interfaces hold the snat address of key
+// (snatAddress or snatAddressIPv6); set false: the config has none.
+func (a *Agent) SNATInterfaces(key string, n int, set bool) {
+	if !set {
+		a.snatLinks.DeleteLabelValues(key)
+		return
+	}
+	a.snatLinks.WithLabelValues(key).Set(float64(n))
+}
 
 // LegacyRules says whether the original agent's rules are in the node's
 // iptables-nft nat table of family ("ipv4" or "ipv6").

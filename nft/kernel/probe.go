@@ -3,6 +3,7 @@ package kernel
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"strconv"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -115,11 +116,26 @@ var features = []feature{{
 	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
 		probeRule(cc, t, nft.Rule{L4Proto: unix.IPPROTO_TCP, Share: &nft.Share{Below: 1, Of: 2}, Verdict: nft.Return})
 	},
+}, {
+	// snatAddress, snatAddressIPv6: snat ip|ip6 to ADDR through the
+	// interface that holds it (oifname, nft_meta, which every table's
+	// meta nfproto already needs), with the port range of --to-ports.
+	what: "source NAT to an address (snat, for snatAddress)", since: "5.2", module: "nft_nat",
+	needs: func(o nft.Options) bool { return o.SNAT },
+	add: func(cc *nftables.Conn, t *nftables.Table, o nft.Options) {
+		r := nft.Rule{Family: 4, OutIf: "probe0", Verdict: nft.Masquerade, To: netip.MustParseAddr("192.0.2.1"), FullyRandom: o.RandomFully}
+		probeRule(cc, t, r)
+		r.Family, r.To = 6, netip.MustParseAddr("2001:db8::1")
+		if len(o.ToPorts) > 0 {
+			r.L4Proto, r.Ports = unix.IPPROTO_TCP, &o.ToPorts[0]
+		}
+		probeRule(cc, t, r)
+	},
 }}
 
 // probeEverything is the options under which Probe asks for every
-// feature: a conntrack label and two port ranges.
-var probeEverything = nft.Options{CtLabel: new(uint8), ToPorts: []nft.PortRange{{First: 1024, Last: 32767}, {First: 32768, Last: 65535}}}
+// feature: a conntrack label, two port ranges and snat.
+var probeEverything = nft.Options{CtLabel: new(uint8), ToPorts: []nft.PortRange{{First: 1024, Last: 32767}, {First: 32768, Last: 65535}}, SNAT: true}
 
 // Probe asks the kernel whether it has what the agent's table needs, with
 // one transaction that never commits: it creates a table of its own

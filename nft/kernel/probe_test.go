@@ -31,14 +31,16 @@ func TestProbeAsksWhatTheTableUses(t *testing.T) {
 		want []string // features it must
 	}{
 		"no label, no ports": {nft.Options{RandomFully: true},
-			[]string{"nft_ct", "nft_numgen", "masquerade to a port range"}, nil},
+			[]string{"nft_ct", "nft_numgen", "masquerade to a port range", "nft_nat"}, nil},
 		"the default label": {nft.Options{RandomFully: true, CtLabel: &bit},
 			[]string{"nft_numgen", "masquerade to a port range"}, []string{"nft_ct"}},
 		"one port range": {nft.Options{RandomFully: true, CtLabel: &bit, ToPorts: ports[:1]},
 			[]string{"nft_numgen"}, []string{"nft_ct", "masquerade to a port range"}},
 		"two port ranges": {nft.Options{RandomFully: true, CtLabel: &bit, ToPorts: ports, EnableIPv6: true},
 			nil, []string{"nft_ct", "masquerade to a port range", "nft_numgen"}},
-		"everything (Probe)": {probeEverything, nil, []string{"nft_ct", "masquerade to a port range", "nft_numgen"}},
+		"snat": {nft.Options{RandomFully: true, CtLabel: &bit, SNAT: true},
+			[]string{"nft_numgen"}, []string{"nft_ct", "nft_nat"}},
+		"everything (Probe)": {probeEverything, nil, []string{"nft_ct", "masquerade to a port range", "nft_numgen", "nft_nat"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c.o.Chain = nft.DefaultChain

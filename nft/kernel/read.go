@@ -622,11 +622,35 @@ func sameEncoding(raw []rawExpr, r nft.Rule) bool {
 		if name != raw[i].name {
 			return false
 		}
-		if name != "counter" && !sameAttrs(raw[i].data, data) {
+		got := raw[i].data
+		if name == "nat" {
+			got = withoutMapIPs(got)
+		}
+		if name != "counter" && !sameAttrs(got, data) {
 			return false
 		}
 	}
 	return true
+}
+
+// withoutMapIPs returns a nat expression's attributes with
+// NF_NAT_RANGE_MAP_IPS cleared from its flags: the kernel sets that flag
+// itself for a nat with an address register (nft_nat_init), and
+// google/nftables cannot send it (expr.NAT has no field for it).
+func withoutMapIPs(data []byte) []byte {
+	out := slices.Clone(data)
+	for b := out; len(b) >= 4; {
+		n := int(binary.NativeEndian.Uint16(b))
+		if n < 4 || n > len(b) {
+			return data
+		}
+		if binary.NativeEndian.Uint16(b[2:])&^unix.NLA_F_NESTED == unix.NFTA_NAT_FLAGS && n == 8 {
+			f := binary.BigEndian.Uint32(b[4:8]) &^ unix.NF_NAT_RANGE_MAP_IPS
+			binary.BigEndian.PutUint32(b[4:8], f)
+		}
+		b = b[min((n+3)&^3, len(b)):]
+	}
+	return out
 }
 
 // sameAttrs compares two attribute lists by type, nested ones recursively;
