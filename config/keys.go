@@ -23,6 +23,7 @@ const (
 	KeyOutBound6  = "masqOutBoundIPv6"
 	KeyResync     = "resyncInterval"
 	KeyNonMasqSrc = "nonMasqueradeSourceCIDRs"
+	KeyCIDRMatch  = "cidrMatch"
 )
 
 // keys is every key of the file, one entry each, in the order String
@@ -49,6 +50,8 @@ var keys = []key{
 		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration, merge: smallest},
 	&keyOf[[]netip.Prefix]{name: KeyNonMasqSrc, own: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeSourceCIDRs },
 		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
+	&keyOf[CIDRMatch]{name: KeyCIDRMatch, own: true, field: func(c *Config) *CIDRMatch { return &c.CIDRMatch },
+		def: zero[CIDRMatch], decode: (*decoder).cidrMatch, null: keep[CIDRMatch], merge: mostSpecificIfAny},
 }
 
 // knownKeys are the keys' names, in the table's order.
@@ -162,6 +165,10 @@ func (k *keyOf[T]) write(b *strings.Builder, c *Config) {
 		writeList(b, k.name, *l)
 		return
 	}
+	var zero T
+	if k.own && any(*k.field(c)) == any(zero) {
+		return // an own key at its zero value, the default: old configs keep their text
+	}
 	fmt.Fprintf(b, "%s: %s\n", k.name, scalar(*k.field(c)))
 }
 
@@ -251,6 +258,19 @@ func union(set [][]netip.Prefix) []netip.Prefix {
 	return out
 }
 
+// mostSpecificIfAny: mostSpecific if any file sets it. A file's lists
+// mean, under mostSpecific, what they meant under listOrder unless a
+// listed CIDR holds a more specific one of the other list, which is what
+// a file written for mostSpecific says; the loader warns when files
+// disagree (Loader.Load), and the agent logs and diffs the ranges whose
+// decision changes, as for any change.
+func mostSpecificIfAny(set []CIDRMatch) CIDRMatch {
+	if slices.Contains(set, MostSpecific) {
+		return MostSpecific
+	}
+	return ListOrder
+}
+
 // anyTrue: true if any file sets it to true.
 func anyTrue(set []bool) bool { return slices.Contains(set, true) }
 
@@ -289,6 +309,29 @@ type Config struct {
 	// NonMasqueradeSourceCIDRs: traffic from these sources is never
 	// masqueraded (this agent's extension).
 	NonMasqueradeSourceCIDRs []netip.Prefix
+	// CIDRMatch: how masqueradeCIDRs and nonMasqueradeCIDRs decide
+	// together (this agent's extension).
+	CIDRMatch CIDRMatch
+}
+
+// CIDRMatch says which CIDR of masqueradeCIDRs and nonMasqueradeCIDRs
+// decides for a destination both hold.
+type CIDRMatch uint8
+
+const (
+	// ListOrder (the default, the original's and CCE's meaning): any CIDR
+	// of masqueradeCIDRs wins over every one of nonMasqueradeCIDRs.
+	ListOrder CIDRMatch = iota
+	// MostSpecific: the longest prefix of both lists (and link-local's)
+	// that holds the destination decides, to any depth.
+	MostSpecific
+)
+
+func (m CIDRMatch) String() string {
+	if m == MostSpecific {
+		return "mostSpecific"
+	}
+	return "listOrder"
 }
 
 // DefaultPath is where Kubernetes mounts the ConfigMap key.

@@ -90,19 +90,24 @@ func setOther(t *testing.T, f reflect.Value) {
 		*v += 1000
 	case *time.Duration:
 		*v += 5 * time.Second
+	case *CIDRMatch:
+		*v = MostSpecific
 	default:
 		t.Fatalf("a field of type %s: teach setOther and the key table (keys.go) about it", f.Type())
 	}
 }
 
-// String leaves out an empty list of this agent's own keys, and only
-// those, so that a config without them keeps its text and Hash.
+// String leaves out an empty list of this agent's own keys (and an own
+// key at its zero value, its default), and only those, so that a config
+// without them keeps its text and Hash.
 func TestKeyTableOwnEmpty(t *testing.T) {
 	def := Default(Flags{})
 	for _, k := range keys {
 		var b strings.Builder
 		k.write(&b, &def)
-		if l := k.cidrs(&def); (b.Len() == 0) != (l != nil && len(*l) == 0 && k.extensionNote() == msgOwnExtension) {
+		own := k.extensionNote() == msgOwnExtension
+		l := k.cidrs(&def)
+		if (b.Len() == 0) != (own && (l == nil || len(*l) == 0)) {
 			t.Errorf("key %s: String writes %q", k.Name(), b.String())
 		}
 	}
@@ -117,6 +122,7 @@ func TestKeyTablePresent(t *testing.T) {
 		if l := k.cidrs(&c); l != nil && len(*l) == 0 {
 			*l = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")} // String leaves out an empty list of this agent's own
 		}
+		c.CIDRMatch = MostSpecific // and an own key at its default
 		k.write(&b, &c)
 		if _, d, err := parse([]byte(b.String()), Flags{}); err != nil || !d.present[k.Name()] {
 			t.Errorf("%q: not read as setting %q (%v)", b.String(), k.Name(), err)

@@ -3,6 +3,8 @@ package nft
 import (
 	"net/netip"
 
+	"go4.org/netipx"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
@@ -46,6 +48,11 @@ type decision struct {
 	defaults bool
 	// extra are prefixes of family f the set holds besides the list's.
 	extra func(c config.Config, f Family) []netip.Prefix
+	// mostSpecific: under cidrMatch: mostSpecific the sets of these rows
+	// are painted together (paint, prefix.go): each address is in the set
+	// of the row whose longest prefix holding it is longest, so the sets
+	// are disjoint and their order in the chain does not matter.
+	mostSpecific bool
 }
 
 // decisions, in the decision chain's order: nonMasqueradeSourceCIDRs
@@ -57,10 +64,10 @@ var decisions = []decision{
 		verdict: Return, comment: commentNonMasqSrc, key: config.KeyNonMasqSrc, reason: "sources",
 		list: func(c config.Config) []netip.Prefix { return c.NonMasqueradeSourceCIDRs }},
 	{sel: SelDaddr, sets: [2]string{SetMasqV4, SetMasqV6}, setComment: "ip-masq-agent: masqueradeCIDRs",
-		verdict: Goto, comment: commentMasqSet, key: config.KeyMasq, reason: "cidrs", always: true,
+		verdict: Goto, comment: commentMasqSet, key: config.KeyMasq, reason: "cidrs", always: true, mostSpecific: true,
 		list: func(c config.Config) []netip.Prefix { return c.MasqueradeCIDRs }},
 	{sel: SelDaddr, sets: [2]string{SetNonMasqV4, SetNonMasqV6}, setComment: "ip-masq-agent: nonMasqueradeCIDRs and link-local",
-		verdict: Return, comment: commentNonMasq, key: config.KeyNonMasq, reason: "cidrs", always: true, defaults: true,
+		verdict: Return, comment: commentNonMasq, key: config.KeyNonMasq, reason: "cidrs", always: true, defaults: true, mostSpecific: true,
 		list: func(c config.Config) []netip.Prefix { return c.NonMasqueradeCIDRs },
 		// Link-local is not masqueraded unless asked, and is not counted
 		// against cidrLimit (config does the counting).
@@ -119,18 +126,12 @@ func Build(c config.Config, o Options) Table {
 	for i, f := range []Family{4, 6} {
 		// Without --enable-ipv6 the agent leaves IPv6 alone: no rules, empty sets.
 		want := f == 4 || o.EnableIPv6
-		for _, d := range decisions {
+		elems := elementsOf(c, f, want)
+		for j, d := range decisions {
 			if !d.always && len(d.list(c)) == 0 {
 				continue
 			}
-			var ps []netip.Prefix
-			if want {
-				ps = ofFamily(d.list(c), f)
-				if d.extra != nil {
-					ps = append(ps, d.extra(c, f)...)
-				}
-			}
-			t.Sets = append(t.Sets, Set{Name: d.sets[i], Key: d.sel.Key(f), Elements: rangesOf(ps), Comment: d.setComment})
+			t.Sets = append(t.Sets, Set{Name: d.sets[i], Key: d.sel.Key(f), Elements: elems[j], Comment: d.setComment})
 			if want {
 				decision.Rules = append(decision.Rules, Rule{Family: f, Selector: d.sel, Set: d.sets[i], Verdict: d.verdict,
 					Target: cond(d.verdict == Goto, MasqChainName), Comment: d.comment})
@@ -143,6 +144,42 @@ func Build(c config.Config, o Options) Table {
 
 	t.Chains = []Chain{base, decision, {Name: MasqChainName, Rules: masqRules(o)}}
 	return t
+}
+
+// elementsOf returns the elements of each decision's set of family f
+// (none unless want): the fewest ranges that cover its prefixes, or
+// under cidrMatch: mostSpecific the mostSpecific rows' paint.
+func elementsOf(c config.Config, f Family, want bool) [][]netipx.IPRange {
+	out := make([][]netipx.IPRange, len(decisions))
+	if !want {
+		return out
+	}
+	var lists []painted
+	var rows []int
+	for j, d := range decisions {
+		ps := prefixesOf(c, d, f)
+		if c.CIDRMatch == config.MostSpecific && d.mostSpecific {
+			lists, rows = append(lists, ps), append(rows, j)
+			continue
+		}
+		out[j] = rangesOf(ps)
+	}
+	if len(lists) > 0 {
+		for k, rs := range paint(lists) {
+			out[rows[k]] = rs
+		}
+	}
+	return out
+}
+
+// prefixesOf returns the prefixes of family f of decision d's set: its
+// list's and its extra ones.
+func prefixesOf(c config.Config, d decision, f Family) []netip.Prefix {
+	ps := ofFamily(d.list(c), f)
+	if d.extra != nil {
+		ps = append(ps, d.extra(c, f)...)
+	}
+	return ps
 }
 
 // ofFamily returns the prefixes of family f (IPv4-mapped IPv6 ones are IPv4).

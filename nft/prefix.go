@@ -58,12 +58,71 @@ func comparePrefix(a, b netip.Prefix) int {
 	return a.Bits() - b.Bits()
 }
 
-// rangesOf returns one range per prefix of a normalized list.
+// rangesOf returns the fewest disjoint ranges that cover the prefixes
+// (of one family): nested prefixes dropped, adjacent ones merged
+// (10.0.0.0/24, 10.0.1.0/24 and 10.0.2.0/23 are one element,
+// 10.0.0.0/22). Every element costs the node's other nft users: nft reads
+// every element of every interval set before a batch that adds or
+// deletes one (docs/operation.md). explain names the listed CIDR behind
+// an element.
 func rangesOf(ps []netip.Prefix) []netipx.IPRange {
-	ps = Normalize(ps)
-	out := make([]netipx.IPRange, len(ps))
-	for i, p := range ps {
-		out[i] = netipx.RangeOfPrefix(p)
+	var b netipx.IPSetBuilder
+	for _, p := range ps {
+		b.AddPrefix(p.Masked())
+	}
+	s, _ := b.IPSet() // valid prefixes only: no error
+	return s.Ranges()
+}
+
+// painted is one list of a cidrMatch: mostSpecific paint: its prefixes
+// (of one family).
+type painted []netip.Prefix
+
+// paint returns, for lists of one family, the disjoint ranges in which
+// each list decides under cidrMatch: mostSpecific: an address belongs to
+// the list whose longest prefix holding it is longest of all. The lists
+// are painted by prefix length, shortest first, so that a longer prefix
+// paints over a shorter one; at one length an earlier list paints last
+// and wins (masqueradeCIDRs before nonMasqueradeCIDRs, as under
+// listOrder). One IPSetBuilder pass per length per list.
+func paint(lists []painted) [][]netipx.IPRange {
+	byBits := map[int][][]netip.Prefix{}
+	var lengths []int
+	for i, l := range lists {
+		for _, p := range l {
+			p = p.Masked()
+			if byBits[p.Bits()] == nil {
+				byBits[p.Bits()] = make([][]netip.Prefix, len(lists))
+				lengths = append(lengths, p.Bits())
+			}
+			byBits[p.Bits()][i] = append(byBits[p.Bits()][i], p)
+		}
+	}
+	slices.Sort(lengths)
+	bs := make([]netipx.IPSetBuilder, len(lists))
+	for _, n := range lengths {
+		for i := len(lists) - 1; i >= 0; i-- {
+			ps := byBits[n][i]
+			if len(ps) == 0 {
+				continue
+			}
+			var lb netipx.IPSetBuilder
+			for _, p := range ps {
+				lb.AddPrefix(p)
+			}
+			level, _ := lb.IPSet()
+			for j := range bs {
+				if j != i {
+					bs[j].RemoveSet(level)
+				}
+			}
+			bs[i].AddSet(level)
+		}
+	}
+	out := make([][]netipx.IPRange, len(lists))
+	for i := range bs {
+		s, _ := bs[i].IPSet()
+		out[i] = s.Ranges()
 	}
 	return out
 }
