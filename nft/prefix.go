@@ -30,8 +30,9 @@ func splitFamilies(ps []netip.Prefix) (v4, v6 []netip.Prefix) {
 // Normalize returns the prefixes the kernel can take as one interval set:
 // masked, sorted, without duplicates and without prefixes contained in
 // others (the kernel rejects overlapping intervals with EEXIST for the
-// whole batch). Adjacent prefixes are kept apart, so that `nft list` shows
-// what the operator wrote.
+// whole batch). Adjacent prefixes are kept apart: one element per prefix,
+// as the agent wrote them before it merged them (rangesOf); the bench
+// measures that shape beside the merged one.
 func Normalize(in []netip.Prefix) []netip.Prefix {
 	ps := make([]netip.Prefix, 0, len(in))
 	for _, p := range in {
