@@ -123,10 +123,11 @@ func Build(c config.Config, o Options) Table {
 	// off the end is not masqueraded by the agent.
 	var t Table
 	decision := Chain{Name: o.Chain}
+	elems := elementsOf(c, o.EnableIPv6)
 	for i, f := range []Family{4, 6} {
 		// Without --enable-ipv6 the agent leaves IPv6 alone: no rules, empty sets.
 		want := f == 4 || o.EnableIPv6
-		elems := elementsOf(c, f, want)
+		elems := elems[i]
 		for j, d := range decisions {
 			if !d.always && len(d.list(c)) == 0 {
 				continue
@@ -146,49 +147,46 @@ func Build(c config.Config, o Options) Table {
 	return t
 }
 
-// elementsOf returns the elements of each decision's set of family f
-// (none unless want): the fewest ranges that cover its prefixes, or
-// under cidrMatch: mostSpecific the mostSpecific rows' paint.
-func elementsOf(c config.Config, f Family, want bool) [][]netipx.IPRange {
-	out := make([][]netipx.IPRange, len(decisions))
-	if !want {
-		return out
-	}
-	var lists []painted
+// elementsOf returns the elements of each decision's set, IPv4's and
+// IPv6's (none without enableIPv6): the fewest ranges that cover its
+// prefixes, or under cidrMatch: mostSpecific the mostSpecific rows'
+// paint.
+func elementsOf(c config.Config, enableIPv6 bool) (out [2][][]netipx.IPRange) {
+	var lists [2][]painted
 	var rows []int
+	for f := range out {
+		out[f] = make([][]netipx.IPRange, len(decisions))
+	}
 	for j, d := range decisions {
-		ps := prefixesOf(c, d, f)
+		var ps [2][]netip.Prefix
+		ps[0], ps[1] = splitFamilies(d.list(c))
+		if !enableIPv6 {
+			ps[1] = nil
+		}
+		for f, fam := range []Family{4, 6} {
+			if d.extra != nil && (fam == 4 || enableIPv6) {
+				ps[f] = append(ps[f], d.extra(c, fam)...)
+			}
+		}
 		if c.CIDRMatch == config.MostSpecific && d.mostSpecific {
-			lists, rows = append(lists, ps), append(rows, j)
+			rows = append(rows, j)
+			for f := range ps {
+				lists[f] = append(lists[f], ps[f])
+			}
 			continue
 		}
-		out[j] = rangesOf(ps)
+		for f := range ps {
+			out[f][j] = rangesOf(ps[f])
+		}
 	}
-	if len(lists) > 0 {
-		for k, rs := range paint(lists) {
-			out[rows[k]] = rs
+	for f := range lists {
+		if len(lists[f]) > 0 {
+			for k, rs := range paint(lists[f]) {
+				out[f][rows[k]] = rs
+			}
 		}
 	}
 	return out
-}
-
-// prefixesOf returns the prefixes of family f of decision d's set: its
-// list's and its extra ones.
-func prefixesOf(c config.Config, d decision, f Family) []netip.Prefix {
-	ps := ofFamily(d.list(c), f)
-	if d.extra != nil {
-		ps = append(ps, d.extra(c, f)...)
-	}
-	return ps
-}
-
-// ofFamily returns the prefixes of family f (IPv4-mapped IPv6 ones are IPv4).
-func ofFamily(ps []netip.Prefix, f Family) []netip.Prefix {
-	v4, v6 := splitFamilies(ps)
-	if f == 6 {
-		return v6
-	}
-	return v4
 }
 
 // masqRules spells out the masquerade statement. With --to-ports, TCP, UDP

@@ -3,6 +3,7 @@ package nft
 import (
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -280,5 +281,63 @@ func TestPlanMergedDelta(t *testing.T) {
 	if len(plan.Ops) != 2 || len(plan.Ops[0].Elements) != 2 || len(plan.Ops[1].Elements) != 1 ||
 		plan.Ops[1].Elements[0] != netipx.MustParseIPRange("100.0.0.0-100.0.2.255") {
 		t.Errorf("plan: %q, want a delete of 100.0.0.0/24 and 100.0.2.0/24 and an add of 100.0.0.0-100.0.2.255", got)
+	}
+}
+
+// paintReference is paint with netipx's IPSetBuilder: by prefix length,
+// shortest first, each list's prefixes of that length removed from the
+// others and added to its own, an earlier list last (it wins a tie).
+func paintReference(lists []painted) [][]netipx.IPRange {
+	bs := make([]netipx.IPSetBuilder, len(lists))
+	for bits := 0; bits <= 128; bits++ {
+		for i := len(lists) - 1; i >= 0; i-- {
+			var lb netipx.IPSetBuilder
+			for _, p := range lists[i] {
+				if p.Bits() == bits {
+					lb.AddPrefix(p.Masked())
+				}
+			}
+			level, _ := lb.IPSet()
+			for j := range bs {
+				if j != i {
+					bs[j].RemoveSet(level)
+				}
+			}
+			bs[i].AddSet(level)
+		}
+	}
+	out := make([][]netipx.IPRange, len(lists))
+	for i := range bs {
+		s, _ := bs[i].IPSet()
+		out[i] = s.Ranges()
+	}
+	return out
+}
+
+// paint gives what IPSetBuilder gives, for random lists of both
+// families, with the top and the bottom of the address space.
+func TestPaintAsIPSetBuilder(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	edges := prefixes("0.0.0.0/0", "255.255.255.255/32", "255.255.255.0/24", "0.0.0.0/32", "::/0", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128")
+	for range 2000 {
+		f := Family(4)
+		if r.IntN(2) == 0 {
+			f = 6
+		}
+		lists := make([]painted, 1+r.IntN(3))
+		for i := range lists {
+			lists[i] = randomPrefixes(r, r.IntN(30), f)
+			for _, e := range edges {
+				if r.IntN(10) == 0 && (e.Addr().Is4() == (f == 4)) {
+					lists[i] = append(lists[i], e)
+				}
+			}
+		}
+		got, want := paint(lists), paintReference(lists)
+		for i := range lists {
+			if !slices.Equal(got[i], want[i]) {
+				t.Fatalf("lists %v: list %d painted %v, want %v", lists, i, got[i], want[i])
+			}
+		}
 	}
 }
