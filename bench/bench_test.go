@@ -104,6 +104,17 @@ func TestQuickRun(t *testing.T) {
 		}
 	}
 
+	if r.Neighbour == nil || len(r.Neighbour.Rows) == 0 {
+		t.Error("no figures of the node's other nft users")
+	} else {
+		for _, x := range r.Neighbour.Rows {
+			if len(x.BeforeWall) == 0 || len(x.AfterWall) == 0 || len(x.EmptyWall) == 0 || x.After > x.Before {
+				t.Errorf("neighbour, %d CIDRs: %d/%d/%d batches timed, %d elements after merging, %d before", x.N,
+					len(x.EmptyWall), len(x.BeforeWall), len(x.AfterWall), x.After, x.Before)
+			}
+		}
+	}
+
 	if k := r.Kernel; k == nil {
 		t.Error("no kernel side figures")
 	} else {
