@@ -115,6 +115,16 @@ func TestMostSpecificPackets(t *testing.T) {
 			t.Errorf("explain %s: %v, want %q in\n%s", dst, err, want, out)
 		}
 	}
+	// IPv6, the same three levels.
+	const (
+		v6in8  = "fd00:99::10"
+		v6in32 = "fd00:250:1::10"
+		v6in64 = "fd00:250::10"
+	)
+	addDestinations(t, topo, v6in8, v6in32, v6in64, internet6a)
+	mustApply(t, topo, "cidrMatch: mostSpecific\nnonMasqueradeCIDRs: [\"fd00::/8\", \"fd00:250::/64\"]\nmasqueradeCIDRs: [\"fd00:250::/32\"]\n", "--enable-ipv6")
+	expectSources(t, topo, map[string]bool{v6in8: false, v6in32: true, v6in64: false, internet6a: true})
+
 	// Back to listOrder: masqueradeCIDRs 10.20/16 wins over all of it.
 	mustApply(t, topo, strings.TrimPrefix(cfg, "cidrMatch: mostSpecific\n"))
 	expectSources(t, topo, map[string]bool{in8: false, in16: true, in24: true})
