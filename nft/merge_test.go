@@ -180,7 +180,7 @@ func TestMergedSetsDecideAsLists(t *testing.T) {
 			o := Options{Chain: DefaultChain, EnableIPv6: true}
 			tb := Build(c, o)
 			checkMinimal(t, tb)
-			for range 100 {
+			for k := range 100 {
 				f := Family(4)
 				if r.IntN(2) == 0 {
 					f = 6
@@ -190,6 +190,9 @@ func TestMergedSetsDecideAsLists(t *testing.T) {
 				got, handled := tb.Decide(p)
 				if want := ref(c, a); !handled || got != want {
 					t.Fatalf("%s: %s: masquerade %v (handled %v), want %v; config:\n%s\ntable:\n%s", match, a, got, handled, want, c, Render(tb))
+				}
+				if k%10 != 0 {
+					continue // explain builds the table again: every tenth address
 				}
 				e := Explain(c, o, p)
 				if e.Masquerade != got {
