@@ -201,6 +201,10 @@ func TestMergedSetsDecideAsLists(t *testing.T) {
 				if p, ok := reasonPrefix(e.Reason); ok && !p.Contains(a) {
 					t.Fatalf("%s: explain %s names %s, which does not hold it: %s", match, a, p, e.Reason)
 				}
+				named := strings.HasPrefix(e.Reason, config.KeyMasq+"[")
+				if listed := named || strings.HasPrefix(e.Reason, config.KeyNonMasq+"[") || strings.HasPrefix(e.Reason, "link-local"); listed && named != got {
+					t.Fatalf("%s: explain %s: %q, but masquerade is %v", match, a, e.Reason, got)
+				}
 			}
 		}
 	}
