@@ -47,7 +47,7 @@ type Config struct {
 	Quick bool      // tiny sizes, one or two repetitions: a smoke run of seconds
 	Log   io.Writer // progress lines; nil: discarded
 	// Parts to run: any of "control", "kernel", "data", "live",
-	// "conntrack", "busy"; empty means all.
+	// "conntrack", "busy", "neighbour"; empty means all.
 	Parts []string
 }
 
@@ -80,11 +80,13 @@ type Results struct {
 	ConntrackErr error
 	Busy         *BusyResults
 	BusyErr      error
+	Neighbour    *NeighbourResults
+	NeighbourErr error
 }
 
 // Err is the first error of any part, or nil.
 func (r *Results) Err() error {
-	return errors.Join(r.ControlErr, r.KernelErr, r.DataErr, r.LiveErr, r.ConntrackErr, r.BusyErr)
+	return errors.Join(r.ControlErr, r.KernelErr, r.DataErr, r.LiveErr, r.ConntrackErr, r.BusyErr, r.NeighbourErr)
 }
 
 // Run runs the parts the config asks for, one after the other, and returns
@@ -121,6 +123,10 @@ func Run(ctx context.Context, cfg Config) *Results {
 	if cfg.wants("busy") && ctx.Err() == nil {
 		r.Load["busy"] = readTrim("/proc/loadavg")
 		r.Busy, r.BusyErr = RunBusy(ctx, cfg)
+	}
+	if cfg.wants("neighbour") && ctx.Err() == nil {
+		r.Load["neighbour"] = readTrim("/proc/loadavg")
+		r.Neighbour, r.NeighbourErr = RunNeighbour(ctx, cfg)
 	}
 	r.End = time.Now()
 	r.LoadEnd = readTrim("/proc/loadavg")

@@ -104,6 +104,17 @@ func TestQuickRun(t *testing.T) {
 		}
 	}
 
+	if r.Neighbour == nil || len(r.Neighbour.Rows) == 0 {
+		t.Error("no figures of the node's other nft users")
+	} else {
+		for _, x := range r.Neighbour.Rows {
+			if len(x.BeforeWall) == 0 || len(x.AfterWall) == 0 || len(x.EmptyWall) == 0 || x.After > x.Before {
+				t.Errorf("neighbour, %d CIDRs: %d/%d/%d batches timed, %d elements after merging, %d before", x.N,
+					len(x.EmptyWall), len(x.BeforeWall), len(x.AfterWall), x.After, x.Before)
+			}
+		}
+	}
+
 	if k := r.Kernel; k == nil {
 		t.Error("no kernel side figures")
 	} else {
@@ -170,6 +181,31 @@ func TestCIDRLists(t *testing.T) {
 			t.Fatalf("IPv%d: the lists overlap (%d distinct of %d)", family, got, len(all))
 		}
 		for _, p := range all {
+			for _, dst := range []netip.Addr{dataDst, netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("192.0.2.1")} {
+				if p.Contains(dst) {
+					t.Fatalf("%s covers %s", p, dst)
+				}
+			}
+		}
+	}
+}
+
+// TestAWSShaped checks the cloud-shaped lists of the neighbour part: the
+// size asked for, mostly runs of adjacent prefixes, which merging
+// shrinks, and none covering the harness's addresses.
+func TestAWSShaped(t *testing.T) {
+	for _, n := range []int{64, 7_905, 100_000} {
+		ps := awsShaped(n)
+		if len(ps) != n {
+			t.Fatalf("%d CIDRs, want %d", len(ps), n)
+		}
+		after, before := elementsOf(ps)
+		a, b := elementCount(after), elementCount(before)
+		t.Logf("%d CIDRs: %d elements before merging, %d after", n, b, a)
+		if b >= n+1 || a >= b*2/3 {
+			t.Errorf("%d CIDRs: %d elements before merging, %d after: not the shape of a cloud list", n, b, a)
+		}
+		for _, p := range ps {
 			for _, dst := range []netip.Addr{dataDst, netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("192.0.2.1")} {
 				if p.Contains(dst) {
 					t.Fatalf("%s covers %s", p, dst)

@@ -144,6 +144,9 @@ func shadowed(c Config, present map[string]bool) []shadow {
 		}
 		return at{}, false
 	}
+	if c.CIDRMatch == MostSpecific {
+		return shadowedMostSpecific(c, present)
+	}
 	for _, k := range keys {
 		ps := k.cidrs(&c)
 		if ps == nil || !present[k.Name()] {
@@ -174,6 +177,67 @@ func shadowed(c Config, present map[string]bool) []shadow {
 			if e, ok := container(m, p, len(c.MasqueradeCIDRs)); ok {
 				out = append(out, shadow{KeyNonMasq, i, fmt.Sprintf("%q is inside %s[%d] %q, which wins, so it has no effect",
 					p.String(), KeyMasq, e.index, e.p.String())})
+			}
+		}
+	}
+	return out
+}
+
+// shadowedMostSpecific is shadowed under cidrMatch: mostSpecific, for
+// masqueradeCIDRs and nonMasqueradeCIDRs: an entry has no effect when the
+// most specific other entry that contains it (either list; an equal one
+// only if earlier) is of its own list. nonMasqueradeCIDRs 10.0.0.0/8,
+// masqueradeCIDRs 10.20.0.0/16, nonMasqueradeCIDRs 10.20.30.0/24: each
+// has an effect. The other lists are checked as under listOrder.
+func shadowedMostSpecific(c Config, present map[string]bool) []shadow {
+	lc := c
+	lc.CIDRMatch = ListOrder
+	var out []shadow
+	for _, s := range shadowed(lc, present) {
+		if s.list != KeyNonMasq && s.list != KeyMasq {
+			out = append(out, s)
+		}
+	}
+	type at struct {
+		list  string
+		index int
+		p     netip.Prefix
+	}
+	m := make(map[netip.Prefix]at)
+	lists := []struct {
+		name string
+		ps   []netip.Prefix
+	}{{KeyNonMasq, c.NonMasqueradeCIDRs}, {KeyMasq, c.MasqueradeCIDRs}}
+	for _, l := range lists {
+		for i, p := range l.ps {
+			if _, ok := m[p]; !ok && p.IsValid() {
+				m[p] = at{l.name, i, p}
+			}
+		}
+	}
+	for _, l := range lists {
+		if !present[l.name] {
+			continue
+		}
+		for i, p := range l.ps {
+			if !p.IsValid() {
+				continue
+			}
+			for bits := p.Bits(); bits >= 0; bits-- {
+				q, _ := p.Addr().Prefix(bits)
+				e, ok := m[q]
+				if !ok || (e.list == l.name && e.index == i) {
+					continue
+				}
+				if e.list == l.name {
+					how := "is contained in"
+					if e.p == p {
+						how = "duplicates"
+					}
+					out = append(out, shadow{l.name, i, fmt.Sprintf("%q %s %s[%d] %q, with no entry of the other list between them, so it has no effect",
+						p.String(), how, l.name, e.index, e.p.String())})
+				}
+				break
 			}
 		}
 	}

@@ -179,6 +179,9 @@ func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 			*ps = d.checkList(k.Name())
 		}
 	}
+	if c.CIDRMatch == MostSpecific {
+		d.checkTies(c)
+	}
 	// The extension keys change what the original agent would have done
 	// with the same file only when they are not at their defaults (and
 	// the file is valid).
@@ -433,6 +436,54 @@ func prefixReason(s string, err error) string {
 	msg := strings.TrimPrefix(err.Error(), "netip.ParsePrefix("+strconv.Quote(s)+"): ")
 	msg = strings.TrimPrefix(msg, "ParseAddr("+strconv.Quote(s[:strings.LastIndex(s, "/")])+"): ")
 	return truncate(msg)
+}
+
+// checkTies refuses, under cidrMatch: mostSpecific, a CIDR that both
+// masqueradeCIDRs and nonMasqueradeCIDRs list: neither is more specific.
+func (d *decoder) checkTies(c Config) {
+	non := make(map[netip.Prefix]int, len(c.NonMasqueradeCIDRs))
+	for i, p := range c.NonMasqueradeCIDRs {
+		if p.IsValid() {
+			if _, dup := non[p.Masked()]; !dup {
+				non[p.Masked()] = i
+			}
+		}
+	}
+	for i, p := range c.MasqueradeCIDRs {
+		j, ok := non[p.Masked()]
+		if !p.IsValid() || !ok {
+			continue
+		}
+		where := keyPath(orName(d.written[KeyNonMasq], KeyNonMasq), j)
+		if _, set := d.written[KeyNonMasq]; !set {
+			where += " (the default list)"
+		}
+		d.errorAt(orName(d.written[KeyMasq], KeyMasq), i, "%s is also %s: under cidrMatch: mostSpecific neither is more specific; remove one of them",
+			quote(p.String()), where)
+	}
+}
+
+func orName(written, name string) string {
+	if written == "" {
+		return name
+	}
+	return written
+}
+
+// cidrMatch reads cidrMatch: listOrder or mostSpecific, spelled exactly.
+func (d *decoder) cidrMatch(key string, v any, old CIDRMatch) CIDRMatch {
+	s, ok := v.(string)
+	switch {
+	case ok && s == ListOrder.String():
+		return ListOrder
+	case ok && s == MostSpecific.String():
+		return MostSpecific
+	case ok:
+		d.errorAt(key, -1, "%s is not a cidrMatch: write \"listOrder\" (the default) or \"mostSpecific\"", quote(s))
+	default:
+		d.errorAt(key, -1, "expected \"listOrder\" or \"mostSpecific\", got %s", describe(v))
+	}
+	return old
 }
 
 func (d *decoder) boolean(key string, v any, old bool) bool {

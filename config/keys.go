@@ -25,6 +25,7 @@ const (
 	KeyNonMasqSrc = "nonMasqueradeSourceCIDRs"
 	KeySNAT       = "snatAddress"
 	KeySNAT6      = "snatAddressIPv6"
+	KeyCIDRMatch  = "cidrMatch"
 )
 
 // keys is every key of the file, one entry each, in the order String
@@ -55,6 +56,8 @@ var keys = []key{
 		def: zero[netip.Addr], decode: snatDecoder(4), null: keep[netip.Addr], merge: lastSet[netip.Addr]},
 	&keyOf[netip.Addr]{name: KeySNAT6, own: true, field: func(c *Config) *netip.Addr { return &c.SNATAddressIPv6 },
 		def: zero[netip.Addr], decode: snatDecoder(6), null: keep[netip.Addr], merge: lastSet[netip.Addr]},
+	&keyOf[CIDRMatch]{name: KeyCIDRMatch, own: true, field: func(c *Config) *CIDRMatch { return &c.CIDRMatch },
+		def: zero[CIDRMatch], decode: (*decoder).cidrMatch, null: keep[CIDRMatch], merge: mostSpecificIfAny},
 }
 
 // knownKeys are the keys' names, in the table's order.
@@ -170,7 +173,7 @@ func (k *keyOf[T]) write(b *strings.Builder, c *Config) {
 	}
 	var zero T
 	if k.own && any(*k.field(c)) == any(zero) {
-		return // an own key at its zero value: left out, as an empty list
+		return // an own key at its zero value, the default: old configs keep their text
 	}
 	fmt.Fprintf(b, "%s: %s\n", k.name, scalar(*k.field(c)))
 }
@@ -277,6 +280,19 @@ func union(set [][]netip.Prefix) []netip.Prefix {
 // repeated key within one file.
 func lastSet[T any](set []T) T { return set[len(set)-1] }
 
+// mostSpecificIfAny: mostSpecific if any file sets it. A file's lists
+// mean, under mostSpecific, what they meant under listOrder unless a
+// listed CIDR holds a more specific one of the other list, which is what
+// a file written for mostSpecific says; the loader warns when files
+// disagree (Loader.Load), and the agent logs and diffs the ranges whose
+// decision changes, as for any change.
+func mostSpecificIfAny(set []CIDRMatch) CIDRMatch {
+	if slices.Contains(set, MostSpecific) {
+		return MostSpecific
+	}
+	return ListOrder
+}
+
 // anyTrue: true if any file sets it to true.
 func anyTrue(set []bool) bool { return slices.Contains(set, true) }
 
@@ -320,6 +336,29 @@ type Config struct {
 	// interface's (this agent's extension); the zero Addr: masquerade.
 	SNATAddress     netip.Addr
 	SNATAddressIPv6 netip.Addr
+	// CIDRMatch: how masqueradeCIDRs and nonMasqueradeCIDRs decide
+	// together (this agent's extension).
+	CIDRMatch CIDRMatch
+}
+
+// CIDRMatch says which CIDR of masqueradeCIDRs and nonMasqueradeCIDRs
+// decides for a destination both hold.
+type CIDRMatch uint8
+
+const (
+	// ListOrder (the default, the original's and CCE's meaning): any CIDR
+	// of masqueradeCIDRs wins over every one of nonMasqueradeCIDRs.
+	ListOrder CIDRMatch = iota
+	// MostSpecific: the longest prefix of both lists (and link-local's)
+	// that holds the destination decides, to any depth.
+	MostSpecific
+)
+
+func (m CIDRMatch) String() string {
+	if m == MostSpecific {
+		return "mostSpecific"
+	}
+	return "listOrder"
 }
 
 // DestinationOnly is c without the keys that select traffic by anything

@@ -95,19 +95,24 @@ func setOther(t *testing.T, name string, f reflect.Value) {
 		if strings.HasSuffix(name, "IPv6") {
 			*v = netip.MustParseAddr("2001:db8::10")
 		}
+	case *CIDRMatch:
+		*v = MostSpecific
 	default:
 		t.Fatalf("a field of type %s: teach setOther and the key table (keys.go) about it", f.Type())
 	}
 }
 
-// String leaves out this agent's own keys while they are empty (a list)
-// or unset (an address), and only those, so that a config without them keeps its text and Hash.
+// String leaves out an empty list of this agent's own keys (and an own
+// key at its zero value, its default), and only those, so that a config
+// without them keeps its text and Hash.
 func TestKeyTableOwnEmpty(t *testing.T) {
 	def := Default(Flags{})
 	for _, k := range keys {
 		var b strings.Builder
 		k.write(&b, &def)
-		if (b.Len() == 0) != (k.extensionNote() == msgOwnExtension) {
+		own := k.extensionNote() == msgOwnExtension
+		l := k.cidrs(&def)
+		if (b.Len() == 0) != (own && (l == nil || len(*l) == 0)) {
 			t.Errorf("key %s: String writes %q", k.Name(), b.String())
 		}
 	}
@@ -123,6 +128,7 @@ func TestKeyTablePresent(t *testing.T) {
 			*l = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")} // String leaves out an empty list of this agent's own
 		}
 		c.SNATAddress, c.SNATAddressIPv6 = netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10") // and an unset address
+		c.CIDRMatch = MostSpecific                                                                                // and an own key at its default
 		k.write(&b, &c)
 		if _, d, err := parse([]byte(b.String()), Flags{}); err != nil || !d.present[k.Name()] {
 			t.Errorf("%q: not read as setting %q (%v)", b.String(), k.Name(), err)

@@ -95,6 +95,8 @@ func IsPartial(err error) bool {
 //     true if any file that sets the key sets it to true; the default if
 //     no file sets it;
 //   - resyncInterval: the smallest that a file sets;
+//   - cidrMatch: mostSpecific if any file sets it (with a warning when
+//     another file has lists and does not), listOrder otherwise;
 //   - cidrLimit: applies to each file's lists; the merge is not limited
 //     (its CIDRLimit is the largest of the files', at least the merged
 //     lists' lengths).
@@ -145,6 +147,7 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 	}
 	var (
 		parts []part
+		names []string // parts' files
 		warns []string
 		de    DirError
 		seen  = make(map[string]bool)
@@ -177,7 +180,9 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 		}
 		l.last[file] = p
 		parts = append(parts, p)
+		names = append(names, file)
 	}
+	warns = append(warns, cidrMatchNote(parts, names)...)
 	for file := range l.last {
 		if !seen[file] {
 			delete(l.last, file) // the file is gone: so is its part
@@ -197,6 +202,24 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 		return merge(f, parts), warns, &de
 	}
 	return merge(f, parts), warns, nil
+}
+
+// cidrMatchNote warns when some files set cidrMatch: mostSpecific and
+// others do not: mostSpecific applies to the merged lists, every file's.
+func cidrMatchNote(parts []part, names []string) []string {
+	var most, other []string
+	for i, p := range parts {
+		if p.present[KeyCIDRMatch] && p.c.CIDRMatch == MostSpecific {
+			most = append(most, names[i])
+		} else if len(p.c.MasqueradeCIDRs) > 0 || p.present[KeyNonMasq] {
+			other = append(other, names[i])
+		}
+	}
+	if len(most) == 0 || len(other) == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("%s: cidrMatch: mostSpecific applies to the merged lists, so also to those of %s, which does not set it: "+
+		"there, a CIDR of either list inside a wider one of the other decides", strings.Join(most, ", "), strings.Join(other, ", "))}
 }
 
 // merge combines the configs of a directory's files (see Loader.Load):

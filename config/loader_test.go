@@ -287,3 +287,33 @@ func TestFiles(t *testing.T) {
 		t.Errorf("ReadInput of a large stdin = %v", err)
 	}
 }
+
+// cidrMatch: mostSpecific in one file of a directory applies to the
+// merged lists, with a warning naming the file with lists that does not
+// set it.
+func TestLoaderDirectoryCIDRMatch(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"ip-masq-agent":      "nonMasqueradeCIDRs: [10.0.0.0/8]\n",
+		"ip-masq-agent-user": "cidrMatch: mostSpecific\nmasqueradeCIDRs: [10.20.0.0/16]\n",
+	})
+	var l Loader
+	c, warns, err := l.Load(dir, v4Only)
+	if err != nil || c.CIDRMatch != MostSpecific {
+		t.Fatalf("Load = %s, %v; want cidrMatch: mostSpecific", c, err)
+	}
+	var note string
+	for _, w := range warns {
+		if strings.Contains(w, "applies to the merged lists") {
+			note = w
+		}
+	}
+	if !strings.Contains(note, filepath.Join(dir, "ip-masq-agent-user")+": cidrMatch: mostSpecific") ||
+		!strings.Contains(note, "also to those of "+filepath.Join(dir, "ip-masq-agent")+",") {
+		t.Errorf("warnings %q: want one naming both files", warns)
+	}
+	writeFiles(t, dir, map[string]string{"ip-masq-agent": "cidrMatch: mostSpecific\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"})
+	if c, warns, err = l.Load(dir, v4Only); err != nil || c.CIDRMatch != MostSpecific || strings.Contains(strings.Join(warns, "\n"), "applies to the merged lists") {
+		t.Errorf("both mostSpecific: %s, %q, %v; want no note", c, warns, err)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 
+	"go4.org/netipx"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
@@ -49,6 +51,11 @@ type decision struct {
 	defaults bool
 	// extra are prefixes of family f the set holds besides the list's.
 	extra func(c config.Config, f Family) []netip.Prefix
+	// mostSpecific: under cidrMatch: mostSpecific the sets of these rows
+	// are painted together (paint, prefix.go): each address is in the set
+	// of the row whose longest prefix holding it is longest, so the sets
+	// are disjoint and their order in the chain does not matter.
+	mostSpecific bool
 }
 
 // decisions, in the decision chain's order: nonMasqueradeSourceCIDRs
@@ -60,10 +67,10 @@ var decisions = []decision{
 		verdict: Return, comment: commentNonMasqSrc, key: config.KeyNonMasqSrc, reason: "sources",
 		list: func(c config.Config) []netip.Prefix { return c.NonMasqueradeSourceCIDRs }},
 	{sel: SelDaddr, sets: [2]string{SetMasqV4, SetMasqV6}, setComment: "ip-masq-agent: masqueradeCIDRs",
-		verdict: Goto, comment: commentMasqSet, key: config.KeyMasq, reason: "cidrs", always: true,
+		verdict: Goto, comment: commentMasqSet, key: config.KeyMasq, reason: "cidrs", always: true, mostSpecific: true,
 		list: func(c config.Config) []netip.Prefix { return c.MasqueradeCIDRs }},
 	{sel: SelDaddr, sets: [2]string{SetNonMasqV4, SetNonMasqV6}, setComment: "ip-masq-agent: nonMasqueradeCIDRs and link-local",
-		verdict: Return, comment: commentNonMasq, key: config.KeyNonMasq, reason: "cidrs", always: true, defaults: true,
+		verdict: Return, comment: commentNonMasq, key: config.KeyNonMasq, reason: "cidrs", always: true, defaults: true, mostSpecific: true,
 		list: func(c config.Config) []netip.Prefix { return c.NonMasqueradeCIDRs },
 		// Link-local is not masqueraded unless asked, and is not counted
 		// against cidrLimit (config does the counting).
@@ -129,21 +136,16 @@ func Build(c config.Config, o Options) Table {
 	// off the end is not masqueraded by the agent.
 	var t Table
 	decision := Chain{Name: o.Chain}
+	elems := elementsOf(c, o.EnableIPv6)
 	for i, f := range []Family{4, 6} {
 		// Without --enable-ipv6 the agent leaves IPv6 alone: no rules, empty sets.
 		want := f == 4 || o.EnableIPv6
-		for _, d := range decisions {
+		elems := elems[i]
+		for j, d := range decisions {
 			if !d.always && len(d.list(c)) == 0 {
 				continue
 			}
-			var ps []netip.Prefix
-			if want {
-				ps = ofFamily(d.list(c), f)
-				if d.extra != nil {
-					ps = append(ps, d.extra(c, f)...)
-				}
-			}
-			t.Sets = append(t.Sets, Set{Name: d.sets[i], Key: d.sel.Key(f), Elements: rangesOf(ps), Comment: d.setComment})
+			t.Sets = append(t.Sets, Set{Name: d.sets[i], Key: d.sel.Key(f), Elements: elems[j], Comment: d.setComment})
 			if want {
 				decision.Rules = append(decision.Rules, Rule{Family: f, Selector: d.sel, Set: d.sets[i], Verdict: d.verdict,
 					Target: cond(d.verdict == Goto, MasqChainName), Comment: d.comment})
@@ -162,13 +164,46 @@ func Build(c config.Config, o Options) Table {
 	return t
 }
 
-// ofFamily returns the prefixes of family f (IPv4-mapped IPv6 ones are IPv4).
-func ofFamily(ps []netip.Prefix, f Family) []netip.Prefix {
-	v4, v6 := splitFamilies(ps)
-	if f == 6 {
-		return v6
+// elementsOf returns the elements of each decision's set, IPv4's and
+// IPv6's (none without enableIPv6): the fewest ranges that cover its
+// prefixes, or under cidrMatch: mostSpecific the mostSpecific rows'
+// paint.
+func elementsOf(c config.Config, enableIPv6 bool) (out [2][][]netipx.IPRange) {
+	var lists [2][]painted
+	var rows []int
+	for f := range out {
+		out[f] = make([][]netipx.IPRange, len(decisions))
 	}
-	return v4
+	for j, d := range decisions {
+		var ps [2][]netip.Prefix
+		ps[0], ps[1] = splitFamilies(d.list(c))
+		if !enableIPv6 {
+			ps[1] = nil
+		}
+		for f, fam := range []Family{4, 6} {
+			if d.extra != nil && (fam == 4 || enableIPv6) {
+				ps[f] = append(ps[f], d.extra(c, fam)...)
+			}
+		}
+		if c.CIDRMatch == config.MostSpecific && d.mostSpecific {
+			rows = append(rows, j)
+			for f := range ps {
+				lists[f] = append(lists[f], ps[f])
+			}
+			continue
+		}
+		for f := range ps {
+			out[f][j] = rangesOf(ps[f])
+		}
+	}
+	for f := range lists {
+		if len(lists[f]) > 0 {
+			for k, rs := range paint(lists[f]) {
+				out[f][rows[k]] = rs
+			}
+		}
+	}
+	return out
 }
 
 // SNATLink is snatAddress or snatAddressIPv6 and an interface of the node

@@ -47,6 +47,7 @@ masqOutBoundIPv6: true
 	{name: "top-of-range", flags: config.Flags{EnableIPv6: true}, yaml: "nonMasqueradeCIDRs: [240.0.0.0/4, 255.255.255.255/32, \"ffff::/16\"]\nmasqueradeCIDRs: [0.0.0.0/0, \"::/0\"]\n"},
 	{name: "to-ports", ports: "1024-29999,32768-65535"},
 	{name: "to-ports-single-no-random-fully", ports: "32768-65535", noRF: true},
+	{name: "most-specific", yaml: "cidrMatch: mostSpecific\nnonMasqueradeCIDRs: [10.0.0.0/8, 10.20.30.0/24]\nmasqueradeCIDRs: [10.20.0.0/16, 169.254.169.254/32]\n"},
 	{name: "source-exceptions", flags: config.Flags{EnableIPv6: true}, yaml: `
 nonMasqueradeSourceCIDRs: [10.244.1.0/24, "fd00:1::/64", 10.244.2.0/24]
 masqueradeCIDRs: [203.0.113.0/24]

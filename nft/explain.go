@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 
+	"go4.org/netipx"
+
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
 
@@ -97,10 +99,9 @@ func explainIn(t *Table, cfg config.Config, o Options, p Packet) Explanation {
 		return e
 	}
 	e.Rule, e.Masquerade = d.text, ev.outcome == outMasquerade
-	matched, _ := d.element.Prefix() // Build makes one range per prefix
 	if dec := decisionOf(d.set); dec != nil {
-		list := dec.list(cfg)
-		e.Reason = source(dec.key, list, matched, dec.defaults && isDefaultList(list))
+		a, _ := netip.AddrFromSlice(dec.sel.row().value(p)) // what the set was looked up with
+		e.Reason = decidedBy(cfg, dec, a, d.element)
 	} else {
 		e.Reason = outbound + ": true (no other rule matched)"
 	}
@@ -138,26 +139,86 @@ func snatNote(cfg config.Config, o Options, p Packet) string {
 	return fmt.Sprintf("; masquerade to %s (%s) through %s, to the out interface's address through others", addr, key, strings.Join(links, ", "))
 }
 
-// source names the config entry behind a set element: the first entry of
-// the list equal to it (normalization keeps, of nested entries, the
-// widest, which is one of them), or the link-local default.
-func source(key string, list []netip.Prefix, p netip.Prefix, defaults bool) string {
-	for i, q := range list {
-		q, _ = config.UnmapPrefix(q)
-		if q.Masked() == p {
-			if defaults {
-				return fmt.Sprintf("%s[%d] %s (the default list)", key, i, p)
+// decidedBy names the config entry behind the set element (of dec's set)
+// that holds addr: under listOrder the widest entry of dec's list that
+// holds it, the first of equal ones (the set element it was before
+// adjacent entries were merged; every entry of one set decides alike);
+// under cidrMatch: mostSpecific the longest entry of the painted lists
+// (masqueradeCIDRs, nonMasqueradeCIDRs, link-local) that holds it. When
+// the set element is not that entry, it says what the entry was merged
+// into: "nonMasqueradeCIDRs[3] 10.0.1.0/24 (merged into set element
+// 10.0.0.0/22)".
+func decidedBy(cfg config.Config, dec *decision, addr netip.Addr, element netipx.IPRange) string {
+	type entry struct {
+		key      string
+		index    int // -1: an extra prefix (link-local)
+		p        netip.Prefix
+		defaults bool
+	}
+	var best *entry
+	consider := func(d *decision) {
+		list := d.list(cfg)
+		defaults := d.defaults && isDefaultList(list)
+		var ps []entry
+		for i, q := range list {
+			q, _ = config.UnmapPrefix(q)
+			ps = append(ps, entry{d.key, i, q.Masked(), defaults})
+		}
+		if d.extra != nil {
+			f := Family(4)
+			if addr.Is6() {
+				f = 6
 			}
-			return fmt.Sprintf("%s[%d] %s", key, i, p)
+			for _, q := range d.extra(cfg, f) {
+				ps = append(ps, entry{d.key, -1, q, false})
+			}
+		}
+		for _, en := range ps {
+			if !en.p.Contains(addr) {
+				continue
+			}
+			switch {
+			case best == nil:
+				best = &en
+			case cfg.CIDRMatch == config.MostSpecific && d.mostSpecific && en.p.Bits() > best.p.Bits():
+				best = &en
+			case (cfg.CIDRMatch != config.MostSpecific || !d.mostSpecific) && en.p.Bits() < best.p.Bits():
+				best = &en
+			}
 		}
 	}
-	switch p {
-	case config.LinkLocalIPv4:
-		return fmt.Sprintf("link-local %s (%s: false)", p, config.KeyLinkLocal)
-	case config.LinkLocalIPv6:
-		return fmt.Sprintf("link-local %s (%s: false)", p, config.KeyLinkLocal6)
+	if cfg.CIDRMatch == config.MostSpecific && dec.mostSpecific {
+		for i := range decisions {
+			if decisions[i].mostSpecific {
+				consider(&decisions[i])
+			}
+		}
+	} else {
+		consider(dec)
 	}
-	return fmt.Sprintf("%s %s", key, p)
+	if best == nil {
+		return fmt.Sprintf("%s (set element %s)", dec.key, rangeString(element))
+	}
+	var s string
+	switch {
+	case best.index >= 0 && best.defaults:
+		s = fmt.Sprintf("%s[%d] %s (the default list)", best.key, best.index, best.p)
+	case best.index >= 0:
+		s = fmt.Sprintf("%s[%d] %s", best.key, best.index, best.p)
+	case best.p == config.LinkLocalIPv4:
+		s = fmt.Sprintf("link-local %s (%s: false)", best.p, config.KeyLinkLocal)
+	case best.p == config.LinkLocalIPv6:
+		s = fmt.Sprintf("link-local %s (%s: false)", best.p, config.KeyLinkLocal6)
+	default:
+		s = fmt.Sprintf("%s %s", best.key, best.p)
+	}
+	if cfg.CIDRMatch == config.MostSpecific && dec.mostSpecific {
+		s += " (the most specific CIDR; cidrMatch: mostSpecific)"
+	}
+	if netipx.RangeOfPrefix(best.p) != element {
+		s += fmt.Sprintf(" (merged into set element %s)", rangeString(element))
+	}
+	return s
 }
 
 // isDefaultList reports whether a nonMasqueradeCIDRs list is one of the

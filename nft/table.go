@@ -115,9 +115,9 @@ type Set struct {
 	Name    string
 	Key     SetKey // its key type; 0: one the agent does not make (Odd says which)
 	Comment string
-	// Elements are disjoint, sorted ranges. Build makes one per
-	// normalized prefix (adjacent prefixes stay apart, so that `nft list`
-	// shows what the operator wrote).
+	// Elements are disjoint, sorted ranges. Build makes the fewest that
+	// cover the config's prefixes (adjacent ones merged; explain names
+	// the listed prefix behind one).
 	Elements []netipx.IPRange
 	// Odd says, for a set found in the kernel, what makes it other than
 	// the plain interval set the agent makes (a map, a timeout, a size, set

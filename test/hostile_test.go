@@ -541,8 +541,11 @@ func expectedSets(t *testing.T, cfg string) map[string][]string {
 		}
 		l := []string{}
 		for _, r := range s.Elements {
-			p, _ := r.Prefix()
-			l = append(l, p.String())
+			if p, ok := r.Prefix(); ok {
+				l = append(l, p.String())
+			} else {
+				l = append(l, r.String()) // a merged range, as nft lists it: first-last
+			}
 		}
 		slices.Sort(l)
 		out[s.Name] = l

@@ -214,10 +214,13 @@ func TestIntervalDecodeMatchesNft(t *testing.T) {
 	}
 }
 
+// rangesOf is the config's set as the agent writes it: adjacent prefixes
+// merged into the fewest ranges.
 func rangesOf(ps []netip.Prefix) []netipx.IPRange {
-	out := make([]netipx.IPRange, len(ps))
-	for i, p := range ps {
-		out[i] = netipx.RangeOfPrefix(p)
+	var b netipx.IPSetBuilder
+	for _, p := range ps {
+		b.AddPrefix(p)
 	}
-	return out
+	s, _ := b.IPSet()
+	return s.Ranges()
 }

@@ -51,6 +51,9 @@ func TestToolsRenderLoadsAsTheDaemonPrograms(t *testing.T) {
 			[]string{"--enable-ipv6", "--masq-chain", "MY-CHAIN"}},
 		{"to-ports", "nonMasqueradeCIDRs: [203.0.113.0/24, 198.51.100.7/32]\nmasqLinkLocal: true\n",
 			[]string{"--to-ports", "1024-29999,32768-65535", "--random-fully=false"}},
+		// Merged elements: a prefix and ranges that are no prefix, IPv6 too.
+		{"merged and mostSpecific", "cidrMatch: mostSpecific\nnonMasqueradeCIDRs: [10.0.0.0/8, 10.20.30.0/24, 10.30.0.0/24, 10.30.1.0/24, 10.30.2.0/24, \"fd00::/8\", \"fd00:1::/48\"]\nmasqueradeCIDRs: [10.20.0.0/16, 169.254.169.254/32, \"fd00::/32\"]\n",
+			[]string{"--enable-ipv6"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := writeConfig(t, tc.config)

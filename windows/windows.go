@@ -25,7 +25,8 @@ type Policy struct {
 // For returns the OutBoundNAT policy equivalent to cfg, and a warning
 // for each part of cfg that the policy cannot express: masqueradeCIDRs,
 // nonMasqueradeSourceCIDRs, masqOutBound: false, and IPv6 CIDRs (with
-// enableIPv6). The
+// enableIPv6); under cidrMatch: mostSpecific, only the masqueradeCIDRs
+// inside a wider exception, which the ExceptionList cannot carve out. The
 // ExceptionList holds the IPv4 nonMasqueradeCIDRs as written (IPv4-mapped
 // ones unmapped, repeats dropped), then 169.254.0.0/16 unless
 // masqLinkLocal is true.
@@ -54,7 +55,11 @@ func For(cfg config.Config, enableIPv6 bool) (Policy, []string) {
 	if !cfg.MasqLinkLocal {
 		add(config.LinkLocalIPv4)
 	}
-	if n := len(cfg.MasqueradeCIDRs); n > 0 {
+	if cfg.CIDRMatch == config.MostSpecific {
+		if w := mostSpecificWarning(cfg); w != "" {
+			warns = append(warns, w)
+		}
+	} else if n := len(cfg.MasqueradeCIDRs); n > 0 {
 		warns = append(warns, fmt.Sprintf("masqueradeCIDRs (%d) cannot be expressed: OutBoundNAT masquerades everything "+
 			"outside the ExceptionList, so those destinations are not masqueraded if an exception covers them", n))
 	}
@@ -78,6 +83,42 @@ func For(cfg config.Config, enableIPv6 bool) (Policy, []string) {
 		warns = append(warns, fmt.Sprintf("%d IPv6 nonMasqueradeCIDRs left out: the ExceptionList holds only IPv4 CIDRs", v6))
 	}
 	return p, warns
+}
+
+// mostSpecificWarning says which exceptions of cidrMatch: mostSpecific
+// the ExceptionList cannot express: an IPv4 masqueradeCIDRs entry inside
+// a wider nonMasqueradeCIDRs entry (or link-local) is masqueraded here
+// but inside an exception there. A nonMasqueradeCIDRs entry inside a
+// masqueradeCIDRs entry is an exception there too, so it needs no word;
+// nor does a masqueradeCIDRs entry outside every exception, which
+// OutBoundNAT masquerades anyway.
+func mostSpecificWarning(cfg config.Config) string {
+	exceptions := cfg.NonMasqueradeCIDRs
+	if !cfg.MasqLinkLocal {
+		exceptions = append(exceptions[:len(exceptions):len(exceptions)], config.LinkLocalIPv4)
+	}
+	n, example := 0, ""
+	for _, m := range cfg.MasqueradeCIDRs {
+		m, _ = config.UnmapPrefix(m)
+		if !m.Addr().Is4() {
+			continue
+		}
+		for _, e := range exceptions {
+			e, _ = config.UnmapPrefix(e)
+			if e.Bits() < m.Bits() && e.Contains(m.Addr()) {
+				if n == 0 {
+					example = fmt.Sprintf(" (e.g. %s inside %s)", m, e)
+				}
+				n++
+				break
+			}
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("cidrMatch: mostSpecific cannot be fully expressed: %d masqueradeCIDRs inside a wider nonMasqueradeCIDRs entry%s "+
+		"are masqueraded here, but the ExceptionList exempts them there; list the exceptions without those holes to match", n, example)
 }
 
 // Render returns Windows' policy as indented JSON, ending in a newline.

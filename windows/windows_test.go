@@ -32,6 +32,9 @@ nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 100.64.230.0/24, 192.168.0.0/16,
 masqOutBound: false
 masqOutBoundIPv6: true
 `, warns: []string{"masqueradeCIDRs (1) cannot be expressed", "masqOutBound: false cannot be expressed", "1 IPv6 nonMasqueradeCIDRs left out"}},
+		{name: "most-specific", yaml: "cidrMatch: mostSpecific\nnonMasqueradeCIDRs: [10.0.0.0/8, 10.20.30.0/24]\nmasqueradeCIDRs: [10.20.0.0/16, 192.0.2.0/24]\n",
+			warns: []string{"cidrMatch: mostSpecific cannot be fully expressed: 1 masqueradeCIDRs inside a wider nonMasqueradeCIDRs entry (e.g. 10.20.0.0/16 inside 10.0.0.0/8)"}},
+		{name: "most-specific-expressible", yaml: "cidrMatch: mostSpecific\nnonMasqueradeCIDRs: [10.0.0.0/8, 10.20.30.0/24]\nmasqueradeCIDRs: [192.0.2.0/24]\n"},
 		{name: "source-exceptions", yaml: "nonMasqueradeSourceCIDRs: [10.244.1.0/24]\n",
 			warns: []string{"nonMasqueradeSourceCIDRs (1) cannot be expressed: the ExceptionList holds destinations only"}},
 		{name: "snat-address", yaml: "snatAddress: 203.0.113.10\nsnatAddressIPv6: \"2001:db8::10\"\n",

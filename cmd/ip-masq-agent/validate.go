@@ -33,7 +33,8 @@ keys in another case; IPv4-mapped CIDRs; a resyncInterval below 1s; a
 ConfigMap without the key "config"; a directory without files named
 ip-masq*) and on CIDRs that have no effect: contained in, or equal to,
 another of the same list, or a nonMasqueradeCIDRs entry inside a
-masqueradeCIDRs entry.
+masqueradeCIDRs entry (with cidrMatch: mostSpecific: an entry inside one of
+its own list with no entry of the other list between them).
 
 --masq-chain and --to-ports, when given, are checked as the agent takes
 them, FILE or not: a chain name that nft cannot read back (it is spelled
