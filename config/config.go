@@ -188,6 +188,18 @@ func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 			d.warnAt(d.written[k.Name()], -1, "%s", k.extensionNote())
 		}
 	}
+	// masqueradeSourceCIDRs is a literal guard: a family it has no entry
+	// of is never masqueraded (of the families the agent programs).
+	if ps := c.MasqueradeSourceCIDRs; len(ps) > 0 && len(d.messages(false)) == 0 {
+		for _, fam := range []struct {
+			v6 bool
+			on bool
+		}{{false, true}, {true, f.EnableIPv6}} {
+			if fam.on && !slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Addr().Unmap().Is6() == fam.v6 }) {
+				d.warnAt(d.written[KeyMasqSrc], -1, "has no %s CIDR: no %s traffic will be masqueraded", cond6(fam.v6, "IPv6", "IPv4"), cond6(fam.v6, "IPv6", "IPv4"))
+			}
+		}
+	}
 	d.entryFindings = len(d.found)
 	if !d.badLimit {
 		for _, k := range keys {
@@ -569,4 +581,11 @@ func levenshtein(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(rb)]
+}
+
+func cond6(v6 bool, a, b string) string {
+	if v6 {
+		return a
+	}
+	return b
 }

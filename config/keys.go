@@ -23,6 +23,7 @@ const (
 	KeyOutBound6  = "masqOutBoundIPv6"
 	KeyResync     = "resyncInterval"
 	KeyNonMasqSrc = "nonMasqueradeSourceCIDRs"
+	KeyMasqSrc    = "masqueradeSourceCIDRs"
 )
 
 // keys is every key of the file, one entry each, in the order String
@@ -48,6 +49,8 @@ var keys = []key{
 	&keyOf[time.Duration]{name: KeyResync, original: true, field: func(c *Config) *time.Duration { return &c.ResyncInterval },
 		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration, merge: smallest},
 	&keyOf[[]netip.Prefix]{name: KeyNonMasqSrc, own: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeSourceCIDRs },
+		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
+	&keyOf[[]netip.Prefix]{name: KeyMasqSrc, own: true, field: func(c *Config) *[]netip.Prefix { return &c.MasqueradeSourceCIDRs },
 		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
 }
 
@@ -289,6 +292,10 @@ type Config struct {
 	// NonMasqueradeSourceCIDRs: traffic from these sources is never
 	// masqueraded (this agent's extension).
 	NonMasqueradeSourceCIDRs []netip.Prefix
+	// MasqueradeSourceCIDRs: when not empty, only traffic from these
+	// sources may be masqueraded, of either family (this agent's
+	// extension; the "pods only" guard).
+	MasqueradeSourceCIDRs []netip.Prefix
 }
 
 // DefaultPath is where Kubernetes mounts the ConfigMap key.

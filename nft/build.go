@@ -17,12 +17,19 @@ const (
 	commentOutbound   = "ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"
 	commentMasq       = "ip-masq-agent: masquerade to the node's address"
 	commentNonMasqSrc = "ip-masq-agent: traffic from these sources is not subject to MASQUERADE"
+	commentMasqSrc    = "ip-masq-agent: only traffic from these sources may be subject to MASQUERADE"
 )
 
 // The sets of nonMasqueradeSourceCIDRs, made only when it is set.
 const (
 	SetNonMasqSrcV4 = "nonmasq-src-v4"
 	SetNonMasqSrcV6 = "nonmasq-src-v6"
+)
+
+// The sets of masqueradeSourceCIDRs, made only when it is set.
+const (
+	SetMasqSrcV4 = "masq-src-v4"
+	SetMasqSrcV6 = "masq-src-v6"
 )
 
 // decision is one rule of each family in the decision chain: a lookup of
@@ -34,10 +41,12 @@ type decision struct {
 	sets       [2]string // the set of IPv4 and of IPv6
 	setComment string
 	verdict    Verdict // Goto the masquerade chain, or Return
-	comment    string
-	key        string                             // the config key the sets hold (explain names it)
-	reason     string                             // the /metrics reason of a match
-	list       func(config.Config) []netip.Prefix // that key's list, as written
+	// invert: the rule matches what the set does not hold (ip saddr != @set).
+	invert  bool
+	comment string
+	key     string                             // the config key the sets hold (explain names it)
+	reason  string                             // the /metrics reason of a match
+	list    func(config.Config) []netip.Prefix // that key's list, as written
 	// always: the sets and rules exist whatever the list (the original's
 	// keys); otherwise only when the list is not empty, so that a
 	// config without the key has the table it had before the key.
@@ -50,12 +59,19 @@ type decision struct {
 
 // decisions, in the decision chain's order: nonMasqueradeSourceCIDRs
 // first (traffic from those sources is never masqueraded), then
+// masqueradeSourceCIDRs (traffic from other sources is not either), then
 // masqueradeCIDRs (they win over nonMasqueradeCIDRs, as in Baidu CCE's
 // agent), then nonMasqueradeCIDRs return.
 var decisions = []decision{
 	{sel: SelSaddr, sets: [2]string{SetNonMasqSrcV4, SetNonMasqSrcV6}, setComment: "ip-masq-agent: nonMasqueradeSourceCIDRs",
 		verdict: Return, comment: commentNonMasqSrc, key: config.KeyNonMasqSrc, reason: "sources",
 		list: func(c config.Config) []netip.Prefix { return c.NonMasqueradeSourceCIDRs }},
+	// The guard is literal: with a list, a source outside it (of either
+	// family: an empty set of a family returns all of that family) is
+	// never masqueraded.
+	{sel: SelSaddr, sets: [2]string{SetMasqSrcV4, SetMasqSrcV6}, setComment: "ip-masq-agent: masqueradeSourceCIDRs",
+		verdict: Return, invert: true, comment: commentMasqSrc, key: config.KeyMasqSrc, reason: "sources",
+		list: func(c config.Config) []netip.Prefix { return c.MasqueradeSourceCIDRs }},
 	{sel: SelDaddr, sets: [2]string{SetMasqV4, SetMasqV6}, setComment: "ip-masq-agent: masqueradeCIDRs",
 		verdict: Goto, comment: commentMasqSet, key: config.KeyMasq, reason: "cidrs", always: true,
 		list: func(c config.Config) []netip.Prefix { return c.MasqueradeCIDRs }},
@@ -132,7 +148,7 @@ func Build(c config.Config, o Options) Table {
 			}
 			t.Sets = append(t.Sets, Set{Name: d.sets[i], Key: d.sel.Key(f), Elements: rangesOf(ps), Comment: d.setComment})
 			if want {
-				decision.Rules = append(decision.Rules, Rule{Family: f, Selector: d.sel, Set: d.sets[i], Verdict: d.verdict,
+				decision.Rules = append(decision.Rules, Rule{Family: f, Selector: d.sel, Set: d.sets[i], Invert: d.invert, Verdict: d.verdict,
 					Target: cond(d.verdict == Goto, MasqChainName), Comment: d.comment})
 			}
 		}

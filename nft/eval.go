@@ -301,6 +301,7 @@ type step struct {
 	text    string
 	set     string         // the set a lookup matched in, if any
 	element netipx.IPRange // the element it matched
+	notIn   bool           // the lookup is inverted: the set does not hold the packet's
 	verdict string
 	target  string // the chain a jump or goto leads to
 }
@@ -508,7 +509,10 @@ func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
 			if found == e.Invert {
 				return MatchNo, s
 			}
-			if found {
+			switch {
+			case e.Invert:
+				s.set, s.notIn = set.Name, true
+			case found:
 				s.set, s.element = set.Name, elem
 			}
 		case *expr.Counter, *expr.Log, *expr.Verdict, *expr.Masq, *expr.NAT, *expr.Target:

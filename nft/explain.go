@@ -83,7 +83,9 @@ func Explain(cfg config.Config, o Options, p Packet) Explanation {
 	}
 	e.Rule, e.Masquerade = d.text, ev.outcome == outMasquerade
 	matched, _ := d.element.Prefix() // Build makes one range per prefix
-	if dec := decisionOf(d.set); dec != nil {
+	if dec := decisionOf(d.set); dec != nil && d.notIn {
+		e.Reason = fmt.Sprintf("%s: %s is in none of its %d CIDRs", dec.key, p.Src, len(dec.list(cfg)))
+	} else if dec != nil {
 		list := dec.list(cfg)
 		e.Reason = source(dec.key, list, matched, dec.defaults && isDefaultList(list))
 	} else {
@@ -180,6 +182,9 @@ func reason(r result, base string, local bool) (reason, rule string) {
 		return fmt.Sprintf("no rule of chain %s matched (after chain %s rule %d)", d.target, d.chain, d.index), d.text
 	}
 	where := fmt.Sprintf("chain %s rule %d", d.chain, d.index)
+	if d.set != "" && d.notIn {
+		return fmt.Sprintf("set %s does not hold it (%s)", d.set, where), d.text
+	}
 	if d.set != "" {
 		return fmt.Sprintf("set %s holds %s (%s)", d.set, rangeString(d.element), where), d.text
 	}

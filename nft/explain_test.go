@@ -111,12 +111,6 @@ func TestDecodeRuleForeign(t *testing.T) {
 			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
 			&expr.Verdict{Kind: expr.VerdictGoto, Chain: MasqChainName},
 		}, "meta nfproto ipv4 goto masq-to-node"},
-		{[]expr.Any{ // an inverted lookup
-			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-			&expr.Lookup{SourceRegister: 1, SetName: SetNonMasqV4, Invert: true}, &expr.Counter{},
-			&expr.Verdict{Kind: expr.VerdictReturn},
-		}, "meta nfproto ipv4 ip daddr != @nonmasq-v4 counter return"},
 		{[]expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Register: 1, Data: []byte{unix.IPPROTO_TCP}},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 			&expr.Cmp{Register: 1, Data: []byte{0, 80}}, &expr.Counter{}, &expr.Masq{Random: true}},

@@ -149,6 +149,7 @@ type Rule struct {
 	Family      Family     // meta nfproto ipv4/ipv6 (implied by a lookup of an address)
 	Selector    Selector   // what Set is looked up with (selector.go)
 	Set         string     // ip daddr @set, ip6 saddr @set, ...
+	Invert      bool       // ip saddr != @set: the lookup matches what the set does not hold
 	L4Proto     uint8      // meta l4proto
 	Share       *Share     // numgen random mod Of < Below
 	CtLabel     *uint8     // ct label set BIT: marks the connections the rule masquerades

@@ -24,7 +24,7 @@ type Policy struct {
 
 // For returns the OutBoundNAT policy equivalent to cfg, and a warning
 // for each part of cfg that the policy cannot express: masqueradeCIDRs,
-// nonMasqueradeSourceCIDRs, masqOutBound: false, and IPv6 CIDRs (with
+// nonMasqueradeSourceCIDRs, masqueradeSourceCIDRs, masqOutBound: false, and IPv6 CIDRs (with
 // enableIPv6). The
 // ExceptionList holds the IPv4 nonMasqueradeCIDRs as written (IPv4-mapped
 // ones unmapped, repeats dropped), then 169.254.0.0/16 unless
@@ -61,6 +61,10 @@ func For(cfg config.Config, enableIPv6 bool) (Policy, []string) {
 	if n := len(cfg.NonMasqueradeSourceCIDRs); n > 0 {
 		warns = append(warns, fmt.Sprintf("nonMasqueradeSourceCIDRs (%d) cannot be expressed: the ExceptionList holds destinations only, "+
 			"so traffic from those sources is masqueraded like any other", n))
+	}
+	if n := len(cfg.MasqueradeSourceCIDRs); n > 0 {
+		warns = append(warns, fmt.Sprintf("masqueradeSourceCIDRs (%d) cannot be expressed: the ExceptionList holds destinations only, "+
+			"so traffic from other sources is masqueraded too", n))
 	}
 	if !cfg.MasqOutBound {
 		warns = append(warns, "masqOutBound: false cannot be expressed: OutBoundNAT masquerades all traffic outside the ExceptionList")

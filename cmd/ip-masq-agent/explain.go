@@ -18,7 +18,8 @@ are masqueraded, and why: the CIDR and the key it comes from (such as
 "nonMasqueradeCIDRs[2] 10.0.0.0/8"), the link-local default, or the
 outbound default, from the config and flags alone. --from SOURCE is the
 connections' source (a pod's address), which nonMasqueradeSourceCIDRs
-decides on; without it, a config with that key is "undetermined".
+and masqueradeSourceCIDRs decide on; without it, a config with either key
+is "undetermined".
 
 In the agent's pod (kubectl exec), the flags not given here are the running
 agent's (--agent-pid), so the answer is for the config and flags in force.
@@ -41,7 +42,7 @@ the kernel.`,
 func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	live := fs.Bool("live", false, "also evaluate the kernel's current table (CAP_NET_ADMIN) and say where it disagrees")
-	from := fs.String("from", "", "the connections' source address (a pod's), for nonMasqueradeSourceCIDRs")
+	from := fs.String("from", "", "the connections' source address (a pod's), for nonMasqueradeSourceCIDRs and masqueradeSourceCIDRs")
 	r, cfg, pos, cfgErr, code, done := rulesetCommandBadConfig(c, fs, args, stdout, stderr)
 	if done {
 		return code
