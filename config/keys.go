@@ -24,6 +24,7 @@ const (
 	KeyResync     = "resyncInterval"
 	KeyNonMasqSrc = "nonMasqueradeSourceCIDRs"
 	KeyMasqSrc    = "masqueradeSourceCIDRs"
+	KeyEgressIf   = "egressInterfaces"
 )
 
 // keys is every key of the file, one entry each, in the order String
@@ -52,6 +53,8 @@ var keys = []key{
 		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
 	&keyOf[[]netip.Prefix]{name: KeyMasqSrc, own: true, field: func(c *Config) *[]netip.Prefix { return &c.MasqueradeSourceCIDRs },
 		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
+	&keyOf[[]string]{name: KeyEgressIf, own: true, field: func(c *Config) *[]string { return &c.EgressInterfaces },
+		def: zero[[]string], decode: (*decoder).ifnameList, null: nullNames, merge: unionNames},
 }
 
 // knownKeys are the keys' names, in the table's order.
@@ -150,7 +153,16 @@ func (k *keyOf[T]) mergeInto(c *Config, set []*Config) {
 	*k.field(c) = k.merge(vals)
 }
 
+// names is the key's list of names, or nil for a key of another type.
+func (k *keyOf[T]) names(c *Config) *[]string {
+	p, _ := any(k.field(c)).(*[]string)
+	return p
+}
+
 func (k *keyOf[T]) equal(a, b *Config) bool {
+	if l := k.names(a); l != nil {
+		return slices.Equal(*l, *k.names(b))
+	}
 	if l := k.cidrs(a); l != nil {
 		return slices.Equal(*l, *k.cidrs(b)) // a nil and an empty list are the same
 	}
@@ -165,12 +177,29 @@ func (k *keyOf[T]) write(b *strings.Builder, c *Config) {
 		writeList(b, k.name, *l)
 		return
 	}
+	if l := k.names(c); l != nil {
+		if k.own && len(*l) == 0 {
+			return
+		}
+		q := make([]string, len(*l))
+		for i, s := range *l {
+			q[i] = strconv.Quote(s)
+		}
+		fmt.Fprintf(b, "%s: [%s]\n", k.name, strings.Join(q, ", "))
+		return
+	}
 	fmt.Fprintf(b, "%s: %s\n", k.name, scalar(*k.field(c)))
 }
 
 func (k *keyOf[T]) diff(old, c *Config) string {
 	if l := k.cidrs(c); l != nil {
 		return diffList(k.name, *k.cidrs(old), *l)
+	}
+	if l := k.names(c); l != nil {
+		if o := *k.names(old); !slices.Equal(o, *l) {
+			return fmt.Sprintf("%s %q->%q", k.name, o, *l)
+		}
+		return ""
 	}
 	if o, n := any(*k.field(old)), any(*k.field(c)); o != n {
 		return fmt.Sprintf("%s %v->%v", k.name, o, n)
@@ -254,6 +283,77 @@ func union(set [][]netip.Prefix) []netip.Prefix {
 	return out
 }
 
+// nullNames: null empties a list of names.
+func nullNames(*decoder, string, []string) ([]string, bool) { return nil, true }
+
+// unionNames: the names of each file that no earlier file has.
+func unionNames(set [][]string) []string {
+	var out []string
+	for _, ns := range set {
+		for _, n := range ns {
+			if !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// ifnameList decodes a list of interface names, each a name nft matches
+// in an ifname set: at most 15 bytes (IFNAMSIZ - 1), "*" only at the end
+// (nft's wildcard), and none of what Linux refuses in a name (white
+// space, "/", ":") or nft reads otherwise (a quote, a backslash, which
+// escapes "*"); printable ASCII only.
+func (d *decoder) ifnameList(key string, v any, _ []string) []string {
+	vals, ok := v.([]any)
+	if ss, isStrings := v.(stringList); isStrings {
+		vals, ok = make([]any, len(ss)), true
+		for i, s := range ss {
+			vals[i] = s
+		}
+	}
+	if !ok {
+		d.errorAt(key, -1, "expected a list of interface names, got %s", describe(v))
+		return nil
+	}
+	out := make([]string, 0, len(vals))
+	for i, val := range vals {
+		s, ok := val.(string)
+		if !ok {
+			d.errorAt(key, i, "expected an interface name such as \"eth0\" or \"eth*\", got %s", describe(val))
+			continue
+		}
+		if why := badIfname(s); why != "" {
+			d.errorAt(key, i, "%s is not an interface name nft can match: %s", quote(s), why)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func badIfname(s string) string {
+	base, _ := strings.CutSuffix(s, "*")
+	switch {
+	case s == "":
+		return "empty"
+	case s == "*":
+		return "a bare \"*\" matches every interface: leave the key out instead"
+	case len(s) > 15:
+		return fmt.Sprintf("%d characters, more than the kernel's 15 (IFNAMSIZ - 1)", len(s))
+	case strings.Contains(base, "*"):
+		return "\"*\" is a wildcard only at the end"
+	case base == "." || base == "..":
+		return "not a name Linux gives an interface"
+	}
+	for _, c := range base {
+		if c <= ' ' || c > '~' || strings.ContainsRune("/:\"\\", c) {
+			return fmt.Sprintf("holds %q, which Linux or nft does not take in a name", c)
+		}
+	}
+	return ""
+}
+
 // anyTrue: true if any file sets it to true.
 func anyTrue(set []bool) bool { return slices.Contains(set, true) }
 
@@ -296,6 +396,10 @@ type Config struct {
 	// sources may be masqueraded, of either family (this agent's
 	// extension; the "pods only" guard).
 	MasqueradeSourceCIDRs []netip.Prefix
+	// EgressInterfaces: when not empty, only traffic leaving through
+	// these interfaces may be masqueraded; a name may end in nft's "*"
+	// (this agent's extension).
+	EgressInterfaces []string
 }
 
 // DefaultPath is where Kubernetes mounts the ConfigMap key.

@@ -84,6 +84,8 @@ func setOther(t *testing.T, f reflect.Value) {
 	switch v := f.Addr().Interface().(type) {
 	case *[]netip.Prefix:
 		*v = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+	case *[]string:
+		*v = []string{"eth*"}
 	case *bool:
 		*v = !*v
 	case *int:
@@ -102,7 +104,14 @@ func TestKeyTableOwnEmpty(t *testing.T) {
 	for _, k := range keys {
 		var b strings.Builder
 		k.write(&b, &def)
-		if l := k.cidrs(&def); (b.Len() == 0) != (l != nil && len(*l) == 0 && k.extensionNote() == msgOwnExtension) {
+		empty := false
+		if l := k.cidrs(&def); l != nil {
+			empty = len(*l) == 0
+		}
+		if n := any(k).(interface{ names(*Config) *[]string }).names(&def); n != nil {
+			empty = len(*n) == 0
+		}
+		if (b.Len() == 0) != (empty && k.extensionNote() == msgOwnExtension) {
 			t.Errorf("key %s: String writes %q", k.Name(), b.String())
 		}
 	}
@@ -116,6 +125,9 @@ func TestKeyTablePresent(t *testing.T) {
 		c := Default(Flags{})
 		if l := k.cidrs(&c); l != nil && len(*l) == 0 {
 			*l = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")} // String leaves out an empty list of this agent's own
+		}
+		if n := any(k).(interface{ names(*Config) *[]string }).names(&c); n != nil && len(*n) == 0 {
+			*n = []string{"eth0", "eth*"}
 		}
 		k.write(&b, &c)
 		if _, d, err := parse([]byte(b.String()), Flags{}); err != nil || !d.present[k.Name()] {

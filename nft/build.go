@@ -18,12 +18,19 @@ const (
 	commentMasq       = "ip-masq-agent: masquerade to the node's address"
 	commentNonMasqSrc = "ip-masq-agent: traffic from these sources is not subject to MASQUERADE"
 	commentMasqSrc    = "ip-masq-agent: only traffic from these sources may be subject to MASQUERADE"
+	commentEgressIf   = "ip-masq-agent: only traffic leaving through these interfaces may be subject to MASQUERADE"
 )
 
 // The sets of nonMasqueradeSourceCIDRs, made only when it is set.
 const (
 	SetNonMasqSrcV4 = "nonmasq-src-v4"
 	SetNonMasqSrcV6 = "nonmasq-src-v6"
+)
+
+// The sets of egressInterfaces, made only when it is set.
+const (
+	SetEgressIfV4 = "egress-if-v4"
+	SetEgressIfV6 = "egress-if-v6"
 )
 
 // The sets of masqueradeSourceCIDRs, made only when it is set.
@@ -72,6 +79,12 @@ var decisions = []decision{
 	{sel: SelSaddr, sets: [2]string{SetMasqSrcV4, SetMasqSrcV6}, setComment: "ip-masq-agent: masqueradeSourceCIDRs",
 		verdict: Return, invert: true, comment: commentMasqSrc, key: config.KeyMasqSrc, reason: "sources",
 		list: func(c config.Config) []netip.Prefix { return c.MasqueradeSourceCIDRs }},
+	// egressInterfaces: oifname != @egress-if-v4 return. Its list is the
+	// names as their set holds them (IfnamePrefix), the same in both
+	// families' sets.
+	{sel: SelOif, sets: [2]string{SetEgressIfV4, SetEgressIfV6}, setComment: "ip-masq-agent: egressInterfaces",
+		verdict: Return, invert: true, comment: commentEgressIf, key: config.KeyEgressIf, reason: "interfaces",
+		list: func(c config.Config) []netip.Prefix { return ifnamePrefixes(c.EgressInterfaces) }},
 	{sel: SelDaddr, sets: [2]string{SetMasqV4, SetMasqV6}, setComment: "ip-masq-agent: masqueradeCIDRs",
 		verdict: Goto, comment: commentMasqSet, key: config.KeyMasq, reason: "cidrs", always: true,
 		list: func(c config.Config) []netip.Prefix { return c.MasqueradeCIDRs }},
@@ -110,14 +123,19 @@ func (d *decision) outcome() string {
 }
 
 // SetOf says what one of the agent's sets holds, for /metrics: the
-// decision a match makes ("masquerade" or "nonmasquerade") and the config
-// list behind it, as written.
-func SetOf(cfg config.Config, name string) (decision string, list []netip.Prefix, ok bool) {
+// decision a match makes ("masquerade" or "nonmasquerade"), the config
+// list behind it, as written, and the family of the rule that looks it up
+// (a set of interface names has one per family too).
+func SetOf(cfg config.Config, name string) (decision string, list []netip.Prefix, family Family, ok bool) {
 	d := decisionOf(name)
 	if d == nil {
-		return "", nil, false
+		return "", nil, 0, false
 	}
-	return d.outcome(), d.list(cfg), true
+	family = 4
+	if name == d.sets[1] {
+		family = 6
+	}
+	return d.outcome(), d.list(cfg), family, true
 }
 
 // Build returns the table for a config: the whole policy, top to bottom.
@@ -140,7 +158,10 @@ func Build(c config.Config, o Options) Table {
 				continue
 			}
 			var ps []netip.Prefix
-			if want {
+			switch {
+			case want && !d.sel.isAddr():
+				ps = d.list(c)
+			case want:
 				ps = ofFamily(d.list(c), f)
 				if d.extra != nil {
 					ps = append(ps, d.extra(c, f)...)
@@ -159,6 +180,18 @@ func Build(c config.Config, o Options) Table {
 
 	t.Chains = []Chain{base, decision, {Name: MasqChainName, Rules: masqRules(o)}}
 	return t
+}
+
+// ifnamePrefixes are interface names as their sets hold them (config
+// refuses a name that does not fit).
+func ifnamePrefixes(names []string) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(names))
+	for _, n := range names {
+		if p, ok := IfnamePrefix(n); ok {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // ofFamily returns the prefixes of family f (IPv4-mapped IPv6 ones are IPv4).

@@ -55,6 +55,10 @@ masqueradeCIDRs: [203.0.113.0/24]
 masqueradeSourceCIDRs: [10.244.0.0/16, "fd00::/16"]
 nonMasqueradeSourceCIDRs: [10.244.1.0/24]
 `},
+	{name: "egress-interfaces", flags: config.Flags{EnableIPv6: true}, yaml: `
+egressInterfaces: ["eth0", "ens*", "veth1*"]
+masqueradeSourceCIDRs: [10.244.0.0/16, "fd00::/16"]
+`},
 }
 
 // pod is a pod's address of a's family outside every golden case's

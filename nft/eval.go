@@ -501,7 +501,7 @@ func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
 			v, ok := regs[e.SourceRegister]
 			set := ev.t.Set(e.SetName)
 			a, isAddr := netip.AddrFromSlice(v)
-			if !ok || set == nil || e.IsDestRegSet || !isAddr || set.Key == KeyIfname {
+			if !ok || set == nil || e.IsDestRegSet || !isAddr {
 				unknown = true
 				continue
 			}

@@ -84,7 +84,7 @@ func Explain(cfg config.Config, o Options, p Packet) Explanation {
 	e.Rule, e.Masquerade = d.text, ev.outcome == outMasquerade
 	matched, _ := d.element.Prefix() // Build makes one range per prefix
 	if dec := decisionOf(d.set); dec != nil && d.notIn {
-		e.Reason = fmt.Sprintf("%s: %s is in none of its %d CIDRs", dec.key, p.Src, len(dec.list(cfg)))
+		e.Reason = fmt.Sprintf("%s: %s is in none of its %d entries", dec.key, dec.sel.row().text(p), len(dec.list(cfg)))
 	} else if dec != nil {
 		list := dec.list(cfg)
 		e.Reason = source(dec.key, list, matched, dec.defaults && isDefaultList(list))

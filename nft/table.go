@@ -109,7 +109,10 @@ type Table struct {
 }
 
 // Set is an interval set of the agent's: of addresses of one family
-// (KeyIPv4, KeyIPv6) for now.
+// (KeyIPv4, KeyIPv6) or of interface names (KeyIfname). Its elements are
+// ranges of values of its key: an interface name is its 16 bytes as a
+// 128-bit value (IfnamePrefix), so every key shares the model, the plan,
+// the batch and the read-back; the key type says how to write them.
 type Set struct {
 	Name    string
 	Key     SetKey // its key type; 0: one the agent does not make (Odd says which)

@@ -24,7 +24,7 @@ type Policy struct {
 
 // For returns the OutBoundNAT policy equivalent to cfg, and a warning
 // for each part of cfg that the policy cannot express: masqueradeCIDRs,
-// nonMasqueradeSourceCIDRs, masqueradeSourceCIDRs, masqOutBound: false, and IPv6 CIDRs (with
+// nonMasqueradeSourceCIDRs, masqueradeSourceCIDRs, egressInterfaces, masqOutBound: false, and IPv6 CIDRs (with
 // enableIPv6). The
 // ExceptionList holds the IPv4 nonMasqueradeCIDRs as written (IPv4-mapped
 // ones unmapped, repeats dropped), then 169.254.0.0/16 unless
@@ -65,6 +65,10 @@ func For(cfg config.Config, enableIPv6 bool) (Policy, []string) {
 	if n := len(cfg.MasqueradeSourceCIDRs); n > 0 {
 		warns = append(warns, fmt.Sprintf("masqueradeSourceCIDRs (%d) cannot be expressed: the ExceptionList holds destinations only, "+
 			"so traffic from other sources is masqueraded too", n))
+	}
+	if n := len(cfg.EgressInterfaces); n > 0 {
+		warns = append(warns, fmt.Sprintf("egressInterfaces (%d) has no Windows meaning: OutBoundNAT is a policy of the pod's endpoint, "+
+			"not of an interface, so traffic through every interface is masqueraded", n))
 	}
 	if !cfg.MasqOutBound {
 		warns = append(warns, "masqOutBound: false cannot be expressed: OutBoundNAT masquerades all traffic outside the ExceptionList")

@@ -34,6 +34,8 @@ masqOutBoundIPv6: true
 `, warns: []string{"masqueradeCIDRs (1) cannot be expressed", "masqOutBound: false cannot be expressed", "1 IPv6 nonMasqueradeCIDRs left out"}},
 		{name: "source-exceptions", yaml: "nonMasqueradeSourceCIDRs: [10.244.1.0/24]\n",
 			warns: []string{"nonMasqueradeSourceCIDRs (1) cannot be expressed: the ExceptionList holds destinations only"}},
+		{name: "egress-interfaces", yaml: "egressInterfaces: [eth0]\n",
+			warns: []string{"egressInterfaces (1) has no Windows meaning"}},
 		{name: "source-guard", yaml: "masqueradeSourceCIDRs: [10.244.0.0/16]\n",
 			warns: []string{"masqueradeSourceCIDRs (1) cannot be expressed: the ExceptionList holds destinations only"}},
 	} {

@@ -6,12 +6,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
 var explainCommand = &command{
-	name: "explain", args: "[--config FILE|DIR] [--live] [--from SOURCE] [flags] ADDRESS...",
+	name: "explain", args: "[--config FILE|DIR] [--live] [--from SOURCE] [--via IFACE] [flags] ADDRESS...",
 	summary: "say whether traffic to each address is masqueraded, and which rule decides",
 	about: `For each destination ADDRESS, says whether new connections from pods to it
 are masqueraded, and why: the CIDR and the key it comes from (such as
@@ -19,7 +20,10 @@ are masqueraded, and why: the CIDR and the key it comes from (such as
 outbound default, from the config and flags alone. --from SOURCE is the
 connections' source (a pod's address), which nonMasqueradeSourceCIDRs
 and masqueradeSourceCIDRs decide on; without it, a config with either key
-is "undetermined".
+is "undetermined". --via IFACE is the interface they leave through, which
+egressInterfaces decides on; with --live and without --via, it is the
+interface the node's routing table gives now (ip route get ADDRESS from
+SOURCE iif DEV).
 
 In the agent's pod (kubectl exec), the flags not given here are the running
 agent's (--agent-pid), so the answer is for the config and flags in force.
@@ -43,6 +47,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	live := fs.Bool("live", false, "also evaluate the kernel's current table (CAP_NET_ADMIN) and say where it disagrees")
 	from := fs.String("from", "", "the connections' source address (a pod's), for nonMasqueradeSourceCIDRs and masqueradeSourceCIDRs")
+	via := fs.String("via", "", "the interface the connections leave through, for egressInterfaces (with --live, the node's route by default)")
 	r, cfg, pos, cfgErr, code, done := rulesetCommandBadConfig(c, fs, args, stdout, stderr)
 	if done {
 		return code
@@ -62,6 +67,9 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		src = a
 	}
+	if _, ok := nft.IfnamePrefix(*via); *via != "" && (!ok || strings.HasSuffix(*via, "*")) {
+		return usageError(c, stderr, "--via %q is not an interface name", *via)
+	}
 	var addrs []netip.Addr
 	for _, s := range pos {
 		a, err := netip.ParseAddr(s)
@@ -76,7 +84,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			width = max(width, len(a.String()))
 		}
 		for _, a := range addrs {
-			e := nft.Explain(cfg, r.nft, nft.Packet{Src: src, Dst: a})
+			e := nft.Explain(cfg, r.nft, nft.Packet{Src: src, Dst: a, OutIf: *via})
 			fmt.Fprintf(stdout, "%-*s  %-15s  %s\n", width, a, e.Verdict(), e.Reason)
 		}
 		return 0
@@ -97,9 +105,13 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	local := localAddrs()
 	disagree := 0
 	for _, a := range addrs {
+		pkt := nft.Packet{Src: src, Dst: a, OutIf: *via}
+		if pkt.OutIf == "" {
+			pkt.OutIf = routeOutIf(src, a) // as the kernel would route it now
+		}
 		got := nft.Explanation{Addr: a.Unmap(), Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
 		if table != nil {
-			got = nft.ExplainTable(table, nft.Packet{Src: src, Dst: a}, local)
+			got = nft.ExplainTable(table, pkt, local)
 		}
 		// The original agent's jump, in iptables' nat POSTROUTING, runs first.
 		if first, decided := original.ExplainOriginal(a, local(a)); decided {
@@ -114,8 +126,11 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			}
 			continue
 		}
-		want := nft.Explain(cfg, r.nft, nft.Packet{Src: src, Dst: a})
+		want := nft.Explain(cfg, r.nft, pkt)
 		fmt.Fprintf(stdout, "%s\n  config: %s: %s\n  kernel: %s: %s\n", a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
+		if *via == "" && pkt.OutIf != "" && (matchesOutIf(nft.Build(cfg, r.nft)) || (table != nil && matchesOutIf(*table))) {
+			fmt.Fprintf(stdout, "  route:  leaves through %s (the node's route now)\n", pkt.OutIf)
+		}
 		if got.Rule != "" {
 			fmt.Fprintf(stdout, "          rule: %s\n", got.Rule)
 		}

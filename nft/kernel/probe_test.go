@@ -69,6 +69,7 @@ func TestProbeAsksWhatTheTableUses(t *testing.T) {
 			cfg := config.Default(config.Flags{EnableIPv6: c.o.EnableIPv6})
 			cfg.NonMasqueradeSourceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}
 			cfg.MasqueradeSourceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+			cfg.EgressInterfaces = []string{"eth0", "ens*"}
 			table := nft.Build(cfg, c.o)
 			var rules []netlink.Message
 			cc, _ := nftables.New(nftables.WithTestDial(captureDial(&rules)))
