@@ -16,8 +16,8 @@ import (
 // unknown). A rule that reads what is unknown matches "unknown".
 //
 // The conntrack cleanup judges a flow by its original source and its
-// destination after DNAT; the interface is unknown there (the entry does
-// not keep the route it took).
+// destination after DNAT; the entry does not keep the interface, which the
+// daemon's adapter adds from the node's route when a table decides on it.
 type Packet struct {
 	Src, Dst netip.Addr
 	OutIf    string
