@@ -196,10 +196,22 @@ func (k *keyOf[T]) diff(old, c *Config) string {
 		return diffList(k.name, *k.cidrs(old), *l)
 	}
 	if l := k.names(c); l != nil {
-		if o := *k.names(old); !slices.Equal(o, *l) {
-			return fmt.Sprintf("%s %q->%q", k.name, o, *l)
+		// As a CIDR list's: the names added, then the names removed.
+		var parts []string
+		for _, n := range *l {
+			if !slices.Contains(*k.names(old), n) {
+				parts = append(parts, "+"+n)
+			}
 		}
-		return ""
+		for _, n := range *k.names(old) {
+			if !slices.Contains(*l, n) {
+				parts = append(parts, "-"+n)
+			}
+		}
+		if len(parts) == 0 {
+			return ""
+		}
+		return k.name + " " + strings.Join(parts, " ")
 	}
 	if o, n := any(*k.field(old)), any(*k.field(c)); o != n {
 		return fmt.Sprintf("%s %v->%v", k.name, o, n)

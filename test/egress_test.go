@@ -166,3 +166,37 @@ func TestConntrackDaemonEgressInterfaces(t *testing.T) {
 		return strings.Contains(d.output(), "conntrack cleanup: examined") && strings.Contains(d.output(), "deleted 1 ")
 	})
 }
+
+// TestExplainLiveEgressInterfaces: explain --live, without --via, asks the
+// node's routing table which interface a destination leaves through, and
+// agrees with the kernel's table for destinations behind each uplink;
+// --via overrides the route.
+func TestExplainLiveEgressInterfaces(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1)
+	if err := topo.AddUplink2(); err != nil {
+		t.Fatal(err)
+	}
+	const cfg = "egressInterfaces: [\"ens*\"]\n"
+	mustApply(t, topo, cfg)
+	path := writeConfig(t, cfg)
+	up2 := testnet.Uplink2Dst4.String()
+	code, out, stderr := runTool(t, topo, "explain", "--live", "--config", path, internet1, up2)
+	if code != 0 {
+		t.Fatalf("explain --live: exit %d\n%s%s", code, out, stderr)
+	}
+	for _, want := range []string{
+		internet1 + "\n  config: not masqueraded: egressInterfaces: eth0 is in none of its 1 entries\n  kernel: not masqueraded",
+		"  route:  leaves through eth0 (the node's route now)",
+		up2 + "\n  config: masquerade: masqOutBound: true (no other rule matched)\n  kernel: masquerade",
+		"  route:  leaves through ens5 (the node's route now)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain --live lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, stderr = runTool(t, topo, "explain", "--live", "--config", path, "--via", "ens5", internet1)
+	if code != 0 || !strings.Contains(out, "config: masquerade") || strings.Contains(out, "route:") {
+		t.Errorf("explain --live --via ens5: exit %d\n%s%s", code, out, stderr)
+	}
+}
