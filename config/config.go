@@ -190,14 +190,9 @@ func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 	}
 	// masqueradeSourceCIDRs is a literal guard: a family it has no entry
 	// of is never masqueraded (of the families the agent programs).
-	if ps := c.MasqueradeSourceCIDRs; len(ps) > 0 && len(d.messages(false)) == 0 {
-		for _, fam := range []struct {
-			v6 bool
-			on bool
-		}{{false, true}, {true, f.EnableIPv6}} {
-			if fam.on && !slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Addr().Unmap().Is6() == fam.v6 }) {
-				d.warnAt(d.written[KeyMasqSrc], -1, "has no %s CIDR: no %s traffic will be masqueraded", cond6(fam.v6, "IPv6", "IPv4"), cond6(fam.v6, "IPv6", "IPv4"))
-			}
+	if len(d.messages(false)) == 0 {
+		for _, gap := range familyGaps(c, f) {
+			d.warnAt(d.written[KeyMasqSrc], -1, "%s", gap)
 		}
 	}
 	d.entryFindings = len(d.found)
@@ -583,9 +578,25 @@ func levenshtein(a, b string) int {
 	return prev[len(rb)]
 }
 
-func cond6(v6 bool, a, b string) string {
-	if v6 {
-		return a
+// familyGaps says, for each family the agent programs that a non-empty
+// masqueradeSourceCIDRs has no entry of, that none of its traffic will be
+// masqueraded (the guard is literal).
+func familyGaps(c Config, f Flags) []string {
+	ps := c.MasqueradeSourceCIDRs
+	if len(ps) == 0 {
+		return nil
 	}
-	return b
+	var out []string
+	for _, fam := range []struct {
+		name string
+		v6   bool
+		on   bool
+	}{{"IPv4", false, true}, {"IPv6", true, f.EnableIPv6}} {
+		if fam.on && !slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Addr().Unmap().Is6() == fam.v6 }) {
+			out = append(out, fmt.Sprintf(msgFamilyGap, fam.name, fam.name))
+		}
+	}
+	return out
 }
+
+const msgFamilyGap = "has no %s CIDR: no %s traffic will be masqueraded"
