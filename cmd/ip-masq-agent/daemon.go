@@ -186,12 +186,13 @@ func flowDecider(t nft.Table, outIf func(src, dst netip.Addr) string) conntrack.
 func routes() func(src, dst netip.Addr) string {
 	type key struct{ src, dst netip.Addr }
 	seen := map[key]string{}
+	r := newRouter()
 	return func(src, dst netip.Addr) string {
 		k := key{src, dst}
 		if n, ok := seen[k]; ok {
 			return n
 		}
-		n := routeOutIf(src, dst)
+		n := r.outIf(src, dst)
 		seen[k] = n
 		return n
 	}

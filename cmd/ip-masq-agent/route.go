@@ -14,12 +14,30 @@ import (
 // that cannot be asked (src unknown or the node's own), the route to dst;
 // "" when there is none. egressInterfaces decides on it, and neither
 // explain nor a conntrack entry knows it otherwise.
-func routeOutIf(src, dst netip.Addr) string {
+func routeOutIf(src, dst netip.Addr) string { return newRouter().outIf(src, dst) }
+
+// router asks routes and remembers, for one cleanup, each source's
+// interface and each link's name (many flows share them).
+type router struct {
+	back  map[netip.Addr]int // the link of the route back to a source; 0: none
+	names map[int]string
+}
+
+func newRouter() *router { return &router{back: map[netip.Addr]int{}, names: map[int]string{}} }
+
+func (r *router) outIf(src, dst netip.Addr) string {
 	if src.IsValid() {
-		if back, err := netlink.RouteGet(src.AsSlice()); err == nil && len(back) > 0 && back[0].LinkIndex > 0 {
-			rs, err := netlink.RouteGetWithOptions(dst.AsSlice(), &netlink.RouteGetOptions{SrcAddr: src.AsSlice(), IifIndex: back[0].LinkIndex})
+		iif, ok := r.back[src]
+		if !ok {
+			if rs, err := netlink.RouteGet(src.AsSlice()); err == nil && len(rs) > 0 {
+				iif = rs[0].LinkIndex
+			}
+			r.back[src] = iif
+		}
+		if iif > 0 {
+			rs, err := netlink.RouteGetWithOptions(dst.AsSlice(), &netlink.RouteGetOptions{SrcAddr: src.AsSlice(), IifIndex: iif})
 			if err == nil && len(rs) > 0 && rs[0].LinkIndex > 0 {
-				return linkName(rs[0].LinkIndex)
+				return r.linkName(rs[0].LinkIndex)
 			}
 		}
 	}
@@ -27,15 +45,19 @@ func routeOutIf(src, dst netip.Addr) string {
 	if err != nil || len(rs) == 0 || rs[0].LinkIndex <= 0 {
 		return ""
 	}
-	return linkName(rs[0].LinkIndex)
+	return r.linkName(rs[0].LinkIndex)
 }
 
-func linkName(index int) string {
-	l, err := netlink.LinkByIndex(index)
-	if err != nil {
-		return ""
+func (r *router) linkName(index int) string {
+	if n, ok := r.names[index]; ok {
+		return n
 	}
-	return l.Attrs().Name
+	n := ""
+	if l, err := netlink.LinkByIndex(index); err == nil {
+		n = l.Attrs().Name
+	}
+	r.names[index] = n
+	return n
 }
 
 // matchesOutIf reports whether a table's rules decide on the out interface
