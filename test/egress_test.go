@@ -138,13 +138,13 @@ func TestEgressInterfacesReadBack(t *testing.T) {
 
 // TestConntrackDaemonEgressInterfaces: the daemon's conntrack cleanup
 // finds a flow's out interface by the node's route. Two UDP streams from
-// the pod, one leaving through eth0, one through ens5, both masqueraded;
-// then egressInterfaces drops ens5: that stream's entry is deleted (its
-// next datagram leaves unmasqueraded), eth0's is kept (same address and
-// port throughout).
+// the pod in each family, one leaving through eth0, one through ens5, all
+// masqueraded; then egressInterfaces drops ens5: those streams' entries
+// are deleted (their next datagram leaves unmasqueraded), eth0's are kept
+// (same address and port throughout).
 func TestConntrackDaemonEgressInterfaces(t *testing.T) {
 	topo := newTopology(t)
-	addDestinations(t, topo, internet1)
+	addDestinations(t, topo, internet1, internet6a)
 	if err := topo.AddUplink2(); err != nil {
 		t.Fatal(err)
 	}
@@ -152,18 +152,24 @@ func TestConntrackDaemonEgressInterfaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm := newConfigMapDir(t, "resyncInterval: 1h\negressInterfaces: [eth0, \"ens*\"]\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--enable-ipv6")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
 	first := startUDPStream(t, topo, internet1)
 	second := startUDPStream(t, topo, testnet.Uplink2Dst4.String())
+	first6 := startUDPStream(t, topo, internet6a)
+	second6 := startUDPStream(t, topo, testnet.Uplink2Dst6.String())
 	before := first.waitFor(t, topo.NodeUplink4)
+	before6 := first6.waitFor(t, topo.NodeUplink6)
 	second.waitFor(t, testnet.NodeUplink2v4)
+	second6.waitFor(t, testnet.NodeUplink2v6)
 	cm.update("resyncInterval: 1h\negressInterfaces: [eth0]\n")
 	eventually(t, "the new config", func() bool { return strings.Contains(d.output(), "applied new config") })
 	second.waitFor(t, topo.Pod4)
+	second6.waitFor(t, topo.Pod6)
 	first.expectOnly(t, before, 20)
+	first6.expectOnly(t, before6, 20)
 	eventually(t, "the cleanup logged with its count", func() bool {
-		return strings.Contains(d.output(), "conntrack cleanup: examined") && strings.Contains(d.output(), "deleted 1 ")
+		return strings.Contains(d.output(), "conntrack cleanup: examined") && strings.Contains(d.output(), "deleted 2 ")
 	})
 }
 

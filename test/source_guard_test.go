@@ -90,21 +90,24 @@ func TestPacketsSourceGuard(t *testing.T) {
 }
 
 // TestConntrackDaemonSourceGuard: after masqueradeSourceCIDRs leaves out
-// the second pod's address, the daemon's conntrack cleanup deletes that
-// pod's masqueraded entry (its next datagram leaves unmasqueraded) and
-// keeps the first pod's (same address and port throughout).
+// the second pod's addresses, the daemon's conntrack cleanup deletes that
+// pod's masqueraded entries, IPv4 and IPv6 (their next datagram leaves
+// unmasqueraded), and keeps the first pod's (same address and port
+// throughout).
 func TestConntrackDaemonSourceGuard(t *testing.T) {
 	topo := newTopology(t)
-	addDestinations(t, topo, internet1)
+	addDestinations(t, topo, internet1, internet6a)
 	if err := topo.EnableConntrack(); err != nil {
 		t.Fatal(err)
 	}
-	pod2 := netip.MustParseAddr("10.244.1.3")
-	if err := topo.AddPodAddress(netip.MustParsePrefix("10.244.1.3/24")); err != nil {
-		t.Fatal(err)
+	pod2, pod26 := netip.MustParseAddr("10.244.1.3"), netip.MustParseAddr("fd00:1::3")
+	for _, p := range []string{"10.244.1.3/24", "fd00:1::3/64"} {
+		if err := topo.AddPodAddress(netip.MustParsePrefix(p)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	cm := newConfigMapDir(t, "resyncInterval: 1h\nmasqueradeSourceCIDRs: [10.244.1.0/24]\n")
-	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
+	cm := newConfigMapDir(t, "resyncInterval: 1h\nmasqueradeSourceCIDRs: [10.244.1.0/24, \"fd00:1::/64\"]\n")
+	d := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--enable-ipv6")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true}))
 	first := startUDPStream(t, topo, internet1)
 	c, err := topo.DialPodUDPFrom(pod2, netip.MustParseAddr(internet1))
@@ -112,13 +115,29 @@ func TestConntrackDaemonSourceGuard(t *testing.T) {
 		t.Fatalf("udp from %s to %s: %v", pod2, internet1, err)
 	}
 	second := streamOn(t, c, internet1)
+	// Bound to Pod6: with two addresses on the pod's interface, IPv6
+	// source selection may take the second.
+	f6, err := topo.DialPodUDPFrom(topo.Pod6, netip.MustParseAddr(internet6a))
+	if err != nil {
+		t.Fatalf("udp from %s to %s: %v", topo.Pod6, internet6a, err)
+	}
+	first6 := streamOn(t, f6, internet6a)
+	c6, err := topo.DialPodUDPFrom(pod26, netip.MustParseAddr(internet6a))
+	if err != nil {
+		t.Fatalf("udp from %s to %s: %v", pod26, internet6a, err)
+	}
+	second6 := streamOn(t, c6, internet6a)
 	before := first.waitFor(t, topo.NodeUplink4)
+	before6 := first6.waitFor(t, topo.NodeUplink6)
 	second.waitFor(t, topo.NodeUplink4)
-	cm.update("resyncInterval: 1h\nmasqueradeSourceCIDRs: [10.244.1.2/32]\n")
+	second6.waitFor(t, topo.NodeUplink6)
+	cm.update("resyncInterval: 1h\nmasqueradeSourceCIDRs: [10.244.1.2/32, \"fd00:1::2/128\"]\n")
 	eventually(t, "the new config", func() bool { return strings.Contains(d.output(), "applied new config") })
 	second.waitFor(t, pod2)
+	second6.waitFor(t, pod26)
 	first.expectOnly(t, before, 20)
+	first6.expectOnly(t, before6, 20)
 	eventually(t, "the cleanup logged with its count", func() bool {
-		return strings.Contains(d.output(), "conntrack cleanup: examined") && strings.Contains(d.output(), "deleted 1 ")
+		return strings.Contains(d.output(), "conntrack cleanup: examined") && strings.Contains(d.output(), "deleted 2 ")
 	})
 }
