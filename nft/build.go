@@ -67,6 +67,7 @@ type decision struct {
 // decisions, in the decision chain's order: nonMasqueradeSourceCIDRs
 // first (traffic from those sources is never masqueraded), then
 // masqueradeSourceCIDRs (traffic from other sources is not either), then
+// egressInterfaces (nor is traffic leaving through other interfaces), then
 // masqueradeCIDRs (they win over nonMasqueradeCIDRs, as in Baidu CCE's
 // agent), then nonMasqueradeCIDRs return.
 var decisions = []decision{

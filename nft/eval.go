@@ -302,6 +302,7 @@ type step struct {
 	set     string         // the set a lookup matched in, if any
 	element netipx.IPRange // the element it matched
 	notIn   bool           // the lookup is inverted: the set does not hold the packet's
+	key     SetKey         // the set's key type (how to write element)
 	verdict string
 	target  string // the chain a jump or goto leads to
 }
@@ -513,7 +514,7 @@ func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
 			case e.Invert:
 				s.set, s.notIn = set.Name, true
 			case found:
-				s.set, s.element = set.Name, elem
+				s.set, s.element, s.key = set.Name, elem, set.Key
 			}
 		case *expr.Counter, *expr.Log, *expr.Verdict, *expr.Masq, *expr.NAT, *expr.Target:
 			// statements: no match

@@ -186,7 +186,7 @@ func reason(r result, base string, local bool) (reason, rule string) {
 		return fmt.Sprintf("set %s does not hold it (%s)", d.set, where), d.text
 	}
 	if d.set != "" {
-		return fmt.Sprintf("set %s holds %s (%s)", d.set, rangeString(d.element), where), d.text
+		return fmt.Sprintf("set %s holds %s (%s)", d.set, elementString(d.key, d.element), where), d.text
 	}
 	return where, d.text
 }
