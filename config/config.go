@@ -191,6 +191,13 @@ func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 			d.warnAt(d.written[k.Name()], -1, "%s", k.extensionNote())
 		}
 	}
+	// masqueradeSourceCIDRs is a literal guard: a family it has no entry
+	// of is never masqueraded (of the families the agent programs).
+	if len(d.messages(false)) == 0 {
+		for _, gap := range familyGaps(c, f) {
+			d.warnAt(d.written[KeyMasqSrc], -1, "%s", gap)
+		}
+	}
 	d.entryFindings = len(d.found)
 	if !d.badLimit {
 		for _, k := range keys {
@@ -621,3 +628,26 @@ func levenshtein(a, b string) int {
 	}
 	return prev[len(rb)]
 }
+
+// familyGaps says, for each family the agent programs that a non-empty
+// masqueradeSourceCIDRs has no entry of, that none of its traffic will be
+// masqueraded (the guard is literal).
+func familyGaps(c Config, f Flags) []string {
+	ps := c.MasqueradeSourceCIDRs
+	if len(ps) == 0 {
+		return nil
+	}
+	var out []string
+	for _, fam := range []struct {
+		name string
+		v6   bool
+		on   bool
+	}{{"IPv4", false, true}, {"IPv6", true, f.EnableIPv6}} {
+		if fam.on && !slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Addr().Unmap().Is6() == fam.v6 }) {
+			out = append(out, fmt.Sprintf(msgFamilyGap, fam.name, fam.name))
+		}
+	}
+	return out
+}
+
+const msgFamilyGap = "has no %s CIDR: no %s traffic will be masqueraded"

@@ -19,6 +19,18 @@ func TestDiff(t *testing.T) {
 	if got := c.Diff(old); !slices.Equal(got, want) {
 		t.Errorf("Diff = %q, want %q", got, want)
 	}
+	// This agent's own keys, a list of names among them.
+	n, _, err := Parse([]byte("egressInterfaces: [eth0, \"ens*\"]\nmasqueradeSourceCIDRs: [10.244.0.0/16]\n"), Flags{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := Parse([]byte("egressInterfaces: [eth0, wg0]\n"), Flags{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := m.Diff(n), []string{"masqueradeSourceCIDRs -10.244.0.0/16", "egressInterfaces +wg0 -ens*"}; !slices.Equal(got, want) {
+		t.Errorf("Diff = %q, want %q", got, want)
+	}
 	if got := c.Diff(c); len(got) != 0 {
 		t.Errorf("Diff of a config with itself = %q, want nothing", got)
 	}

@@ -26,6 +26,8 @@ const (
 	KeySNAT       = "snatAddress"
 	KeySNAT6      = "snatAddressIPv6"
 	KeyCIDRMatch  = "cidrMatch"
+	KeyMasqSrc    = "masqueradeSourceCIDRs"
+	KeyEgressIf   = "egressInterfaces"
 )
 
 // keys is every key of the file, one entry each, in the order String
@@ -58,6 +60,10 @@ var keys = []key{
 		def: zero[netip.Addr], decode: snatDecoder(6), null: keep[netip.Addr], merge: lastSet[netip.Addr]},
 	&keyOf[CIDRMatch]{name: KeyCIDRMatch, own: true, field: func(c *Config) *CIDRMatch { return &c.CIDRMatch },
 		def: zero[CIDRMatch], decode: (*decoder).cidrMatch, null: keep[CIDRMatch], merge: mostSpecificIfAny},
+	&keyOf[[]netip.Prefix]{name: KeyMasqSrc, own: true, field: func(c *Config) *[]netip.Prefix { return &c.MasqueradeSourceCIDRs },
+		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
+	&keyOf[[]string]{name: KeyEgressIf, own: true, field: func(c *Config) *[]string { return &c.EgressInterfaces },
+		def: zero[[]string], decode: (*decoder).ifnameList, null: nullNames, merge: unionNames},
 }
 
 // knownKeys are the keys' names, in the table's order.
@@ -156,7 +162,16 @@ func (k *keyOf[T]) mergeInto(c *Config, set []*Config) {
 	*k.field(c) = k.merge(vals)
 }
 
+// names is the key's list of names, or nil for a key of another type.
+func (k *keyOf[T]) names(c *Config) *[]string {
+	p, _ := any(k.field(c)).(*[]string)
+	return p
+}
+
 func (k *keyOf[T]) equal(a, b *Config) bool {
+	if l := k.names(a); l != nil {
+		return slices.Equal(*l, *k.names(b))
+	}
 	if l := k.cidrs(a); l != nil {
 		return slices.Equal(*l, *k.cidrs(b)) // a nil and an empty list are the same
 	}
@@ -171,6 +186,17 @@ func (k *keyOf[T]) write(b *strings.Builder, c *Config) {
 		writeList(b, k.name, *l)
 		return
 	}
+	if l := k.names(c); l != nil {
+		if k.own && len(*l) == 0 {
+			return
+		}
+		q := make([]string, len(*l))
+		for i, s := range *l {
+			q[i] = strconv.Quote(s)
+		}
+		fmt.Fprintf(b, "%s: [%s]\n", k.name, strings.Join(q, ", "))
+		return
+	}
 	var zero T
 	if k.own && any(*k.field(c)) == any(zero) {
 		return // an own key at its zero value, the default: old configs keep their text
@@ -181,6 +207,24 @@ func (k *keyOf[T]) write(b *strings.Builder, c *Config) {
 func (k *keyOf[T]) diff(old, c *Config) string {
 	if l := k.cidrs(c); l != nil {
 		return diffList(k.name, *k.cidrs(old), *l)
+	}
+	if l := k.names(c); l != nil {
+		// As a CIDR list's: the names added, then the names removed.
+		var parts []string
+		for _, n := range *l {
+			if !slices.Contains(*k.names(old), n) {
+				parts = append(parts, "+"+n)
+			}
+		}
+		for _, n := range *k.names(old) {
+			if !slices.Contains(*l, n) {
+				parts = append(parts, "-"+n)
+			}
+		}
+		if len(parts) == 0 {
+			return ""
+		}
+		return k.name + " " + strings.Join(parts, " ")
 	}
 	if o, n := any(*k.field(old)), any(*k.field(c)); o != n {
 		return fmt.Sprintf("%s %s->%s", k.name, shown(o), shown(n))
@@ -293,6 +337,77 @@ func mostSpecificIfAny(set []CIDRMatch) CIDRMatch {
 	return ListOrder
 }
 
+// nullNames: null empties a list of names.
+func nullNames(*decoder, string, []string) ([]string, bool) { return nil, true }
+
+// unionNames: the names of each file that no earlier file has.
+func unionNames(set [][]string) []string {
+	var out []string
+	for _, ns := range set {
+		for _, n := range ns {
+			if !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// ifnameList decodes a list of interface names, each a name nft matches
+// in an ifname set: at most 15 bytes (IFNAMSIZ - 1), "*" only at the end
+// (nft's wildcard), and none of what Linux refuses in a name (white
+// space, "/", ":") or nft reads otherwise (a quote, a backslash, which
+// escapes "*"); printable ASCII only.
+func (d *decoder) ifnameList(key string, v any, _ []string) []string {
+	vals, ok := v.([]any)
+	if ss, isStrings := v.(stringList); isStrings {
+		vals, ok = make([]any, len(ss)), true
+		for i, s := range ss {
+			vals[i] = s
+		}
+	}
+	if !ok {
+		d.errorAt(key, -1, "expected a list of interface names, got %s", describe(v))
+		return nil
+	}
+	out := make([]string, 0, len(vals))
+	for i, val := range vals {
+		s, ok := val.(string)
+		if !ok {
+			d.errorAt(key, i, "expected an interface name such as \"eth0\" or \"eth*\", got %s", describe(val))
+			continue
+		}
+		if why := badIfname(s); why != "" {
+			d.errorAt(key, i, "%s is not an interface name nft can match: %s", quote(s), why)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func badIfname(s string) string {
+	base, _ := strings.CutSuffix(s, "*")
+	switch {
+	case s == "":
+		return "empty"
+	case s == "*":
+		return "a bare \"*\" matches every interface: leave the key out instead"
+	case len(s) > 15:
+		return fmt.Sprintf("%d characters, more than the kernel's 15 (IFNAMSIZ - 1)", len(s))
+	case strings.Contains(base, "*"):
+		return "\"*\" is a wildcard only at the end"
+	case base == "." || base == "..":
+		return "not a name Linux gives an interface"
+	}
+	for _, c := range base {
+		if c <= ' ' || c > '~' || strings.ContainsRune("/:\"\\", c) {
+			return fmt.Sprintf("holds %q, which Linux or nft does not take in a name", c)
+		}
+	}
+	return ""
+}
+
 // anyTrue: true if any file sets it to true.
 func anyTrue(set []bool) bool { return slices.Contains(set, true) }
 
@@ -339,6 +454,14 @@ type Config struct {
 	// CIDRMatch: how masqueradeCIDRs and nonMasqueradeCIDRs decide
 	// together (this agent's extension).
 	CIDRMatch CIDRMatch
+	// MasqueradeSourceCIDRs: when not empty, only traffic from these
+	// sources may be masqueraded, of either family (this agent's
+	// extension; the "pods only" guard).
+	MasqueradeSourceCIDRs []netip.Prefix
+	// EgressInterfaces: when not empty, only traffic leaving through
+	// these interfaces may be masqueraded; a name may end in nft's "*"
+	// (this agent's extension).
+	EgressInterfaces []string
 }
 
 // CIDRMatch says which CIDR of masqueradeCIDRs and nonMasqueradeCIDRs
@@ -366,7 +489,7 @@ func (m CIDRMatch) String() string {
 // none of them singles out. The original agent decides by destination
 // alone; this is what its decisions are compared with.
 func (c Config) DestinationOnly() Config {
-	c.NonMasqueradeSourceCIDRs = nil
+	c.NonMasqueradeSourceCIDRs, c.MasqueradeSourceCIDRs, c.EgressInterfaces = nil, nil, nil
 	return c
 }
 

@@ -84,6 +84,8 @@ func setOther(t *testing.T, name string, f reflect.Value) {
 	switch v := f.Addr().Interface().(type) {
 	case *[]netip.Prefix:
 		*v = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+	case *[]string:
+		*v = []string{"eth*"}
 	case *bool:
 		*v = !*v
 	case *int:
@@ -110,9 +112,15 @@ func TestKeyTableOwnEmpty(t *testing.T) {
 	for _, k := range keys {
 		var b strings.Builder
 		k.write(&b, &def)
+		empty := false
+		if l := k.cidrs(&def); l != nil {
+			empty = len(*l) == 0
+		}
+		if n := any(k).(interface{ names(*Config) *[]string }).names(&def); n != nil {
+			empty = len(*n) == 0
+		}
 		own := k.extensionNote() == msgOwnExtension
-		l := k.cidrs(&def)
-		if (b.Len() == 0) != (own && (l == nil || len(*l) == 0)) {
+		if (b.Len() == 0) != (own && (empty || k.cidrs(&def) == nil && any(k).(interface{ names(*Config) *[]string }).names(&def) == nil)) {
 			t.Errorf("key %s: String writes %q", k.Name(), b.String())
 		}
 	}
@@ -129,6 +137,9 @@ func TestKeyTablePresent(t *testing.T) {
 		}
 		c.SNATAddress, c.SNATAddressIPv6 = netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10") // and an unset address
 		c.CIDRMatch = MostSpecific                                                                                // and an own key at its default
+		if n := any(k).(interface{ names(*Config) *[]string }).names(&c); n != nil && len(*n) == 0 {
+			*n = []string{"eth0", "eth*"}
+		}
 		k.write(&b, &c)
 		if _, d, err := parse([]byte(b.String()), Flags{}); err != nil || !d.present[k.Name()] {
 			t.Errorf("%q: not read as setting %q (%v)", b.String(), k.Name(), err)

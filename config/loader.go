@@ -168,6 +168,9 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 			p.c, p.present, w, err = parseKeys(data, f)
 		}
 		for _, s := range w {
+			if isFamilyGap(s) {
+				continue // said of the merged config below, not of each file
+			}
 			warns = append(warns, file+": "+s)
 		}
 		if err != nil {
@@ -199,9 +202,30 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 		if !de.Partial {
 			return Config{}, warns, &de
 		}
-		return merge(f, parts), warns, &de
+		c := merge(f, parts)
+		return c, append(warns, mergedGaps(path, c, f)...), &de
 	}
-	return merge(f, parts), warns, nil
+	c := merge(f, parts)
+	return c, append(warns, mergedGaps(path, c, f)...), nil
+}
+
+// isFamilyGap reports whether a file's warning is a familyGaps one.
+func isFamilyGap(w string) bool {
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		if strings.Contains(w, fmt.Sprintf(msgFamilyGap, fam, fam)) {
+			return true
+		}
+	}
+	return false
+}
+
+// mergedGaps are familyGaps of a directory's merged config.
+func mergedGaps(path string, c Config, f Flags) []string {
+	var out []string
+	for _, gap := range familyGaps(c, f) {
+		out = append(out, path+": "+KeyMasqSrc+" (all files): "+gap)
+	}
+	return out
 }
 
 // cidrMatchNote warns when some files set cidrMatch: mostSpecific and

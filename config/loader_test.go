@@ -317,3 +317,39 @@ func TestLoaderDirectoryCIDRMatch(t *testing.T) {
 		t.Errorf("both mostSpecific: %s, %q, %v; want no note", c, warns, err)
 	}
 }
+
+// masqueradeSourceCIDRs' family warning is said of a directory's merged
+// config, not of each file: two files, one family each, warn of nothing;
+// one family in all files warns once, naming the directory.
+func TestLoaderSourceGuardFamilies(t *testing.T) {
+	f := Flags{EnableIPv6: true}
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"ip-masq-a": "masqueradeSourceCIDRs: [10.244.0.0/16]\n",
+		"ip-masq-b": "masqueradeSourceCIDRs: [\"fd00::/8\"]\n",
+	})
+	var l Loader
+	c, warns, err := l.Load(dir, f)
+	if err != nil || len(c.MasqueradeSourceCIDRs) != 2 {
+		t.Fatalf("load: %v %v", c.MasqueradeSourceCIDRs, err)
+	}
+	for _, w := range warns {
+		if strings.Contains(w, "traffic will be masqueraded") {
+			t.Errorf("both families are listed, but: %s", w)
+		}
+	}
+	writeFiles(t, dir, map[string]string{"ip-masq-b": "masqLinkLocal: true\n"})
+	_, warns, err = l.Load(dir, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gaps []string
+	for _, w := range warns {
+		if strings.Contains(w, "traffic will be masqueraded") {
+			gaps = append(gaps, w)
+		}
+	}
+	if want := []string{dir + ": masqueradeSourceCIDRs (all files): has no IPv6 CIDR: no IPv6 traffic will be masqueraded"}; !slices.Equal(gaps, want) {
+		t.Errorf("warnings %q, want %q", gaps, want)
+	}
+}

@@ -74,8 +74,9 @@ func (m *Mode) Set(s string) error {
 
 // Flow is what the agent's rules saw of a connection: its original
 // source and its destination (after DNAT). The interface it left through
-// is not known here (an entry does not keep its route): a rule that
-// matches on it leaves the decision undetermined, and the entry is kept.
+// is not known here (an entry does not keep its route): the Decider finds
+// it (the daemon's asks the node's route), or a rule that matches on it
+// leaves the decision undetermined, and the entry is kept.
 type Flow struct{ Src, Dst netip.Addr }
 
 // Decider says what the agent's rules decide for a new connection:

@@ -22,12 +22,26 @@ const (
 	commentMasq       = "ip-masq-agent: masquerade to the node's address"
 	commentNonMasqSrc = "ip-masq-agent: traffic from these sources is not subject to MASQUERADE"
 	commentSNAT       = "ip-masq-agent: masquerade to the snat address through its interface"
+	commentMasqSrc    = "ip-masq-agent: only traffic from these sources may be subject to MASQUERADE"
+	commentEgressIf   = "ip-masq-agent: only traffic leaving through these interfaces may be subject to MASQUERADE"
 )
 
 // The sets of nonMasqueradeSourceCIDRs, made only when it is set.
 const (
 	SetNonMasqSrcV4 = "nonmasq-src-v4"
 	SetNonMasqSrcV6 = "nonmasq-src-v6"
+)
+
+// The sets of egressInterfaces, made only when it is set.
+const (
+	SetEgressIfV4 = "egress-if-v4"
+	SetEgressIfV6 = "egress-if-v6"
+)
+
+// The sets of masqueradeSourceCIDRs, made only when it is set.
+const (
+	SetMasqSrcV4 = "masq-src-v4"
+	SetMasqSrcV6 = "masq-src-v6"
 )
 
 // decision is one rule of each family in the decision chain: a lookup of
@@ -39,10 +53,12 @@ type decision struct {
 	sets       [2]string // the set of IPv4 and of IPv6
 	setComment string
 	verdict    Verdict // Goto the masquerade chain, or Return
-	comment    string
-	key        string                             // the config key the sets hold (explain names it)
-	reason     string                             // the /metrics reason of a match
-	list       func(config.Config) []netip.Prefix // that key's list, as written
+	// invert: the rule matches what the set does not hold (ip saddr != @set).
+	invert  bool
+	comment string
+	key     string                             // the config key the sets hold (explain names it)
+	reason  string                             // the /metrics reason of a match
+	list    func(config.Config) []netip.Prefix // that key's list, as written
 	// always: the sets and rules exist whatever the list (the original's
 	// keys); otherwise only when the list is not empty, so that a
 	// config without the key has the table it had before the key.
@@ -60,12 +76,26 @@ type decision struct {
 
 // decisions, in the decision chain's order: nonMasqueradeSourceCIDRs
 // first (traffic from those sources is never masqueraded), then
+// masqueradeSourceCIDRs (traffic from other sources is not either), then
+// egressInterfaces (nor is traffic leaving through other interfaces), then
 // masqueradeCIDRs (they win over nonMasqueradeCIDRs, as in Baidu CCE's
 // agent), then nonMasqueradeCIDRs return.
 var decisions = []decision{
 	{sel: SelSaddr, sets: [2]string{SetNonMasqSrcV4, SetNonMasqSrcV6}, setComment: "ip-masq-agent: nonMasqueradeSourceCIDRs",
 		verdict: Return, comment: commentNonMasqSrc, key: config.KeyNonMasqSrc, reason: "sources",
 		list: func(c config.Config) []netip.Prefix { return c.NonMasqueradeSourceCIDRs }},
+	// The guard is literal: with a list, a source outside it (of either
+	// family: an empty set of a family returns all of that family) is
+	// never masqueraded.
+	{sel: SelSaddr, sets: [2]string{SetMasqSrcV4, SetMasqSrcV6}, setComment: "ip-masq-agent: masqueradeSourceCIDRs",
+		verdict: Return, invert: true, comment: commentMasqSrc, key: config.KeyMasqSrc, reason: "sources",
+		list: func(c config.Config) []netip.Prefix { return c.MasqueradeSourceCIDRs }},
+	// egressInterfaces: oifname != @egress-if-v4 return. Its list is the
+	// names as their set holds them (IfnamePrefix), the same in both
+	// families' sets.
+	{sel: SelOif, sets: [2]string{SetEgressIfV4, SetEgressIfV6}, setComment: "ip-masq-agent: egressInterfaces",
+		verdict: Return, invert: true, comment: commentEgressIf, key: config.KeyEgressIf, reason: "interfaces",
+		list: func(c config.Config) []netip.Prefix { return ifnamePrefixes(c.EgressInterfaces) }},
 	{sel: SelDaddr, sets: [2]string{SetMasqV4, SetMasqV6}, setComment: "ip-masq-agent: masqueradeCIDRs",
 		verdict: Goto, comment: commentMasqSet, key: config.KeyMasq, reason: "cidrs", always: true, mostSpecific: true,
 		list: func(c config.Config) []netip.Prefix { return c.MasqueradeCIDRs }},
@@ -104,14 +134,19 @@ func (d *decision) outcome() string {
 }
 
 // SetOf says what one of the agent's sets holds, for /metrics: the
-// decision a match makes ("masquerade" or "nonmasquerade") and the config
-// list behind it, as written.
-func SetOf(cfg config.Config, name string) (decision string, list []netip.Prefix, ok bool) {
+// decision a match makes ("masquerade" or "nonmasquerade"), the config
+// list behind it, as written, and the family of the rule that looks it up
+// (a set of interface names has one per family too).
+func SetOf(cfg config.Config, name string) (decision string, list []netip.Prefix, family Family, ok bool) {
 	d := decisionOf(name)
 	if d == nil {
-		return "", nil, false
+		return "", nil, 0, false
 	}
-	return d.outcome(), d.list(cfg), true
+	family = 4
+	if name == d.sets[1] {
+		family = 6
+	}
+	return d.outcome(), d.list(cfg), family, true
 }
 
 // DaddrSet says whether name is one of the agent's destination sets, and
@@ -147,7 +182,7 @@ func Build(c config.Config, o Options) Table {
 			}
 			t.Sets = append(t.Sets, Set{Name: d.sets[i], Key: d.sel.Key(f), Elements: elems[j], Comment: d.setComment})
 			if want {
-				decision.Rules = append(decision.Rules, Rule{Family: f, Selector: d.sel, Set: d.sets[i], Verdict: d.verdict,
+				decision.Rules = append(decision.Rules, Rule{Family: f, Selector: d.sel, Set: d.sets[i], Invert: d.invert, Verdict: d.verdict,
 					Target: cond(d.verdict == Goto, MasqChainName), Comment: d.comment})
 			}
 		}
@@ -173,9 +208,20 @@ func elementsOf(c config.Config, enableIPv6 bool) (out [2][][]netipx.IPRange) {
 	var rows []int
 	for f := range out {
 		out[f] = make([][]netipx.IPRange, len(decisions))
+
 	}
 	for j, d := range decisions {
 		var ps [2][]netip.Prefix
+		if !d.sel.isAddr() {
+			// Interface names: the same in both families' sets, each
+			// name an element (merging adjacent names could make a
+			// range that is no name or wildcard).
+			out[0][j] = prefixRanges(d.list(c))
+			if enableIPv6 {
+				out[1][j] = out[0][j]
+			}
+			continue
+		}
 		ps[0], ps[1] = splitFamilies(d.list(c))
 		if !enableIPv6 {
 			ps[1] = nil
@@ -201,6 +247,18 @@ func elementsOf(c config.Config, enableIPv6 bool) (out [2][][]netipx.IPRange) {
 			for k, rs := range paint(lists[f]) {
 				out[f][rows[k]] = rs
 			}
+		}
+	}
+	return out
+}
+
+// ifnamePrefixes are interface names as their sets hold them (config
+// refuses a name that does not fit).
+func ifnamePrefixes(names []string) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(names))
+	for _, n := range names {
+		if p, ok := IfnamePrefix(n); ok {
+			out = append(out, p)
 		}
 	}
 	return out

@@ -52,6 +52,14 @@ masqOutBoundIPv6: true
 nonMasqueradeSourceCIDRs: [10.244.1.0/24, "fd00:1::/64", 10.244.2.0/24]
 masqueradeCIDRs: [203.0.113.0/24]
 `},
+	{name: "source-guard", flags: config.Flags{EnableIPv6: true}, yaml: `
+masqueradeSourceCIDRs: [10.244.0.0/16, "fd00::/16"]
+nonMasqueradeSourceCIDRs: [10.244.1.0/24]
+`},
+	{name: "egress-interfaces", flags: config.Flags{EnableIPv6: true}, yaml: `
+egressInterfaces: ["eth0", "ens*", "veth1*"]
+masqueradeSourceCIDRs: [10.244.0.0/16, "fd00::/16"]
+`},
 }
 
 // pod is a pod's address of a's family outside every golden case's

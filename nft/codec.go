@@ -95,12 +95,12 @@ var parts = []struct {
 		},
 		render: func(r Rule) string { return cond(r.OutIf != "", fmt.Sprintf("oifname %q", r.OutIf)) },
 	},
-	{ // SELECTOR @set: ip daddr @set, ip6 saddr @set, ... (selector.go)
+	{ // SELECTOR [!=] @set: ip daddr @set, ip6 saddr != @set, ... (selector.go)
 		encode: func(r Rule, out []expr.Any) []expr.Any {
 			if r.Set == "" {
 				return out
 			}
-			return append(out, r.Selector.load(r.Family), &expr.Lookup{SourceRegister: 1, SetName: r.Set})
+			return append(out, r.Selector.load(r.Family), &expr.Lookup{SourceRegister: 1, SetName: r.Set, Invert: r.Invert})
 		},
 		decode: func(d *decoder, r *Rule) bool {
 			sel := loadedBy(d.peek(), r.Family)
@@ -109,15 +109,15 @@ var parts = []struct {
 			}
 			d.i++
 			l, ok := d.peek().(*expr.Lookup)
-			if !ok || l.SourceRegister != 1 || l.IsDestRegSet || l.Invert || l.SetName == "" {
+			if !ok || l.SourceRegister != 1 || l.IsDestRegSet || l.SetName == "" {
 				return false
 			}
 			d.i++
-			r.Selector, r.Set = sel, l.SetName
+			r.Selector, r.Set, r.Invert = sel, l.SetName, l.Invert
 			return true
 		},
 		render: func(r Rule) string {
-			return cond(r.Set != "", r.Selector.name(r.Family)+" @"+r.Set)
+			return cond(r.Set != "", r.Selector.name(r.Family)+cond(r.Invert, " !=")+" @"+r.Set)
 		},
 	},
 	{ // meta l4proto tcp|udp|sctp

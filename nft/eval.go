@@ -301,6 +301,8 @@ type step struct {
 	text    string
 	set     string         // the set a lookup matched in, if any
 	element netipx.IPRange // the element it matched
+	notIn   bool           // the lookup is inverted: the set does not hold the packet's
+	key     SetKey         // the set's key type (how to write element)
 	verdict string
 	target  string // the chain a jump or goto leads to
 }
@@ -500,7 +502,7 @@ func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
 			v, ok := regs[e.SourceRegister]
 			set := ev.t.Set(e.SetName)
 			a, isAddr := netip.AddrFromSlice(v)
-			if !ok || set == nil || e.IsDestRegSet || !isAddr || set.Key == KeyIfname {
+			if !ok || set == nil || e.IsDestRegSet || !isAddr {
 				unknown = true
 				continue
 			}
@@ -508,8 +510,11 @@ func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
 			if found == e.Invert {
 				return MatchNo, s
 			}
-			if found {
-				s.set, s.element = set.Name, elem
+			switch {
+			case e.Invert:
+				s.set, s.notIn = set.Name, true
+			case found:
+				s.set, s.element, s.key = set.Name, elem, set.Key
 			}
 		case *expr.Counter, *expr.Log, *expr.Verdict, *expr.Masq, *expr.NAT, *expr.Target:
 			// statements: no match

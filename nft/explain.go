@@ -99,7 +99,9 @@ func explainIn(t *Table, cfg config.Config, o Options, p Packet) Explanation {
 		return e
 	}
 	e.Rule, e.Masquerade = d.text, ev.outcome == outMasquerade
-	if dec := decisionOf(d.set); dec != nil {
+	if dec := decisionOf(d.set); dec != nil && d.notIn {
+		e.Reason = fmt.Sprintf("%s: %s is in none of its %d entries", dec.key, dec.sel.row().text(p), len(dec.list(cfg)))
+	} else if dec != nil {
 		a, _ := netip.AddrFromSlice(dec.sel.row().value(p)) // what the set was looked up with
 		e.Reason = decidedBy(cfg, dec, a, d.element)
 	} else {
@@ -287,8 +289,11 @@ func reason(r result, base string, local bool) (reason, rule string) {
 		return fmt.Sprintf("no rule of chain %s matched (after chain %s rule %d)", d.target, d.chain, d.index), d.text
 	}
 	where := fmt.Sprintf("chain %s rule %d", d.chain, d.index)
+	if d.set != "" && d.notIn {
+		return fmt.Sprintf("set %s does not hold it (%s)", d.set, where), d.text
+	}
 	if d.set != "" {
-		return fmt.Sprintf("set %s holds %s (%s)", d.set, rangeString(d.element), where), d.text
+		return fmt.Sprintf("set %s holds %s (%s)", d.set, elementString(d.key, d.element), where), d.text
 	}
 	return where, d.text
 }

@@ -21,6 +21,7 @@ type Op struct {
 	Chain    *Chain // AddChain: the chain's hook (its rules come as AddRule)
 	Rule     *Rule
 	Elements []netipx.IPRange
+	Key      SetKey // elements of a set whose key is not an address (ifname): how String writes them
 	Object   *Object
 	// Table: AddTable and UpdateTable set these flags; Exclusive makes
 	// AddTable fail if the table exists (NLM_F_EXCL).
@@ -112,7 +113,7 @@ func (op Op) String() string {
 	case KindElements:
 		elems := make([]string, len(op.Elements))
 		for i, r := range op.Elements {
-			elems[i] = rangeString(r)
+			elems[i] = elementString(op.Key, r)
 		}
 		return fmt.Sprintf("%s element inet %s %s { %s }", verb, TableName, op.Name, strings.Join(elems, ", "))
 	case KindObject:
@@ -215,10 +216,10 @@ func PlanFor(found *Table, want Table) (Plan, error) {
 		}
 		removed, added := diffRanges(f.Elements, s.Elements)
 		if len(removed) > 0 {
-			p.Ops = append(p.Ops, Op{Verb: Delete, Kind: KindElements, Name: s.Name, Elements: removed})
+			p.Ops = append(p.Ops, Op{Verb: Delete, Kind: KindElements, Name: s.Name, Elements: removed, Key: nameKey(s.Key)})
 		}
 		if len(added) > 0 {
-			p.Ops = append(p.Ops, Op{Verb: Add, Kind: KindElements, Name: s.Name, Elements: added})
+			p.Ops = append(p.Ops, Op{Verb: Add, Kind: KindElements, Name: s.Name, Elements: added, Key: nameKey(s.Key)})
 		}
 	}
 	for _, c := range want.Chains {
@@ -282,9 +283,17 @@ func addSet(s Set) []Op {
 	shape.Elements = nil
 	ops := []Op{{Verb: Add, Kind: KindSet, Name: s.Name, Set: &shape}}
 	if len(s.Elements) > 0 {
-		ops = append(ops, Op{Verb: Add, Kind: KindElements, Name: s.Name, Elements: s.Elements})
+		ops = append(ops, Op{Verb: Add, Kind: KindElements, Name: s.Name, Elements: s.Elements, Key: nameKey(s.Key)})
 	}
 	return ops
+}
+
+// nameKey is an element op's Key: the set's, when it is not an address.
+func nameKey(k SetKey) SetKey {
+	if k.Family() == 0 {
+		return k
+	}
+	return 0
 }
 
 func addRules(c Chain) []Op {

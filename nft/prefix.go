@@ -70,6 +70,16 @@ func rangesOf(ps []netip.Prefix) []netipx.IPRange {
 	return paint([]painted{ps})[0]
 }
 
+// prefixRanges returns one range per prefix, nested ones dropped and
+// adjacent ones kept apart (Normalize).
+func prefixRanges(ps []netip.Prefix) []netipx.IPRange {
+	var out []netipx.IPRange
+	for _, p := range Normalize(ps) {
+		out = append(out, netipx.RangeOfPrefix(p))
+	}
+	return out
+}
+
 // painted is one list of a paint: its prefixes (of one family).
 type painted []netip.Prefix
 

@@ -37,7 +37,7 @@ func render(t Table, counters bool) string {
 		if len(s.Elements) > 0 {
 			elems := make([]string, len(s.Elements))
 			for i, r := range s.Elements {
-				elems[i] = rangeString(r)
+				elems[i] = elementString(s.Key, r)
 			}
 			fmt.Fprintf(&b, "\t\telements = { %s }\n", strings.Join(elems, ", "))
 		}

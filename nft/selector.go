@@ -2,6 +2,10 @@ package nft
 
 import (
 	"net/netip"
+	"strconv"
+	"strings"
+
+	"go4.org/netipx"
 
 	"github.com/google/nftables/expr"
 )
@@ -12,8 +16,8 @@ import (
 // unknown). A rule that reads what is unknown matches "unknown".
 //
 // The conntrack cleanup judges a flow by its original source and its
-// destination after DNAT; the interface is unknown there (the entry does
-// not keep the route it took).
+// destination after DNAT; the entry does not keep the interface, which the
+// daemon's adapter adds from the node's route when a table decides on it.
 type Packet struct {
 	Src, Dst netip.Addr
 	OutIf    string
@@ -88,18 +92,20 @@ type selector struct {
 	// value is what the packet holds for it, as the kernel loads it
 	// into a register; nil: unknown.
 	value func(Packet) []byte
+	// text is what the packet holds for it, for explain.
+	text func(Packet) string
 }
 
 var selectors = [...]selector{
 	SelDaddr: {what: "destination", addr: [2]addrField{addrFields[1], addrFields[3]},
-		value: func(p Packet) []byte { return addrBytes(p.Dst) }},
+		value: func(p Packet) []byte { return addrBytes(p.Dst) }, text: func(p Packet) string { return p.Dst.String() }},
 	SelSaddr: {what: "source", addr: [2]addrField{addrFields[0], addrFields[2]},
 		value: func(p Packet) []byte {
 			if !p.Src.IsValid() || p.Src.Is4() != p.Dst.Is4() {
 				return nil
 			}
 			return addrBytes(p.Src)
-		}},
+		}, text: func(p Packet) string { return p.Src.String() }},
 	SelOif: {what: "out interface", meta: expr.MetaKeyOIFNAME,
 		value: func(p Packet) []byte {
 			if p.OutIf == "" || len(p.OutIf) >= ifNameSize {
@@ -108,11 +114,55 @@ var selectors = [...]selector{
 			b := make([]byte, ifNameSize) // the kernel's IFNAMSIZ, zero-padded
 			copy(b, p.OutIf)
 			return b
-		}},
+		}, text: func(p Packet) string { return p.OutIf }},
 }
 
 // ifNameSize is IFNAMSIZ: an interface name with its terminating zero.
 const ifNameSize = 16
+
+// IfnamePrefix is an interface name as an ifname interval set holds it,
+// as nft 1.0.6 encodes `oifname { "eth0", "eth*" }`: the name's IFNAMSIZ
+// bytes, zero-padded, as a 128-bit value (the shape of an IPv6 address,
+// so that the set model, the plan, the batch and the read-back treat it as
+// any range): a whole name is one value (a /128), a name with nft's
+// trailing "*" the values that start with its bytes (a prefix of 8 bits
+// a byte), from the bytes zero-padded to the bytes with the last one
+// incremented. ok is false for a name that does not fit.
+func IfnamePrefix(name string) (p netip.Prefix, ok bool) {
+	base, wild := strings.CutSuffix(name, "*")
+	if len(base) >= ifNameSize || (!wild && base == "") {
+		return netip.Prefix{}, false
+	}
+	var b [ifNameSize]byte
+	copy(b[:], base)
+	bits := 128
+	if wild {
+		bits = 8 * len(base)
+	}
+	return netip.PrefixFrom(netip.AddrFrom16(b), bits), true
+}
+
+// ifnameString writes an element of an ifname set as nft does ("eth0",
+// "eth*"), from its range.
+func ifnameString(r netipx.IPRange) string {
+	p, ok := r.Prefix()
+	if !ok || p.Bits()%8 != 0 {
+		return r.String() // not a name nft writes: the bytes
+	}
+	b := r.From().As16()
+	if p.Bits() == 128 {
+		return strconv.Quote(strings.TrimRight(string(b[:]), "\x00"))
+	}
+	return strconv.Quote(string(b[:p.Bits()/8]) + "*")
+}
+
+// elementString writes an element of a set of key k as nft does.
+func elementString(k SetKey, r netipx.IPRange) string {
+	if k == KeyIfname {
+		return ifnameString(r)
+	}
+	return rangeString(r)
+}
 
 func addrBytes(a netip.Addr) []byte {
 	if !a.IsValid() {

@@ -3,6 +3,8 @@ package nft
 import (
 	"net/netip"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/nftables/expr"
@@ -191,6 +193,195 @@ func TestExplainSource(t *testing.T) {
 	for _, rc := range DecisionCounters(tbl.DecisionChain().Rules[:1]) {
 		if rc.Decision != "nonmasquerade" || rc.Reason != "sources" {
 			t.Errorf("the source rule's counter: %+v", rc)
+		}
+	}
+}
+
+// masqueradeSourceCIDRs: only traffic from those sources may be
+// masqueraded; a source outside it, of either family, is never (an empty
+// set of a family returns all of it), and explain names the key; one
+// inverted lookup per family, no rule per source.
+func TestExplainSourceGuard(t *testing.T) {
+	cfg, _, err := config.Parse([]byte("masqueradeSourceCIDRs: [10.244.0.0/16, 10.245.0.0/16]\nnonMasqueradeSourceCIDRs: [10.244.1.0/24]\n"),
+		config.Flags{EnableIPv6: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Chain: DefaultChain, EnableIPv6: true}
+	tbl := Build(cfg, o)
+	var guards []string
+	for _, r := range tbl.DecisionChain().Rules {
+		if r.Invert {
+			guards = append(guards, RenderRule(r))
+		}
+	}
+	if want := []string{
+		`ip saddr != @masq-src-v4 counter return comment "` + commentMasqSrc + `"`,
+		`ip6 saddr != @masq-src-v6 counter return comment "` + commentMasqSrc + `"`,
+	}; !slices.Equal(guards, want) {
+		t.Errorf("guard rules %q, want %q", guards, want)
+	}
+	p := func(src, dst string) Packet {
+		var s netip.Addr
+		if src != "" {
+			s = netip.MustParseAddr(src)
+		}
+		return Packet{Src: s, Dst: netip.MustParseAddr(dst)}
+	}
+	for _, tc := range []struct {
+		p               Packet
+		verdict, reason string
+	}{
+		{p("10.244.2.7", "203.0.113.10"), "masquerade", "masqOutBound: true (no other rule matched)"},
+		{p("10.245.2.7", "203.0.113.10"), "masquerade", "masqOutBound: true (no other rule matched)"},
+		{p("198.51.100.7", "203.0.113.10"), "not masqueraded", "masqueradeSourceCIDRs: 198.51.100.7 is in none of its 2 entries"},
+		{p("10.244.1.7", "203.0.113.10"), "not masqueraded", "nonMasqueradeSourceCIDRs[0] 10.244.1.0/24"},
+		{p("10.244.2.7", "10.1.2.3"), "not masqueraded", "nonMasqueradeCIDRs[0] 10.0.0.0/8 (the default list)"},
+		{p("fd00:2::7", "2001:db8::1"), "not masqueraded", "masqueradeSourceCIDRs: fd00:2::7 is in none of its 2 entries"},
+		{p("", "203.0.113.10"), "undetermined", "depends on the source (nonMasqueradeSourceCIDRs), which is not given"},
+	} {
+		e := Explain(cfg, o, tc.p)
+		if e.Verdict() != tc.verdict || e.Reason != tc.reason {
+			t.Errorf("Explain(%+v) = %s (%s), want %s (%s)", tc.p, e.Verdict(), e.Reason, tc.verdict, tc.reason)
+		}
+		got := ExplainTable(&tbl, tc.p, nil)
+		if got.Verdict() != tc.verdict {
+			t.Errorf("ExplainTable(%+v) = %s (%s), want %s", tc.p, got.Verdict(), got.Reason, tc.verdict)
+		}
+		if masq, handled := tbl.Decide(tc.p); masq != (tc.verdict == "masquerade") || handled != (tc.verdict != "undetermined") {
+			t.Errorf("Decide(%+v) = %v %v", tc.p, masq, handled)
+		}
+	}
+	// The guard's rule reads back as itself and counts as a source reason.
+	for _, r := range tbl.DecisionChain().Rules {
+		if !r.Invert {
+			continue
+		}
+		back, ok := decodeRule(r.Encode(), r.Comment)
+		if !ok || !back.equal(r) {
+			t.Errorf("%s decodes as %+v (%v)", RenderRule(r), back, ok)
+		}
+		for _, rc := range DecisionCounters([]Rule{r}) {
+			if rc.Decision != "nonmasquerade" || rc.Reason != "sources" {
+				t.Errorf("the guard's counter: %+v", rc)
+			}
+		}
+	}
+}
+
+// A family the guard has no entry of is never masqueraded, and the config
+// says so (validate, and the agent's WARN at start and change).
+func TestSourceGuardFamilyWarning(t *testing.T) {
+	for _, tc := range []struct {
+		yaml  string
+		flags config.Flags
+		warn  string // "" for none about a family
+	}{
+		{"masqueradeSourceCIDRs: [10.244.0.0/16]\n", config.Flags{}, ""},
+		{"masqueradeSourceCIDRs: [10.244.0.0/16]\n", config.Flags{EnableIPv6: true}, "has no IPv6 CIDR: no IPv6 traffic will be masqueraded"},
+		{"masqueradeSourceCIDRs: [\"fd00::/8\"]\n", config.Flags{EnableIPv6: true}, "has no IPv4 CIDR: no IPv4 traffic will be masqueraded"},
+		{"masqueradeSourceCIDRs: [10.244.0.0/16, \"fd00::/8\"]\n", config.Flags{EnableIPv6: true}, ""},
+	} {
+		_, warns, err := config.Parse([]byte(tc.yaml), tc.flags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := ""
+		for _, w := range warns {
+			if strings.Contains(w, "has no IPv") {
+				found = w
+			}
+		}
+		if (tc.warn == "") != (found == "") || !strings.Contains(found, tc.warn) || (found != "" && !strings.Contains(found, "masqueradeSourceCIDRs")) {
+			t.Errorf("%q %+v: warning %q, want %q", tc.yaml, tc.flags, found, tc.warn)
+		}
+	}
+}
+
+// egressInterfaces: only traffic leaving through the listed interfaces
+// (nft's trailing "*" included) may be masqueraded; explain names the key
+// for another interface, and without one says it depends on it.
+func TestExplainEgressInterfaces(t *testing.T) {
+	cfg, _, err := config.Parse([]byte("egressInterfaces: [eth0, \"ens*\"]\nmasqueradeSourceCIDRs: [10.244.0.0/16, \"fd00::/16\"]\n"),
+		config.Flags{EnableIPv6: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Chain: DefaultChain, EnableIPv6: true}
+	tbl := Build(cfg, o)
+	p := func(src, dst, oif string) Packet {
+		return Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), OutIf: oif}
+	}
+	for _, tc := range []struct {
+		p               Packet
+		verdict, reason string
+	}{
+		{p("10.244.2.7", "203.0.113.10", "eth0"), "masquerade", "masqOutBound: true (no other rule matched)"},
+		{p("10.244.2.7", "203.0.113.10", "ens3"), "masquerade", "masqOutBound: true (no other rule matched)"},
+		{p("10.244.2.7", "203.0.113.10", "ens"), "masquerade", "masqOutBound: true (no other rule matched)"},
+		{p("fd00:2::7", "2001:db8::1", "ens192"), "masquerade", "masqOutBoundIPv6: true (no other rule matched)"},
+		{p("10.244.2.7", "203.0.113.10", "eth1"), "not masqueraded", "egressInterfaces: eth1 is in none of its 2 entries"},
+		{p("10.244.2.7", "203.0.113.10", "eth00"), "not masqueraded", "egressInterfaces: eth00 is in none of its 2 entries"},
+		{p("fd00:2::7", "2001:db8::1", "wg0"), "not masqueraded", "egressInterfaces: wg0 is in none of its 2 entries"},
+		{p("198.51.100.7", "203.0.113.10", "eth0"), "not masqueraded", "masqueradeSourceCIDRs: 198.51.100.7 is in none of its 2 entries"},
+		{p("10.244.2.7", "10.1.2.3", "eth0"), "not masqueraded", "nonMasqueradeCIDRs[0] 10.0.0.0/8 (the default list)"},
+		{p("10.244.2.7", "203.0.113.10", ""), "undetermined", "depends on the out interface (egressInterfaces), which is not given"},
+	} {
+		e := Explain(cfg, o, tc.p)
+		if e.Verdict() != tc.verdict || e.Reason != tc.reason {
+			t.Errorf("Explain(%+v) = %s (%s), want %s (%s)", tc.p, e.Verdict(), e.Reason, tc.verdict, tc.reason)
+		}
+		got := ExplainTable(&tbl, tc.p, nil)
+		if got.Verdict() != tc.verdict {
+			t.Errorf("ExplainTable(%+v) = %s (%s), want %s", tc.p, got.Verdict(), got.Reason, tc.verdict)
+		}
+		if masq, handled := tbl.Decide(tc.p); masq != (tc.verdict == "masquerade") || handled != (tc.verdict != "undetermined") {
+			t.Errorf("Decide(%+v) = %v %v", tc.p, masq, handled)
+		}
+	}
+	for _, r := range tbl.DecisionChain().Rules {
+		if r.Selector != SelOif {
+			continue
+		}
+		if back, ok := decodeRule(r.Encode(), r.Comment); !ok || !back.equal(r) {
+			t.Errorf("%s decodes as %+v (%v)", RenderRule(r), back, ok)
+		}
+		for _, rc := range DecisionCounters([]Rule{r}) {
+			if rc.Decision != "nonmasquerade" || rc.Reason != "interfaces" {
+				t.Errorf("the interface rule's counter: %+v", rc)
+			}
+		}
+	}
+}
+
+// An interface name's elements are nft 1.0.6's, byte for byte (as
+// `nft --debug=netlink` shows for `elements = { "ens3", "eth*" }`): a name
+// from its zero-padded bytes to one past them, a wildcard from its
+// prefix's bytes to the prefix with its last byte incremented.
+func TestIfnameElements(t *testing.T) {
+	pad := func(s string) netip.Addr {
+		var b [16]byte
+		copy(b[:], s)
+		return netip.AddrFrom16(b)
+	}
+	var rs []netipx.IPRange
+	for _, n := range []string{"ens3", "eth*"} {
+		p, ok := IfnamePrefix(n)
+		if !ok {
+			t.Fatalf("%q does not fit", n)
+		}
+		rs = append(rs, netipx.RangeOfPrefix(p))
+		if got := ifnameString(netipx.RangeOfPrefix(p)); got != `"`+n+`"` {
+			t.Errorf("%q is written %s", n, got)
+		}
+	}
+	want := []Bound{{Addr: pad("ens3")}, {Addr: pad("ens3").Next(), End: true}, {Addr: pad("eth")}, {Addr: pad("eti"), End: true}}
+	if got := Bounds(rs); !reflect.DeepEqual(got, want) {
+		t.Errorf("bounds %v, want %v", got, want)
+	}
+	for _, bad := range []string{"", "abcdefghijklmnop", "abcdefghijklmnop*"} {
+		if _, ok := IfnamePrefix(bad); ok {
+			t.Errorf("%q fits", bad)
 		}
 	}
 }

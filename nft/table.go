@@ -110,7 +110,10 @@ type Table struct {
 }
 
 // Set is an interval set of the agent's: of addresses of one family
-// (KeyIPv4, KeyIPv6) for now.
+// (KeyIPv4, KeyIPv6) or of interface names (KeyIfname). Its elements are
+// ranges of values of its key: an interface name is its 16 bytes as a
+// 128-bit value (IfnamePrefix), so every key shares the model, the plan,
+// the batch and the read-back; the key type says how to write them.
 type Set struct {
 	Name    string
 	Key     SetKey // its key type; 0: one the agent does not make (Odd says which)
@@ -151,6 +154,7 @@ type Rule struct {
 	Selector    Selector   // what Set is looked up with (selector.go)
 	Set         string     // ip daddr @set, ip6 saddr @set, ...
 	OutIf       string     // oifname "OutIf": the snatAddress rule's interface (build.go)
+	Invert      bool       // ip saddr != @set: the lookup matches what the set does not hold
 	L4Proto     uint8      // meta l4proto
 	Share       *Share     // numgen random mod Of < Below
 	CtLabel     *uint8     // ct label set BIT: marks the connections the rule masquerades

@@ -68,6 +68,9 @@ func TestRenderMatchesKernel(t *testing.T) {
 		{"to-ports", "", nft.Options{Chain: nft.DefaultChain, ToPorts: []nft.PortRange{{First: 1024, Last: 29999}, {First: 32768, Last: 65535}}, RandomFully: true}},
 		{"not fully random", "", nft.Options{Chain: nft.DefaultChain, ToPorts: []nft.PortRange{{First: 32768, Last: 65535}}}},
 		{"conntrack label", "", nft.Options{Chain: nft.DefaultChain, RandomFully: true, CtLabel: labelBit(20)}},
+		{"source lists and egress interfaces", "nonMasqueradeSourceCIDRs: [10.244.1.0/24]\nmasqueradeSourceCIDRs: [10.244.0.0/16, \"fd00::/16\"]\n" +
+			"egressInterfaces: [eth0, \"ens*\", \"veth1*\", abcdefghijklmno]\n",
+			nft.Options{Chain: nft.DefaultChain, EnableIPv6: true, RandomFully: true}},
 		{"conntrack label, high bit, to-ports", "", nft.Options{Chain: nft.DefaultChain, ToPorts: []nft.PortRange{{First: 1024, Last: 29999}, {First: 32768, Last: 65535}}, CtLabel: labelBit(100)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -231,7 +231,9 @@ func TestSwitchStandInCarriedOver(t *testing.T) {
 	})
 	expectSources(t, topo, map[string]bool{internet1: false})
 	orig.Stop()
-	eventually(t, "the removal", func() bool { return strings.Contains(d.output(), "removed the original ip-masq-agent's iptables rules") })
+	eventually(t, "the removal", func() bool {
+		return strings.Contains(d.output(), "removed the original ip-masq-agent's iptables rules")
+	})
 	if s := natTable(t, topo, "ip"); strings.Contains(s, original.AddonChain) {
 		t.Errorf("table ip nat after the removal:\n%s", s)
 	}

@@ -24,9 +24,10 @@ type Policy struct {
 
 // For returns the OutBoundNAT policy equivalent to cfg, and a warning
 // for each part of cfg that the policy cannot express: masqueradeCIDRs,
-// nonMasqueradeSourceCIDRs, masqOutBound: false, and IPv6 CIDRs (with
-// enableIPv6); under cidrMatch: mostSpecific, only the masqueradeCIDRs
-// inside a wider exception, which the ExceptionList cannot carve out. The
+// nonMasqueradeSourceCIDRs, masqueradeSourceCIDRs, egressInterfaces,
+// masqOutBound: false, and IPv6 CIDRs (with enableIPv6); under cidrMatch:
+// mostSpecific, only the masqueradeCIDRs inside a wider exception, which
+// the ExceptionList cannot carve out. The
 // ExceptionList holds the IPv4 nonMasqueradeCIDRs as written (IPv4-mapped
 // ones unmapped, repeats dropped), then 169.254.0.0/16 unless
 // masqLinkLocal is true.
@@ -75,6 +76,14 @@ func For(cfg config.Config, enableIPv6 bool) (Policy, []string) {
 			warns = append(warns, fmt.Sprintf("%s %s has no meaning here: OutBoundNAT masquerades to the node's address (its VIP), "+
 				"so traffic goes out from that address, not from %s", k.key, k.addr, k.addr))
 		}
+	}
+	if n := len(cfg.MasqueradeSourceCIDRs); n > 0 {
+		warns = append(warns, fmt.Sprintf("masqueradeSourceCIDRs (%d) cannot be expressed: the ExceptionList holds destinations only, "+
+			"so traffic from other sources is masqueraded too", n))
+	}
+	if n := len(cfg.EgressInterfaces); n > 0 {
+		warns = append(warns, fmt.Sprintf("egressInterfaces (%d) has no Windows meaning: OutBoundNAT is a policy of the pod's endpoint, "+
+			"not of an interface, so traffic through every interface is masqueraded", n))
 	}
 	if !cfg.MasqOutBound {
 		warns = append(warns, "masqOutBound: false cannot be expressed: OutBoundNAT masquerades all traffic outside the ExceptionList")

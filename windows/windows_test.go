@@ -39,6 +39,10 @@ masqOutBoundIPv6: true
 			warns: []string{"nonMasqueradeSourceCIDRs (1) cannot be expressed: the ExceptionList holds destinations only"}},
 		{name: "snat-address", yaml: "snatAddress: 203.0.113.10\nsnatAddressIPv6: \"2001:db8::10\"\n",
 			warns: []string{"snatAddress 203.0.113.10 has no meaning here", "snatAddressIPv6 2001:db8::10 has no meaning here"}},
+		{name: "egress-interfaces", yaml: "egressInterfaces: [eth0]\n",
+			warns: []string{"egressInterfaces (1) has no Windows meaning"}},
+		{name: "source-guard", yaml: "masqueradeSourceCIDRs: [10.244.0.0/16]\n",
+			warns: []string{"masqueradeSourceCIDRs (1) cannot be expressed: the ExceptionList holds destinations only"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, _, err := config.Parse([]byte(tc.yaml), tc.flags)

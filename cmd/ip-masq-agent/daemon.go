@@ -192,10 +192,35 @@ type conntrackCleanup struct {
 }
 
 // flowDecider is t's Decider for conntrack flows: by source and
-// destination; the out interface is unknown there.
-func flowDecider(t nft.Table) conntrack.Decider {
+// destination, and, when either table decides on it (egressInterfaces),
+// the out interface, which an entry does not keep: outIf finds it by the
+// node's route now. A flow whose route is not found ("") is undetermined
+// and kept.
+func flowDecider(t nft.Table, outIf func(src, dst netip.Addr) string) conntrack.Decider {
 	d := t.Decider()
-	return func(f conntrack.Flow) (bool, bool) { return d(nft.Packet{Src: f.Src, Dst: f.Dst}) }
+	return func(f conntrack.Flow) (bool, bool) {
+		p := nft.Packet{Src: f.Src, Dst: f.Dst}
+		if outIf != nil {
+			p.OutIf = outIf(f.Src, f.Dst)
+		}
+		return d(p)
+	}
+}
+
+// routes is routeOutIf remembered per flow for one cleanup.
+func routes() func(src, dst netip.Addr) string {
+	type key struct{ src, dst netip.Addr }
+	seen := map[key]string{}
+	r := newRouter()
+	return func(src, dst netip.Addr) string {
+		k := key{src, dst}
+		if n, ok := seen[k]; ok {
+			return n
+		}
+		n := r.outIf(src, dst)
+		seen[k] = n
+		return n
+	}
 }
 
 // Applied deletes the conntrack entries whose decision the new table made
@@ -210,7 +235,11 @@ func flowDecider(t nft.Table) conntrack.Decider {
 // log line says so (marked=false).
 func (c conntrackCleanup) Applied(old, new nft.Table) {
 	mark := old.MarkLabel()
-	res, err := conntrack.CleanupMarked(netns.None(), c.mode, flowDecider(old), flowDecider(new), mark)
+	var outIf func(src, dst netip.Addr) string
+	if matchesOutIf(old) || matchesOutIf(new) {
+		outIf = routes()
+	}
+	res, err := conntrack.CleanupMarked(netns.None(), c.mode, flowDecider(old, outIf), flowDecider(new, outIf), mark)
 	c.m.ConntrackDeleted(res.Deleted)
 	attrs := []any{"mode", c.mode, "marked", mark >= 0}
 	if mark >= 0 {

@@ -6,20 +6,25 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 var explainCommand = &command{
-	name: "explain", args: "[--config FILE|DIR] [--live] [--from SOURCE] [flags] ADDRESS...",
+	name: "explain", args: "[--config FILE|DIR] [--live] [--from SOURCE] [--via IFACE] [flags] ADDRESS...",
 	summary: "say whether traffic to each address is masqueraded, and which rule decides",
 	about: `For each destination ADDRESS, says whether new connections from pods to it
 are masqueraded, and why: the CIDR and the key it comes from (such as
 "nonMasqueradeCIDRs[2] 10.0.0.0/8"), the link-local default, or the
 outbound default, from the config and flags alone. --from SOURCE is the
 connections' source (a pod's address), which nonMasqueradeSourceCIDRs
-decides on; without it, a config with that key is "undetermined".
+and masqueradeSourceCIDRs decide on; without it, a config with either key
+is "undetermined". --via IFACE is the interface they leave through, which
+egressInterfaces decides on; with --live and without --via, it is the
+interface the node's routing table gives now (ip route get ADDRESS from
+SOURCE iif DEV).
 
 In the agent's pod (kubectl exec), the flags not given here are the running
 agent's (--agent-pid), so the answer is for the config and flags in force.
@@ -46,7 +51,8 @@ config is bad and --live answered from the kernel.`,
 func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	live := fs.Bool("live", false, "also evaluate the kernel's current table (CAP_NET_ADMIN) and say where it disagrees")
-	from := fs.String("from", "", "the connections' source address (a pod's), for nonMasqueradeSourceCIDRs")
+	from := fs.String("from", "", "the connections' source address (a pod's), for nonMasqueradeSourceCIDRs and masqueradeSourceCIDRs")
+	via := fs.String("via", "", "the interface the connections leave through, for egressInterfaces (with --live, the node's route by default)")
 	r, cfg, pos, cfgErr, code, done := rulesetCommandBadConfig(c, fs, args, stdout, stderr)
 	if done {
 		return code
@@ -66,6 +72,9 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		src = a
 	}
+	if _, ok := nft.IfnamePrefix(*via); *via != "" && (!ok || strings.HasSuffix(*via, "*")) {
+		return usageError(c, stderr, "--via %q is not an interface name", *via)
+	}
 	var addrs []netip.Addr
 	for _, s := range pos {
 		a, err := netip.ParseAddr(s)
@@ -80,7 +89,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			width = max(width, len(a.String()))
 		}
 		for _, a := range addrs {
-			e := nft.Explain(cfg, r.nft, nft.Packet{Src: src, Dst: a})
+			e := nft.Explain(cfg, r.nft, nft.Packet{Src: src, Dst: a, OutIf: *via})
 			fmt.Fprintf(stdout, "%-*s  %-15s  %s\n", width, a, e.Verdict(), e.Reason)
 		}
 		return 0
@@ -105,9 +114,13 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	}
 	disagree := 0
 	for _, a := range addrs {
+		pkt := nft.Packet{Src: src, Dst: a, OutIf: *via}
+		if pkt.OutIf == "" {
+			pkt.OutIf = routeOutIf(src, a) // as the kernel would route it now
+		}
 		got := nft.Explanation{Addr: a.Unmap(), Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
 		if table != nil {
-			got = nft.ExplainTable(table, nft.Packet{Src: src, Dst: a}, local)
+			got = nft.ExplainTable(table, pkt, local)
 		}
 		// The original agent's jump, in iptables' nat POSTROUTING, runs first.
 		first, decided := orig.ExplainOriginal(a, local(a))
@@ -123,8 +136,11 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			}
 			continue
 		}
-		want := nft.Explain(cfg, r.nft, nft.Packet{Src: src, Dst: a})
+		want := nft.Explain(cfg, r.nft, pkt)
 		fmt.Fprintf(stdout, "%s\n  config: %s: %s\n  kernel: %s: %s\n", a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
+		if *via == "" && pkt.OutIf != "" && (matchesOutIf(nft.Build(cfg, r.nft)) || (table != nil && matchesOutIf(*table))) {
+			fmt.Fprintf(stdout, "  route:  leaves through %s (the node's route now)\n", pkt.OutIf)
+		}
 		if got.Rule != "" {
 			fmt.Fprintf(stdout, "          rule: %s\n", got.Rule)
 		}

@@ -90,3 +90,74 @@ func TestSNATAddressValidate(t *testing.T) {
 		}
 	}
 }
+
+// masqueradeSourceCIDRs end to end without a kernel: validate names a bad
+// value and warns of a family the guard leaves out; render shows the
+// inverted lookup; explain --from names the key for a source outside it.
+func TestMasqueradeSourceCIDRs(t *testing.T) {
+	bad := writeFile(t, "ip-masq-agent", "masqueradeSourceCIDRs: [10.244.0.0/16, pods]\n")
+	if code, out, _ := runCmd(t, "validate", bad); code != 1 ||
+		!strings.Contains(out, bad+":1: masqueradeSourceCIDRs[1]: \"pods\" is not a valid CIDR") {
+		t.Errorf("validate: %d %q", code, out)
+	}
+	path := writeFile(t, "ip-masq-agent", "masqueradeSourceCIDRs: [10.244.0.0/16]\n")
+	if code, out, _ := runCmd(t, "validate", "--enable-ipv6", path); !strings.Contains(out, "masqueradeSourceCIDRs: has no IPv6 CIDR: no IPv6 traffic will be masqueraded") {
+		t.Errorf("validate --enable-ipv6: %d %q", code, out)
+	}
+	code, out, errOut := runCmd(t, "render", "--config", path)
+	if code != 0 || !strings.Contains(out, "ip saddr != @masq-src-v4 counter return") || !strings.Contains(out, "elements = { 10.244.0.0/16 }") {
+		t.Errorf("render: %d %q\n%s", code, errOut, out)
+	}
+	code, out, _ = runCmd(t, "explain", "--config", path, "--from", "198.51.100.7", "203.0.113.1")
+	if want := "203.0.113.1  not masqueraded  masqueradeSourceCIDRs: 198.51.100.7 is in none of its 1 entries\n"; code != 0 || out != want {
+		t.Errorf("explain --from outside: %d %q, want %q", code, out, want)
+	}
+	code, out, _ = runCmd(t, "explain", "--config", path, "--from", "10.244.3.5", "203.0.113.1")
+	if want := "203.0.113.1  masquerade       masqOutBound: true (no other rule matched)\n"; code != 0 || out != want {
+		t.Errorf("explain --from inside: %d %q, want %q", code, out, want)
+	}
+	code, out, _ = runCmd(t, "explain", "--config", path, "203.0.113.1")
+	if code != 0 || !strings.Contains(out, "depends on the source (masqueradeSourceCIDRs)") {
+		t.Errorf("explain without --from: %d %q", code, out)
+	}
+}
+
+// egressInterfaces end to end without a kernel: validate names each bad
+// name by file, key, index and value; render shows the ifname set as nft
+// writes it; explain --via decides by the out interface.
+func TestEgressInterfaces(t *testing.T) {
+	bad := writeFile(t, "ip-masq-agent", "egressInterfaces: [eth0, \"\", \"e*th\", abcdefghijklmnop, \"*\", \"eth 0\", 7]\n")
+	code, out, _ := runCmd(t, "validate", bad)
+	for _, want := range []string{
+		bad + `:1: egressInterfaces[1]: "" is not an interface name nft can match: empty`,
+		bad + `:1: egressInterfaces[2]: "e*th" is not an interface name nft can match: "*" is a wildcard only at the end`,
+		bad + `:1: egressInterfaces[3]: "abcdefghijklmnop" is not an interface name nft can match: 16 characters, more than the kernel's 15 (IFNAMSIZ - 1)`,
+		bad + `:1: egressInterfaces[4]: "*" is not an interface name nft can match: a bare "*" matches every interface`,
+		bad + `:1: egressInterfaces[5]: "eth 0" is not an interface name nft can match: holds ' '`,
+		bad + `:1: egressInterfaces[6]: expected an interface name such as "eth0" or "eth*", got`,
+	} {
+		if code != 1 || !strings.Contains(out, want) {
+			t.Errorf("validate: %d, lacks %q:\n%s", code, want, out)
+		}
+	}
+	path := writeFile(t, "ip-masq-agent", "egressInterfaces: [eth0, \"ens*\"]\n")
+	code, out, errOut := runCmd(t, "render", "--config", path)
+	if code != 0 || !strings.Contains(out, "meta nfproto ipv4 oifname != @egress-if-v4 counter return") || !strings.Contains(out, `elements = { "ens*", "eth0" }`) {
+		t.Errorf("render: %d %q\n%s", code, errOut, out)
+	}
+	code, out, _ = runCmd(t, "explain", "--config", path, "--via", "wg0", "203.0.113.1")
+	if want := "203.0.113.1  not masqueraded  egressInterfaces: wg0 is in none of its 2 entries\n"; code != 0 || out != want {
+		t.Errorf("explain --via wg0: %d %q, want %q", code, out, want)
+	}
+	code, out, _ = runCmd(t, "explain", "--config", path, "--via", "ens5", "203.0.113.1")
+	if want := "203.0.113.1  masquerade       masqOutBound: true (no other rule matched)\n"; code != 0 || out != want {
+		t.Errorf("explain --via ens5: %d %q, want %q", code, out, want)
+	}
+	code, out, _ = runCmd(t, "explain", "--config", path, "203.0.113.1")
+	if code != 0 || !strings.Contains(out, "depends on the out interface (egressInterfaces)") {
+		t.Errorf("explain without --via: %d %q", code, out)
+	}
+	if code, _, errOut := runCmd(t, "explain", "--config", path, "--via", "eth*", "203.0.113.1"); code != 2 || !strings.Contains(errOut, `--via "eth*" is not an interface name`) {
+		t.Errorf("explain --via eth*: %d %q", code, errOut)
+	}
+}

@@ -543,21 +543,24 @@ func elements(t nft.Table) (n int) {
 // setElements publishes, per set, the CIDRs the config lists and the
 // intervals the kernel holds.
 func (a *Agent) setElements(cfg config.Config, t nft.Table) {
-	count := func(ps []netip.Prefix, is6 bool) (n int) {
+	count := func(ps []netip.Prefix, is6, names bool) (n int) {
 		for _, p := range ps {
-			if p.Addr().Unmap().Is6() == is6 {
+			if names || p.Addr().Unmap().Is6() == is6 {
 				n++
 			}
 		}
 		return n
 	}
 	for _, s := range t.Sets {
-		family, is6 := "ipv4", s.Key.Family() == 6
+		kind, list, fam, ok := nft.SetOf(cfg, s.Name)
+		if !ok {
+			fam = s.Key.Family()
+		}
+		family, is6 := "ipv4", fam == 6
 		if is6 {
 			family = "ipv6"
 		}
-		kind, list, _ := nft.SetOf(cfg, s.Name)
-		cidrs := count(list, is6)
+		cidrs := count(list, is6, s.Key.Family() == 0)
 		if is6 && !a.opts.Flags.EnableIPv6 {
 			cidrs = 0
 		}

@@ -410,11 +410,11 @@ type ruleCollector struct {
 var (
 	rulePacketsDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_packets_total"),
-		"Packets counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs, sources or outbound).",
+		"Packets counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs, sources, interfaces or outbound).",
 		[]string{"family", "decision", "reason"}, nil)
 	ruleBytesDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_bytes_total"),
-		"Bytes counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs, sources or outbound).",
+		"Bytes counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs, sources, interfaces or outbound).",
 		[]string{"family", "decision", "reason"}, nil)
 	readErrorsDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_counters_read_errors_total"),

@@ -74,6 +74,26 @@ var features = []feature{{
 			&p, &expr.Lookup{SourceRegister: 1, SetName: "s"}}})
 	},
 }, {
+	// masqueradeSourceCIDRs: ip saddr != @set return, the lookup's
+	// NFTA_LOOKUP_FLAGS (nft/build.go). Asked of every kernel: a config
+	// may set the key at any time, and every kernel with inet nat has it.
+	what: "inverted set lookups of the source address (ip saddr != @set)", since: "4.10", module: "nf_tables",
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
+		probeRule(cc, t, nft.Rule{Family: 4, Selector: nft.SelSaddr, Set: "s", Invert: true, Verdict: nft.Return})
+	},
+}, {
+	// egressInterfaces: an interval set of interface names (nft's
+	// "eth*"), looked up with meta oifname, inverted (nft/build.go).
+	what: "interval sets of interface names", since: "3.13", module: "nf_tables",
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
+		cc.AddSet(&nftables.Set{Table: t, Name: "i", KeyType: nftables.TypeIFName, Interval: true, KeyByteOrder: binaryutil.BigEndian}, nil)
+	},
+}, {
+	what: "inverted set lookups of the out interface (oifname != @set)", since: "4.10", module: "nf_tables",
+	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
+		probeRule(cc, t, nft.Rule{Family: 4, Selector: nft.SelOif, Set: "i", Invert: true, Verdict: nft.Return})
+	},
+}, {
 	what: "the counter expression", since: "3.13", module: "nft_counter",
 	add: func(cc *nftables.Conn, t *nftables.Table, _ nft.Options) {
 		// counter return: the agent's encoding of a rule, whose verdict

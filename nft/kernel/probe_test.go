@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"syscall"
@@ -66,7 +67,12 @@ func TestProbeAsksWhatTheTableUses(t *testing.T) {
 				}
 			}
 			probed := exprKinds(t, b.msgs)
-			table := nft.Build(config.Default(config.Flags{}), c.o)
+			// Every key in use: the source lists' inverted lookup among them.
+			cfg := config.Default(config.Flags{EnableIPv6: c.o.EnableIPv6})
+			cfg.NonMasqueradeSourceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}
+			cfg.MasqueradeSourceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+			cfg.EgressInterfaces = []string{"eth0", "ens*"}
+			table := nft.Build(cfg, c.o)
 			var rules []netlink.Message
 			cc, _ := nftables.New(nftables.WithTestDial(captureDial(&rules)))
 			tb := &nftables.Table{Family: nftables.TableFamilyINet, Name: nft.TableName}

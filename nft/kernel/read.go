@@ -292,7 +292,7 @@ func readSets(conn transport, t *nft.Table) error {
 			return err
 		}
 		for k, t := range setKeyTypes {
-			if keyType == t.GetNFTMagic() && keyLen == t.Bytes && k.Family() != 0 { // the agent's sets hold addresses for now
+			if keyType == t.GetNFTMagic() && keyLen == t.Bytes {
 				s.Key = k
 			}
 		}
