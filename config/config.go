@@ -32,6 +32,10 @@ type Flags struct {
 	// that sets none (Azure's ip-masq-agent-v2: --resync-interval=SECONDS;
 	// its config files have no resyncInterval key).
 	ResyncInterval time.Duration
+	// AzureDir: the file is one of a config directory's, read with the
+	// meaning Azure's ip-masq-agent-v2 gives it (azure.go), not the
+	// original agent's. Set by Loader and validate, not by a flag.
+	AzureDir bool
 }
 
 // Config is a validated configuration.
@@ -168,6 +172,9 @@ func parse(data []byte, f Flags) (Config, *decoder, error) {
 // fastYAML (see fast.go) instead of the YAML library, with the same result.
 func parseWith(data []byte, f Flags, fast bool) (Config, *decoder, error) {
 	if len(data) == 0 {
+		if f.AzureDir {
+			return azureEmpty(f), &decoder{f: f, present: map[string]bool{}}, nil
+		}
 		return Default(f), &decoder{f: f, present: map[string]bool{}}, nil
 	}
 	var entries []entry
@@ -501,6 +508,9 @@ func keyPath(key string, index int) string {
 }
 
 func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
+	if f.AzureDir {
+		return decodeAzure(entries, f, repeated)
+	}
 	c := Default(f)
 	d := &decoder{f: f, present: make(map[string]bool), lists: make(map[string]*list)}
 	for _, k := range keys {

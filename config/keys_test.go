@@ -70,9 +70,6 @@ func TestKeyTable(t *testing.T) {
 		if back, _, err := Parse([]byte(c.String()), Flags{}); err != nil || !back.Equal(c) {
 			t.Errorf("field %s: Parse(String()) = %v, %v; want the same config", field, back.Diff(c), err)
 		}
-		if m := merge(Flags{}, []part{{c: def, present: map[string]bool{}}, {c: c, present: map[string]bool{name: true}}}); !k.equal(&m, &c) {
-			t.Errorf("field %s: the merge of one file that sets %q gives %s, want %s", field, name, m.String(), c.String())
-		}
 	}
 	if len(owners) != len(keys) {
 		t.Errorf("%d keys hold a field of Config, want all %d", len(owners), len(keys))

@@ -136,26 +136,49 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 	case serr == nil && !fi.IsDir():
 		return Config{}, nil, fmt.Errorf("%s: is a file now, but was a directory when the agent started: not read; restart the agent to read it as a file", path)
 	}
+	c, warns, notes, err := l.loadDir(path, f)
+	return c, append(warns, notes...), err
+}
+
+// loadDir reads a directory (see Load): the merged config, the files'
+// warnings (prefixed with their paths), the directory's own warnings
+// (DirNotes), and a *DirError.
+func (l *Loader) loadDir(path string, f Flags) (Config, []string, []string, error) {
 	entries, err := dirFiles(path)
 	if err != nil {
-		return Config{}, nil, fmt.Errorf("%s: %w", path, unwrapPath(err))
+		return Config{}, nil, nil, fmt.Errorf("%s: %w", path, unwrapPath(err))
 	}
 	if l.last == nil {
 		l.last = make(map[string]part)
 	}
+	f.AzureDir = true
 	var (
 		parts []part
 		warns []string
+		notes []string
 		de    DirError
 		seen  = make(map[string]bool)
 	)
 	for _, e := range entries {
 		file := e.path
 		if e.dir {
-			warns = append(warns, file+": a directory, not read")
+			notes = append(notes, file+": a directory, not read (Azure's ip-masq-agent-v2 exits on it; this agent goes on without it)")
 			continue
 		} else if errors.Is(e.err, fs.ErrNotExist) {
-			continue // a dangling symlink, or gone since the listing
+			target, ok := danglingTarget(file)
+			if !ok {
+				continue // gone since the listing
+			}
+			// Azure exits on it. A kubelet's update leaves one for a
+			// moment (a key removed: its link goes after ..data moved).
+			if last, ok := l.last[file]; ok {
+				seen[file] = true
+				de.Files = append(de.Files, FileError{Path: file, Err: fmt.Errorf("a symlink to %q, which does not exist (Azure's ip-masq-agent-v2 exits on it)", target), LastGood: true})
+				parts = append(parts, last)
+				continue
+			}
+			notes = append(notes, fmt.Sprintf("%s: a symlink to %q, which does not exist: not read (Azure's ip-masq-agent-v2 exits on it; this agent goes on without it)", file, target))
+			continue
 		}
 		seen[file] = true
 		data, err := readFile(file)
@@ -183,8 +206,12 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 			delete(l.last, file) // the file is gone: so is its part
 		}
 	}
-	if len(seen) == 0 {
-		warns = append(warns, path+": no file whose name starts with \"ip-masq\"; using the defaults")
+	c := mergeAzure(f, parts)
+	switch {
+	case len(seen) == 0:
+		notes = append(notes, path+": no file whose name starts with \"ip-masq\"; using the defaults")
+	case len(parts) > 0 && len(c.NonMasqueradeCIDRs) == 0:
+		notes = append(notes, path+": "+msgEmptyUnion(f))
 	}
 	if len(de.Files) > 0 {
 		de.Partial = true
@@ -192,33 +219,9 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 			de.Partial = de.Partial && fe.LastGood
 		}
 		if !de.Partial {
-			return Config{}, warns, &de
+			return Config{}, warns, notes, &de
 		}
-		return merge(f, parts), warns, &de
+		return c, warns, notes, &de
 	}
-	return merge(f, parts), warns, nil
-}
-
-// merge combines the configs of a directory's files (see Loader.Load):
-// each key by its merge rule (keys) over the files that set it.
-func merge(f Flags, parts []part) Config {
-	c := Default(f)
-	for _, k := range keys {
-		var set []*Config
-		for i := range parts {
-			if parts[i].present[k.Name()] {
-				set = append(set, &parts[i].c)
-			}
-		}
-		if len(set) > 0 {
-			k.mergeInto(&c, set)
-		}
-	}
-	// The limit applied to each file; the merge is not limited.
-	for _, k := range keys {
-		if ps := k.cidrs(&c); ps != nil {
-			c.CIDRLimit = max(c.CIDRLimit, len(*ps))
-		}
-	}
-	return c
+	return c, warns, notes, nil
 }
