@@ -9,7 +9,7 @@ mk() { # mk NAME FILE CONTENT
 flags() { printf '%s\n' "$2" > "$C/$1/flags"; }
 cidrs() { # n CIDRs 10.i.0.0/16 starting at $2
   local s="nonMasqueradeCIDRs:\n"; for i in $(seq $2 $(($2+$1-1))); do s+="  - 10.$i.0.0/16\n"; done; printf '%s' "$s"; }
-rm -rf "$C"; mkdir -p "$C"
+mkdir -p "$C"; find "$C" -mindepth 1 -maxdepth 1 -type d ! -name recorder -exec rm -rf {} +
 # common merges
 mk disjoint ip-masq-a 'nonMasqueradeCIDRs: [10.0.0.0/8]\n'
 mk disjoint ip-masq-b 'nonMasqueradeCIDRs: [192.168.0.0/16]\n'
@@ -83,6 +83,6 @@ printf 'nonMasqueradeCIDRs: [192.168.0.0/16]\n' > "$C/subdirectory/config/ip-mas
 mkdir -p "$C/missing-directory"
 # record
 for d in "$C"/*/; do
-  n=$(basename "$d"); f=""; [ -f "$d/flags" ] && f=$(cat "$d/flags")
+  n=$(basename "$d"); [ "$n" = recorder ] && continue; f=""; [ -f "$d/flags" ] && f=$(cat "$d/flags")
   AZURE_DIR="${d%/}/config" AZURE_OUT="${d%/}/expected.json" $REC -test.run '^TestRecord$' $f >/dev/null
 done
