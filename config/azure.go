@@ -152,7 +152,7 @@ func msgEmptyUnion(f Flags) string {
 	for i, p := range def {
 		ss[i] = p.String()
 	}
-	return fmt.Sprintf("no file named ip-masq* sets a non-empty %s: as in Azure's ip-masq-agent-v2, no destination is exempt "+
+	return fmt.Sprintf("no file named ip-masq* sets a non-empty %s: as in Azure's ip-masq-agent-v2, the directory exempts no destination "+
 		"but link-local, so %s are masqueraded (the defaults apply only to a directory without ip-masq* files)",
 		KeyNonMasq, strings.Join(ss, ", "))
 }
