@@ -23,27 +23,28 @@ const (
 )
 
 // keys is every key of the file, one entry each, in the order String
-// writes them. Default, Equal, String, Diff, the decoding of a file and the
-// merge of a directory's files are derived from it: a new key is a field
+// writes them. Default, Equal, String, Diff and the decoding of a file are
+// derived from it (a directory's files merge as Azure's agent merges them:
+// azure.go): a new key is a field
 // of Config, an entry here, and its use. TestKeyTable fails when a field
 // has no entry or an entry misses a column.
 var keys = []key{
 	&keyOf[[]netip.Prefix]{name: KeyNonMasq, original: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeCIDRs },
-		def: defaultNonMasq, decode: (*decoder).cidrList, null: nullNonMasq, merge: union},
+		def: defaultNonMasq, decode: (*decoder).cidrList, null: nullNonMasq},
 	&keyOf[[]netip.Prefix]{name: KeyMasq, original: false, field: func(c *Config) *[]netip.Prefix { return &c.MasqueradeCIDRs },
-		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
+		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList},
 	&keyOf[int]{name: KeyLimit, original: true, field: func(c *Config) *int { return &c.CIDRLimit },
-		def: always(defaultCIDRLimit), decode: (*decoder).limit, null: keep[int], merge: largestLimit},
+		def: always(defaultCIDRLimit), decode: (*decoder).limit, null: keep[int]},
 	&keyOf[bool]{name: KeyLinkLocal, original: true, field: func(c *Config) *bool { return &c.MasqLinkLocal },
-		def: zero[bool], decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+		def: zero[bool], decode: (*decoder).boolean, null: keep[bool]},
 	&keyOf[bool]{name: KeyLinkLocal6, original: true, field: func(c *Config) *bool { return &c.MasqLinkLocalIPv6 },
-		def: zero[bool], decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+		def: zero[bool], decode: (*decoder).boolean, null: keep[bool]},
 	&keyOf[bool]{name: KeyOutBound, original: false, field: func(c *Config) *bool { return &c.MasqOutBound },
-		def: always(true), decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+		def: always(true), decode: (*decoder).boolean, null: keep[bool]},
 	&keyOf[bool]{name: KeyOutBound6, original: false, field: func(c *Config) *bool { return &c.MasqOutBoundIPv6 },
-		def: always(true), decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+		def: always(true), decode: (*decoder).boolean, null: keep[bool]},
 	&keyOf[time.Duration]{name: KeyResync, original: true, field: func(c *Config) *time.Duration { return &c.ResyncInterval },
-		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration, merge: smallest},
+		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration},
 }
 
 // knownKeys are the keys' names, in the table's order.
@@ -74,9 +75,6 @@ type keyOf[T any] struct {
 	// null is a null value: what it leaves, and whether the key counts as
 	// set by the file (for the directory merge and --strict's checks).
 	null func(d *decoder, key string, old T) (T, bool)
-	// merge is the directory merge: the values of the files that set the
-	// key, in file name order (at least one), merged.
-	merge func(set []T) T
 }
 
 // key is a keyOf of any type: what the package does with one key.
@@ -88,7 +86,6 @@ type key interface {
 	list() bool // a CIDR list
 	setDefault(c *Config, f Flags)
 	decodeInto(d *decoder, c *Config, key string, v any) (set bool)
-	mergeInto(c *Config, set []*Config)
 	equal(a, b *Config) bool
 	write(b *strings.Builder, c *Config)
 	diff(old, c *Config) string // "" when the same
@@ -116,14 +113,6 @@ func (k *keyOf[T]) decodeInto(d *decoder, c *Config, key string, v any) bool {
 	}
 	*p = k.decode(d, key, v, *p)
 	return true
-}
-
-func (k *keyOf[T]) mergeInto(c *Config, set []*Config) {
-	vals := make([]T, len(set))
-	for i, s := range set {
-		vals[i] = *k.field(s)
-	}
-	*k.field(c) = k.merge(vals)
 }
 
 func (k *keyOf[T]) equal(a, b *Config) bool {
@@ -205,39 +194,4 @@ func nullNonMasq(d *decoder, key string, old []netip.Prefix) ([]netip.Prefix, bo
 func nullDuration(d *decoder, key string, old time.Duration) (time.Duration, bool) {
 	d.errorAt(key, -1, "expected a duration string such as \"60s\", got null")
 	return old, false
-}
-
-// The merge rules of a directory (see Loader.Load).
-
-// union: the prefixes of each file that no earlier file has (a file's own
-// duplicates are kept, as Parse keeps them).
-func union(set [][]netip.Prefix) []netip.Prefix {
-	var out []netip.Prefix
-	seen := make(map[netip.Prefix]bool)
-	for _, ps := range set {
-		for _, p := range ps {
-			if !seen[p] {
-				out = append(out, p)
-			}
-		}
-		for _, p := range ps {
-			seen[p] = true
-		}
-	}
-	return out
-}
-
-// anyTrue: true if any file sets it to true.
-func anyTrue(set []bool) bool { return slices.Contains(set, true) }
-
-// smallest: the shortest interval.
-func smallest(set []time.Duration) time.Duration { return slices.Min(set) }
-
-// largestLimit: the largest limit; none above 0, the default. (merge then
-// raises it to the merged lists' lengths.)
-func largestLimit(set []int) int {
-	if m := slices.Max(set); m > 0 {
-		return m
-	}
-	return defaultCIDRLimit
 }

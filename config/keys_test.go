@@ -10,7 +10,7 @@ import (
 
 // TestKeyTable checks the key table against Config: every field of Config
 // is one key's, every key has every column, and what is derived from the
-// table (Default, Equal, String, Diff, Parse, the directory merge) sees a
+// table (Default, Equal, String, Diff, Parse) sees a
 // change of each field. A new field without an entry, or an entry with a
 // column missing, fails here.
 func TestKeyTable(t *testing.T) {

@@ -83,28 +83,24 @@ func IsPartial(err error) bool {
 }
 
 // Load reads path, as the kind of source it was at the first Load of path
-// (see SourceKind). A file (or a missing path) is read as Load reads it. A
-// directory's files whose names start with "ip-masq" (IsConfigName; the
-// kubelet's "..data" and other dot entries are not read, symlinks are
-// followed) are each parsed and validated alone, then merged:
+// (see SourceKind). A file (or a missing path) is read as Load reads it,
+// with the original agent's meaning. A directory's files whose names start
+// with "ip-masq" (IsConfigName; the kubelet's "..data" and other dot
+// entries are not read, symlinks are followed) are each parsed and
+// validated alone, then merged, with the meaning Azure's ip-masq-agent-v2
+// gives them (azure.go): only nonMasqueradeCIDRs (the union; none at all
+// when no file sets any) and masqLinkLocal, masqLinkLocalIPv6 (OR'd) are
+// read; a directory without such files gives the defaults, with a warning.
 //
-//   - nonMasqueradeCIDRs: the union of the lists of the files that set it,
-//     in file name order; the defaults if no file sets it;
-//   - masqueradeCIDRs: the union;
-//   - masqLinkLocal, masqLinkLocalIPv6, masqOutBound, masqOutBoundIPv6:
-//     true if any file that sets the key sets it to true; the default if
-//     no file sets it;
-//   - resyncInterval: the smallest that a file sets;
-//   - cidrLimit: applies to each file's lists; the merge is not limited
-//     (its CIDRLimit is the largest of the files', at least the merged
-//     lists' lengths).
-//
-// A directory without such files gives the defaults, with a warning. A
-// bad file is reported in a *DirError, by name: if every bad file has a
-// last good content (from an earlier Load of the same directory), that is
-// merged instead and the merged config is returned with the error
-// (IsPartial); otherwise no config is returned, as for a bad single file.
-// Warnings are prefixed with the file's path.
+// Where Azure's agent exits, this one goes on, with a warning or an error
+// naming the entry: a bad file is reported in a *DirError, by name: if
+// every bad file has a last good content (from an earlier Load of the same
+// directory), that is merged instead and the merged config is returned
+// with the error (IsPartial); otherwise no config is returned, as for a
+// bad single file. A symlink to a missing file counts as a bad file when
+// it had a good content, and is skipped with a warning otherwise; a
+// subdirectory is skipped with a warning. Warnings are prefixed with the
+// file's path.
 func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
