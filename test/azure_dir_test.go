@@ -1,0 +1,115 @@
+package test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The kernel tests of a config directory with the meaning of Azure's
+// ip-masq-agent-v2 (config/azure.go; docs/configuration.md, "Config from
+// several files"). None depends on owning the table: --once
+// --release-on-exit, or a daemon with --own-table=false.
+
+// TestAzureDirEmptyUnion: files exist but none sets a non-empty
+// nonMasqueradeCIDRs: as Azure's agent, nothing is exempt (10.x and, with
+// --nomasq-all-reserved-ranges, the documentation ranges are
+// masqueraded), with a warning saying so; a directory without ip-masq*
+// files has the defaults. A key Azure does not read (resyncInterval:
+// soon) is ignored with a warning, and the rest applied.
+func TestAzureDirEmptyUnion(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	once := func(t *testing.T, files map[string]string, flags ...string) string {
+		t.Helper()
+		cm := newProjectedDir(t, files)
+		out, err := runAgent(t, topo, append([]string{"--once", "--release-on-exit", "--config", cm.Dir}, flags...)...)
+		if err != nil {
+			t.Fatalf("--once --config DIR: %v\n%s", err, out)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		flags []string
+		want  map[string]bool
+		warn  string
+	}{
+		{"an empty file", map[string]string{"ip-masq-agent": ""}, nil,
+			map[string]bool{private1: true, internet1: true}, "no file named ip-masq* sets a non-empty nonMasqueradeCIDRs"},
+		{"only masqLinkLocal and resyncInterval", map[string]string{"ip-masq-agent": "masqLinkLocal: false\n", "ip-masq-agent-reconciled": "resyncInterval: 30s\n"}, nil,
+			map[string]bool{private1: true, internet1: true}, "10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 are masqueraded"},
+		{"an empty file, reserved ranges", map[string]string{"ip-masq-agent": ""}, []string{"--nomasq-all-reserved-ranges"},
+			map[string]bool{private1: true, internet1: true}, "203.0.113.0/24"},
+		{"no ip-masq* file: the defaults", map[string]string{"other": "nonMasqueradeCIDRs: []\n"}, []string{"--nomasq-all-reserved-ranges"},
+			map[string]bool{private1: false, internet1: false}, `no file whose name starts with \"ip-masq\"; using the defaults`},
+		{"resyncInterval: soon is ignored", map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: soon\n"}, nil,
+			map[string]bool{private1: false, internet1: true}, "resyncInterval: not read in a config directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := once(t, tc.files, tc.flags...)
+			expectSources(t, topo, tc.want)
+			if !strings.Contains(out, tc.warn) || !strings.Contains(out, "level=WARN") {
+				t.Errorf("no warning %q:\n%s", tc.warn, out)
+			}
+			if t.Failed() {
+				t.Logf("table:\n%s", listTable(t, topo))
+			}
+		})
+	}
+}
+
+// TestAzureDirDanglingLink: an ip-masq* symlink to a missing file (Azure's
+// agent exits on it) is skipped with a warning naming it, the other files
+// applied, and the daemon keeps running; validate reports the link.
+func TestAzureDirDanglingLink(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	cm := newProjectedDir(t, map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [203.0.113.0/24]\n"})
+	link := filepath.Join(cm.Dir, "ip-masq-agent-reconciled")
+	if err := os.Symlink("..data/ip-masq-agent-reconciled", link); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, topo, "--config", cm.Dir, "--http-address=127.0.0.1:0", "--own-table=false")
+	eventually(t, "the other file's rules", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
+	eventually(t, "the warning naming the link", func() bool {
+		return strings.Contains(d.output(), "level=WARN") && strings.Contains(d.output(), link+`: a symlink to \"..data/ip-masq-agent-reconciled\", which does not exist`)
+	})
+	// Still running, and a change of the other file applies.
+	cm.updateFiles(map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [10.0.0.0/8]\n"})
+	eventually(t, "the change", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
+	select {
+	case <-d.Exited():
+		t.Fatalf("the agent exited:\n%s", d.output())
+	default:
+	}
+	if code, out, _ := runTool(t, topo, "validate", cm.Dir); code != 0 || !strings.Contains(out, link+`: a symlink to "..data/ip-masq-agent-reconciled", which does not exist`) {
+		t.Errorf("validate DIR: exit %d %q; want the dangling link reported", code, out)
+	}
+}
+
+// TestAzureDirFileTurnsBad: a file turns bad (Azure's agent exits and
+// crash-loops, so no other change applies): here its last good CIDRs stay
+// in force, the error names it, and another file's change applies.
+func TestAzureDirFileTurnsBad(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, internet2, private1)
+	cm := newProjectedDir(t, map[string]string{
+		"ip-masq-agent":            "nonMasqueradeCIDRs: [10.0.0.0/8]\n",
+		"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [203.0.113.0/24]\n",
+	})
+	d := startDaemon(t, topo, "--config", cm.Dir, "--http-address=127.0.0.1:0", "--own-table=false")
+	eventually(t, "the merged config", sourcesAre(topo, map[string]bool{private1: false, internet1: false, internet2: true}))
+
+	bad := filepath.Join(cm.Dir, "ip-masq-agent-reconciled")
+	cm.updateFiles(map[string]string{"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [203.0.113.0/33]\n"})
+	eventually(t, "the bad file named", func() bool { return strings.Contains(d.output(), bad+": nonMasqueradeCIDRs[0]") })
+	cm.updateFiles(map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [10.0.0.0/8, 198.51.100.0/24]\n"})
+	eventually(t, "the other file's change", sourcesAre(topo, map[string]bool{internet2: false}))
+	expectSources(t, topo, map[string]bool{private1: false, internet1: false, internet2: false})
+	if !strings.Contains(d.output(), "its last good content stays in force") {
+		t.Errorf("the log does not say the last good content stays:\n%s", d.output())
+	}
+}
