@@ -12,8 +12,10 @@ import (
 	"testing"
 )
 
-// azureRecord is expected.json: what Azure's ip-masq-agent-v2 decided for
-// a directory (testdata/azure-parity/README.md says how it was recorded).
+// azureRecord is expected.json: what Azure's ip-masq-agent-v2 binary did
+// with a directory: exited, or wrote these rules (iptables-save's -d of
+// its RETURN rules); testdata/azure-parity/README.md says how it was
+// recorded. ("merged", Azure's merged config, is for reading.)
 type azureRecord struct {
 	Exits      bool     `json:"exits"`
 	Error      string   `json:"error"`
@@ -32,7 +34,8 @@ var azureExits = map[string]string{
 	"cidrlimit-100-65":  "refused",
 	"dangling-link":     "skipped", // warned about, the other files applied
 	"subdirectory":      "skipped",
-	"missing-directory": "missing", // the defaults, with a warning naming the path
+	"missing-directory": "missing",  // the defaults, with a warning naming the path
+	"ipv4-mapped":       "unmapped", // iptables-restore refuses it there; here the IPv4 CIDR, with a warning
 }
 
 // TestAzureParity: every directory of testdata/azure-parity that Azure's
@@ -117,6 +120,11 @@ func checkAzureExit(t *testing.T, name, dir string, rec azureRecord, c Config, w
 		if err != nil || !slices.ContainsFunc(warns, named) || len(c.NonMasqueradeCIDRs) == 0 {
 			t.Errorf("Azure exits (%s); want the entry warned about by name and the other files applied: %s, %q, %v", rec.Error, c, warns, err)
 		}
+	case "unmapped":
+		if err != nil || !slices.Contains(c.NonMasqueradeCIDRs, netip.MustParsePrefix("10.0.0.0/8")) ||
+			!slices.ContainsFunc(warns, func(w string) bool { return named(w) && strings.Contains(w, "IPv4-mapped") }) {
+			t.Errorf("Azure exits (%s); want the IPv4 CIDR applied, with a warning naming the file: %s, %q, %v", rec.Error, c, warns, err)
+		}
 	case "missing":
 		if err != nil || !c.Equal(Default(Flags{})) || !slices.ContainsFunc(warns, func(w string) bool { return strings.HasPrefix(w, dir+": ") }) {
 			t.Errorf("Azure exits (%s); want the defaults with a warning naming the path: %s, %q, %v", rec.Error, c, warns, err)
@@ -143,8 +151,9 @@ func ourReturns(c Config, v6 bool) []string {
 	return slices.Compact(out)
 }
 
-// azureReturns reads the -d arguments of Azure's rules as iptables-restore
-// reads them: a prefix length with a leading zero is octal.
+// azureReturns reads the -d arguments of Azure's rules (as iptables-save
+// wrote them; a prefix length with a leading zero, as Azure hands it to
+// iptables-restore, would be octal).
 func azureReturns(t *testing.T, ss []string) []string {
 	t.Helper()
 	out := []string{}

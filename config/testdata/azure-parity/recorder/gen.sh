@@ -4,6 +4,8 @@
 set -e
 C=${1:?the corpus directory (config/testdata/azure-parity)}
 REC=${REC:?the recorder binary (README.md)}
+BIN=${AZURE_BIN:?Azure's ip-masq-agent-v2 binary (README.md)}
+RUN=${REALRUN:-$(dirname "$0")/realrun.sh}
 mk() { # mk NAME FILE CONTENT
   mkdir -p "$C/$1/config"; printf '%b' "$3" > "$C/$1/config/$2"; }
 flags() { printf '%s\n' "$2" > "$C/$1/flags"; }
@@ -71,6 +73,7 @@ mk cidrlimit-bad ip-masq-agent 'cidrLimit: many\nnonMasqueradeCIDRs: [10.0.0.0/8
 mk masquerade-cidrs ip-masq-agent 'nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.1.0.0/16]\n'
 mk masq-outbound ip-masq-agent 'nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqOutBound: false\nmasqOutBoundIPv6: false\n'
 mk masq-outbound-bad ip-masq-agent 'nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqOutBound: maybe\n'
+mk ipv4-mapped ip-masq-agent 'nonMasqueradeCIDRs: ["::ffff:10.0.0.0/104"]\n'
 mk null-item ip-masq-agent 'nonMasqueradeCIDRs: [null, 192.168.0.0/16]\n'
 mk bad-file ip-masq-a 'nonMasqueradeCIDRs: [10.0.0.0/33]\n'
 mk bad-file ip-masq-b 'nonMasqueradeCIDRs: [192.168.0.0/16]\n'
@@ -81,8 +84,13 @@ mk subdirectory ip-masq-a 'nonMasqueradeCIDRs: [10.0.0.0/8]\n'
 mkdir -p "$C/subdirectory/config/ip-masq-sub"
 printf 'nonMasqueradeCIDRs: [192.168.0.0/16]\n' > "$C/subdirectory/config/ip-masq-sub/ip-masq-agent"
 mkdir -p "$C/missing-directory"
-# record
+# record: Azure's syncConfig (the recorder: its merged config) and Azure's
+# binary (realrun.sh: its exit and the rules iptables-save shows)
+tmp=$(mktemp)
 for d in "$C"/*/; do
   n=$(basename "$d"); [ "$n" = recorder ] && continue; f=""; [ -f "$d/flags" ] && f=$(cat "$d/flags")
-  AZURE_DIR="${d%/}/config" AZURE_OUT="${d%/}/expected.json" $REC -test.run '^TestRecord$' $f >/dev/null
+  AZURE_DIR="${d%/}/config" AZURE_OUT="$tmp" $REC -test.run '^TestRecord$' $f >/dev/null
+  AZURE_BIN=$BIN $RUN "${d%/}" $f | jq -s --slurpfile m "$tmp" \
+    '.[0] + {merged: ($m[0] | {exits, error, nonMasqueradeCIDRs, masqLinkLocal, masqLinkLocalIPv6})}' > "${d%/}/expected.json"
 done
+rm -f "$tmp"
