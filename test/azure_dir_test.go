@@ -12,19 +12,25 @@ import (
 // several files"). None depends on owning the table: --once
 // --release-on-exit, or a daemon with --own-table=false.
 
-// TestAzureDirEmptyUnion: files exist but none sets a non-empty
-// nonMasqueradeCIDRs: as Azure's agent, nothing is exempt (10.x and, with
-// --nomasq-all-reserved-ranges, the documentation ranges are
+// TestAzureDirOnce: directories applied by --once, decided as Azure's
+// agent decides (or as the listed difference), by packets. Files exist but
+// none sets a non-empty nonMasqueradeCIDRs: nothing is exempt (10.x and,
+// with --nomasq-all-reserved-ranges, the documentation ranges are
 // masqueraded), with a warning saying so; a directory without ip-masq*
-// files has the defaults. A key Azure does not read (resyncInterval:
-// soon) is ignored with a warning, and the rest applied.
-func TestAzureDirEmptyUnion(t *testing.T) {
+// files has the defaults. The keys Azure does not read (resyncInterval:
+// soon, cidrLimit, masqueradeCIDRs, masqOutBound) are ignored with a
+// warning, and the rest applied. Where Azure exits (an IPv4-mapped CIDR, a
+// missing directory), the difference: the IPv4 CIDR; the defaults.
+func TestAzureDirOnce(t *testing.T) {
 	topo := newTopology(t)
-	addDestinations(t, topo, internet1, private1)
+	addDestinations(t, topo, internet1, internet2, private1)
 	once := func(t *testing.T, files map[string]string, flags ...string) string {
 		t.Helper()
-		cm := newProjectedDir(t, files)
-		out, err := runAgent(t, topo, append([]string{"--once", "--release-on-exit", "--config", cm.Dir}, flags...)...)
+		dir := filepath.Join(t.TempDir(), "missing")
+		if files != nil {
+			dir = newProjectedDir(t, files).Dir
+		}
+		out, err := runAgent(t, topo, append([]string{"--once", "--release-on-exit", "--config", dir}, flags...)...)
 		if err != nil {
 			t.Fatalf("--once --config DIR: %v\n%s", err, out)
 		}
@@ -47,6 +53,14 @@ func TestAzureDirEmptyUnion(t *testing.T) {
 			map[string]bool{private1: false, internet1: false}, `no file whose name starts with \"ip-masq\"; using the defaults`},
 		{"resyncInterval: soon is ignored", map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncInterval: soon\n"}, nil,
 			map[string]bool{private1: false, internet1: true}, "resyncInterval: not read in a config directory"},
+		{"cidrLimit: 1 is ignored", map[string]string{"ip-masq-agent": "cidrLimit: 1\nnonMasqueradeCIDRs: [10.0.0.0/8, 203.0.113.0/24]\n"}, nil,
+			map[string]bool{private1: false, internet1: false, internet2: true}, "cidrLimit: not read in a config directory"},
+		{"masqueradeCIDRs and masqOutBound are ignored", map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.250.0.0/16]\nmasqOutBound: false\n"}, nil,
+			map[string]bool{private1: false, internet1: true}, "masqueradeCIDRs: not read in a config directory"},
+		{"an IPv4-mapped CIDR", map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [\"::ffff:10.0.0.0/104\"]\n"}, nil,
+			map[string]bool{private1: false, internet1: true}, "IPv4-mapped"},
+		{"a missing directory", nil, nil,
+			map[string]bool{private1: false, internet1: true}, "does not exist: the defaults are in force"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := once(t, tc.files, tc.flags...)
@@ -61,9 +75,10 @@ func TestAzureDirEmptyUnion(t *testing.T) {
 	}
 }
 
-// TestAzureDirDanglingLink: an ip-masq* symlink to a missing file (Azure's
-// agent exits on it) is skipped with a warning naming it, the other files
-// applied, and the daemon keeps running; validate reports the link.
+// TestAzureDirDanglingLink: an ip-masq* symlink to a missing file and a
+// subdirectory named ip-masq* (Azure's agent exits on each) are skipped,
+// each with a warning naming it, the other files applied, and the daemon
+// keeps running; validate reports them.
 func TestAzureDirDanglingLink(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
@@ -72,10 +87,15 @@ func TestAzureDirDanglingLink(t *testing.T) {
 	if err := os.Symlink("..data/ip-masq-agent-reconciled", link); err != nil {
 		t.Fatal(err)
 	}
+	sub := filepath.Join(cm.Dir, "ip-masq-sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	d := startDaemon(t, topo, "--config", cm.Dir, "--http-address=127.0.0.1:0", "--own-table=false")
 	eventually(t, "the other file's rules", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
 	eventually(t, "the warning naming the link", func() bool {
-		return strings.Contains(d.output(), "level=WARN") && strings.Contains(d.output(), link+`: a symlink to \"..data/ip-masq-agent-reconciled\", which does not exist`)
+		return strings.Contains(d.output(), "level=WARN") && strings.Contains(d.output(), link+`: a symlink to \"..data/ip-masq-agent-reconciled\", which does not exist`) &&
+			strings.Contains(d.output(), sub+": a directory, not read")
 	})
 	// Still running, and a change of the other file applies.
 	cm.updateFiles(map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [10.0.0.0/8]\n"})
@@ -85,7 +105,8 @@ func TestAzureDirDanglingLink(t *testing.T) {
 		t.Fatalf("the agent exited:\n%s", d.output())
 	default:
 	}
-	if code, out, _ := runTool(t, topo, "validate", cm.Dir); code != 0 || !strings.Contains(out, link+`: a symlink to "..data/ip-masq-agent-reconciled", which does not exist`) {
+	if code, out, _ := runTool(t, topo, "validate", cm.Dir); code != 0 || !strings.Contains(out, link+`: a symlink to "..data/ip-masq-agent-reconciled", which does not exist`) ||
+		!strings.Contains(out, sub+": a directory, not read") {
 		t.Errorf("validate DIR: exit %d %q; want the dangling link reported", code, out)
 	}
 }
