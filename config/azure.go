@@ -35,14 +35,7 @@ const AzureLimit = 64
 // azureKeys are the keys Azure's MasqConfig has.
 var azureKeys = []string{KeyNonMasq, KeyLinkLocal, KeyLinkLocal6}
 
-func isAzureKey(name string) bool {
-	for _, k := range azureKeys {
-		if k == name {
-			return true
-		}
-	}
-	return false
-}
+func isAzureKey(name string) bool { return slices.Contains(azureKeys, name) }
 
 // msgAzureIgnored is the warning about a known key that Azure does not read.
 func msgAzureIgnored(name string) string {
