@@ -128,8 +128,8 @@ func RunConntrack(ctx context.Context, cfg Config) (*CleanupResults, error) {
 }
 
 func cleanupRow(ctx context.Context, topo *testnet.Topology, h *netlink.Handle, probe *net.UDPConn, reps int, row *CleanupRow) error {
-	old := func(a netip.Addr) (bool, bool) { return a.Is4(), a.Is4() }
-	new := func(a netip.Addr) (bool, bool) { return a.Is4() && !ctChanged.Contains(a), a.Is4() }
+	old := func(f conntrack.Flow) (bool, bool) { return f.Dst.Is4(), f.Dst.Is4() }
+	new := func(f conntrack.Flow) (bool, bool) { return f.Dst.Is4() && !ctChanged.Contains(f.Dst), f.Dst.Is4() }
 	want := int(float64(row.N) * row.Stale)
 	for range reps {
 		if err := ctx.Err(); err != nil {

@@ -22,9 +22,12 @@ import (
 //   - at most 64 CIDRs per file (Azure's fixed limit; the union is not
 //     limited).
 //
-// Every other key (resyncInterval, cidrLimit, masqueradeCIDRs,
-// masqOutBound, masqOutBoundIPv6) is not read by Azure, so it is ignored
-// here too, with a warning naming it. config/testdata/azure-parity holds
+// Of the keys Azure does not read, this agent's own extension
+// (nonMasqueradeSourceCIDRs) applies, merged as a union, with a warning
+// naming it whenever a file sets it; the keys of the original's and Baidu
+// CCE's schemas (resyncInterval, cidrLimit, masqueradeCIDRs, masqOutBound,
+// masqOutBoundIPv6) are ignored, as Azure ignores them, each with a
+// warning naming it. config/testdata/azure-parity holds
 // directories with Azure's decisions recorded from its binary;
 // TestAzureParity checks the loader against them.
 
@@ -32,8 +35,16 @@ import (
 // one file of a config directory.
 const AzureLimit = 64
 
-// azureKeys are the keys Azure's MasqConfig has.
-var azureKeys = []string{KeyNonMasq, KeyLinkLocal, KeyLinkLocal6}
+// azureKeys are the keys Azure's MasqConfig has, and the extensions of
+// this agent read in a directory too (azureExtensions).
+var (
+	azureKeys       = []string{KeyNonMasq, KeyLinkLocal, KeyLinkLocal6, KeyNonMasqSrc}
+	azureExtensions = []string{KeyNonMasqSrc}
+)
+
+// msgAzureExtension is the warning about an extension set in a file of a
+// config directory.
+const msgAzureExtension = "an extension of this agent, applied in a config directory too: Azure's ip-masq-agent-v2 does not read this key, so there the same directory means something else"
 
 func isAzureKey(name string) bool { return slices.Contains(azureKeys, name) }
 
@@ -58,6 +69,7 @@ func azureEmpty(f Flags) Config {
 	c := Default(f)
 	c.NonMasqueradeCIDRs = nil
 	c.MasqueradeCIDRs = nil
+	c.NonMasqueradeSourceCIDRs = nil
 	c.MasqOutBound, c.MasqOutBoundIPv6 = true, true
 	c.CIDRLimit = AzureLimit
 	return c
@@ -69,7 +81,12 @@ func azureEmpty(f Flags) Config {
 // --enable-ipv6).
 func decodeAzure(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 	c := azureEmpty(f)
-	d := &decoder{f: f, present: make(map[string]bool), lists: map[string]*list{KeyNonMasq: {}, KeyMasq: {}}}
+	d := &decoder{f: f, present: make(map[string]bool), lists: make(map[string]*list)}
+	for _, k := range keys {
+		if k.list() {
+			d.lists[k.Name()] = &list{} // Azure's struct starts empty
+		}
+	}
 	seen := make(map[string][]string)
 	for _, e := range entries {
 		name := canonical(e.key)
@@ -107,9 +124,17 @@ func decodeAzure(entries []entry, f Flags, repeated []string) (Config, *decoder)
 		}
 	}
 	c.NonMasqueradeCIDRs = d.checkList(KeyNonMasq)
+	c.NonMasqueradeSourceCIDRs = d.checkList(KeyNonMasqSrc)
+	for _, name := range azureExtensions {
+		if len(*keyNamed(name).cidrs(&c)) > 0 && len(d.messages(false)) == 0 {
+			d.warnAt(d.written[name], -1, "%s", msgAzureExtension)
+		}
+	}
 	d.entryFindings = len(d.found)
-	if n := len(c.NonMasqueradeCIDRs); n > AzureLimit {
-		d.errorAt(d.written[KeyNonMasq], -1, "%d CIDRs exceed the limit of %d per file of a config directory (Azure's ip-masq-agent-v2's; cidrLimit is not read there)", n, AzureLimit)
+	for _, name := range []string{KeyNonMasq, KeyNonMasqSrc} {
+		if n := len(*keyNamed(name).cidrs(&c)); n > AzureLimit {
+			d.errorAt(d.written[name], -1, "%d CIDRs exceed the limit of %d per file of a config directory (Azure's ip-masq-agent-v2's; cidrLimit is not read there)", n, AzureLimit)
+		}
 	}
 	return c, d
 }
@@ -121,19 +146,24 @@ func mergeAzure(f Flags, parts []part) Config {
 		return Default(f)
 	}
 	c := azureEmpty(f)
-	seen := make(map[netip.Prefix]bool)
 	for _, p := range parts {
-		for _, q := range p.c.NonMasqueradeCIDRs { // Azure's union is a set
-			if !seen[q] {
-				seen[q] = true
-				c.NonMasqueradeCIDRs = append(c.NonMasqueradeCIDRs, q)
-			}
-		}
+		c.NonMasqueradeCIDRs = unionSet(c.NonMasqueradeCIDRs, p.c.NonMasqueradeCIDRs) // Azure's union is a set
+		c.NonMasqueradeSourceCIDRs = unionSet(c.NonMasqueradeSourceCIDRs, p.c.NonMasqueradeSourceCIDRs)
 		c.MasqLinkLocal = c.MasqLinkLocal || p.c.MasqLinkLocal
 		c.MasqLinkLocalIPv6 = c.MasqLinkLocalIPv6 || p.c.MasqLinkLocalIPv6
 	}
-	c.CIDRLimit = max(AzureLimit, len(c.NonMasqueradeCIDRs))
+	c.CIDRLimit = max(AzureLimit, len(c.NonMasqueradeCIDRs), len(c.NonMasqueradeSourceCIDRs))
 	return c
+}
+
+// unionSet appends to a the prefixes of b that it lacks.
+func unionSet(a, b []netip.Prefix) []netip.Prefix {
+	for _, p := range b {
+		if !slices.Contains(a, p) {
+			a = append(a, p)
+		}
+	}
+	return a
 }
 
 // msgEmptyUnion is the warning about a directory whose files exempt no

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -20,6 +22,7 @@ const (
 	KeyOutBound   = "masqOutBound"
 	KeyOutBound6  = "masqOutBoundIPv6"
 	KeyResync     = "resyncInterval"
+	KeyNonMasqSrc = "nonMasqueradeSourceCIDRs"
 )
 
 // keys is every key of the file, one entry each, in the order String
@@ -45,6 +48,8 @@ var keys = []key{
 		def: always(true), decode: (*decoder).boolean, null: keep[bool]},
 	&keyOf[time.Duration]{name: KeyResync, original: true, field: func(c *Config) *time.Duration { return &c.ResyncInterval },
 		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration},
+	&keyOf[[]netip.Prefix]{name: KeyNonMasqSrc, own: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeSourceCIDRs },
+		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList},
 }
 
 // knownKeys are the keys' names, in the table's order.
@@ -66,14 +71,18 @@ type keyOf[T any] struct {
 	// this agent (from Baidu CCE), which the original ignores; a file that
 	// sets it to other than its default is warned about.
 	original bool
-	field    func(*Config) *T // where Config holds the value
-	def      func(Flags) T    // the default, for these flags
+	// own: an extension of this agent's own (not Baidu CCE's). String
+	// leaves it out while it is empty, so that a config without it keeps
+	// its text and Hash.
+	own   bool
+	field func(*Config) *T // where Config holds the value
+	def   func(Flags) T    // the default, for these flags
 	// decode reads a value (not null) of the key as written (key), as
 	// encoding/json read it into the original agent's struct: old is what
 	// was there (the default, or an earlier value of a repeated key).
 	decode func(d *decoder, key string, v any, old T) T
 	// null is a null value: what it leaves, and whether the key counts as
-	// set by the file (for the directory merge and --strict's checks).
+	// set by the file (for --strict's checks).
 	null func(d *decoder, key string, old T) (T, bool)
 }
 
@@ -81,6 +90,9 @@ type keyOf[T any] struct {
 type key interface {
 	Name() string
 	isOriginal() bool
+	// extensionNote is the warning for a file that sets an extension
+	// (not isOriginal) to other than its default.
+	extensionNote() string
 	// cidrs is the key's CIDR list, or nil for a key of one value.
 	cidrs(c *Config) *[]netip.Prefix
 	list() bool // a CIDR list
@@ -93,6 +105,15 @@ type key interface {
 
 func (k *keyOf[T]) Name() string     { return k.name }
 func (k *keyOf[T]) isOriginal() bool { return k.original }
+
+func (k *keyOf[T]) extensionNote() string {
+	if k.own {
+		return msgOwnExtension
+	}
+	return msgExtension
+}
+
+const msgOwnExtension = "an extension of this agent: the original agent ignores this key, so with it the same file means something else there"
 
 func (k *keyOf[T]) cidrs(c *Config) *[]netip.Prefix {
 	p, _ := any(k.field(c)).(*[]netip.Prefix)
@@ -124,6 +145,9 @@ func (k *keyOf[T]) equal(a, b *Config) bool {
 
 func (k *keyOf[T]) write(b *strings.Builder, c *Config) {
 	if l := k.cidrs(c); l != nil {
+		if k.own && len(*l) == 0 {
+			return
+		}
 		writeList(b, k.name, *l)
 		return
 	}
@@ -194,4 +218,97 @@ func nullNonMasq(d *decoder, key string, old []netip.Prefix) ([]netip.Prefix, bo
 func nullDuration(d *decoder, key string, old time.Duration) (time.Duration, bool) {
 	d.errorAt(key, -1, "expected a duration string such as \"60s\", got null")
 	return old, false
+}
+
+// Flags are the command-line flags that change defaults and validation.
+type Flags struct {
+	NoMasqAllReservedRanges bool // --nomasq-all-reserved-ranges
+	EnableIPv6              bool // --enable-ipv6
+	// ResyncInterval, when not zero, is the resync interval of a config
+	// that sets none (Azure's ip-masq-agent-v2: --resync-interval=SECONDS;
+	// its config files have no resyncInterval key).
+	ResyncInterval time.Duration
+	// AzureDir: the file is one of a config directory's, read with the
+	// meaning Azure's ip-masq-agent-v2 gives it (azure.go), not the
+	// original agent's. Set by Loader and validate, not by a flag.
+	AzureDir bool
+}
+
+// Config is a validated configuration.
+type Config struct {
+	NonMasqueradeCIDRs []netip.Prefix // as written (after unmapping 4in6), order kept, duplicates kept
+	MasqueradeCIDRs    []netip.Prefix
+	MasqLinkLocal      bool
+	MasqLinkLocalIPv6  bool
+	MasqOutBound       bool
+	MasqOutBoundIPv6   bool
+	ResyncInterval     time.Duration
+	CIDRLimit          int
+	// NonMasqueradeSourceCIDRs: traffic from these sources is never
+	// masqueraded (this agent's extension).
+	NonMasqueradeSourceCIDRs []netip.Prefix
+}
+
+// DefaultPath is where Kubernetes mounts the ConfigMap key.
+const DefaultPath = "/etc/config/ip-masq-agent"
+
+// MaxFileSize bounds the file size; larger files are refused before parsing.
+const MaxFileSize = 4 << 20
+
+const (
+	defaultCIDRLimit = 64
+	defaultResync    = 60 * time.Second
+	minResync        = time.Second // shorter intervals would spin the CPU
+	maxReported      = 20          // more errors or warnings are summarised
+	maxShown         = 80          // runes of a value shown in a message
+	ipv4MappedBits   = 96          // ::ffff:0:0/96 holds the IPv4 space
+)
+
+// Default returns the configuration used when there is no file.
+func Default(f Flags) Config {
+	var c Config
+	for _, k := range keys {
+		k.setDefault(&c, f)
+	}
+	return c
+}
+
+// Equal reports whether two configs are the same (for change detection).
+// A nil and an empty list are the same.
+func (c Config) Equal(o Config) bool {
+	for _, k := range keys {
+		if !k.equal(&c, &o) {
+			return false
+		}
+	}
+	return true
+}
+
+// Hash identifies c: the first 16 hex digits of the SHA-256 of c.String().
+// Equal configs have equal hashes (comments, key order and spelling of the
+// file do not matter; the flags' defaults do).
+func (c Config) Hash() string {
+	sum := sha256.Sum256([]byte(c.String()))
+	return hex.EncodeToString(sum[:8])
+}
+
+// String renders c as YAML, one CIDR per line so that two renderings diff well.
+// Parsing it with the same Flags gives back c.
+func (c Config) String() string {
+	var b strings.Builder
+	for _, k := range keys {
+		k.write(&b, &c)
+	}
+	return b.String()
+}
+
+func writeList(b *strings.Builder, key string, ps []netip.Prefix) {
+	if len(ps) == 0 {
+		fmt.Fprintf(b, "%s: []\n", key)
+		return
+	}
+	fmt.Fprintf(b, "%s:\n", key)
+	for _, p := range ps {
+		fmt.Fprintf(b, "  - %q\n", p.String()) // quoted: "::/0" is not a plain YAML scalar
+	}
 }

@@ -44,11 +44,11 @@ func BenchmarkCleanup(b *testing.B) {
 		b.Fatalf("nf_conntrack_max: %v", err)
 	}
 	old := prefixDecider(false, "0.0.0.0/0")
-	new := func(a netip.Addr) (bool, bool) {
-		if a.Is6() {
+	new := func(f Flow) (bool, bool) {
+		if f.Dst.Is6() {
 			return false, false
 		}
-		return !changed.Contains(a), true
+		return !changed.Contains(f.Dst), true
 	}
 	for _, c := range []struct {
 		n     int

@@ -89,7 +89,6 @@ func CleanupMarked(ns netns.NsHandle, mode Mode, old, new Decider, mark int) (Re
 	if err := c.setup(); err != nil {
 		return res, err
 	}
-	oldM, newM := newMemo(old), newMemo(new)
 	var errs []error
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		var stale [][]byte
@@ -98,7 +97,7 @@ func CleanupMarked(ns netns.NsHandle, mode Mode, old, new Decider, mark int) (Re
 			if !ok {
 				return
 			}
-			if judge(e, mode, oldM.decide, newM.decide, locals.contains, mark) == deleteStale {
+			if judge(e, mode, old, new, locals.contains, mark) == deleteStale {
 				stale = append(stale, ref.request())
 			}
 		})

@@ -72,11 +72,18 @@ func (m *Mode) Set(s string) error {
 	return nil
 }
 
-// Decider says what the agent's rules decide for a new connection to a
-// destination: masquerade or not. handled is false for destinations the
-// agent does not handle at all (IPv6 without --enable-ipv6); masquerade is
-// then meaningless.
-type Decider func(netip.Addr) (masquerade, handled bool)
+// Flow is what the agent's rules saw of a connection: its original
+// source and its destination (after DNAT). The interface it left through
+// is not known here (an entry does not keep its route): a rule that
+// matches on it leaves the decision undetermined, and the entry is kept.
+type Flow struct{ Src, Dst netip.Addr }
+
+// Decider says what the agent's rules decide for a new connection:
+// masquerade or not. handled is false for destinations the agent does not
+// handle at all (IPv6 without --enable-ipv6); masquerade is then
+// meaningless. nft.Table's Decider remembers its answers (many entries
+// share a destination), so a cleanup asks it once per entry.
+type Decider func(Flow) (masquerade, handled bool)
 
 // Result is what one Cleanup did.
 type Result struct {
@@ -138,7 +145,8 @@ func (v verdict) String() string {
 // judge decides one entry. The destination the agent's rule saw is the
 // reply tuple's source: the original destination after any DNAT (a
 // Service's backend), since the rule runs at postrouting; without DNAT the
-// two are equal. The entry was source-NATed when its reply goes to another
+// two are equal. The source it saw is the original source (the pod).
+// The entry was source-NATed when its reply goes to another
 // address than the original source, or its status has IPS_SRC_NAT.
 //
 // mark is the conntrack label bit with which the old table's masquerade
@@ -166,7 +174,8 @@ func judge(e entry, mode Mode, old, new Decider, isLocal func(netip.Addr) bool, 
 	if isLocal(e.origSrc) {
 		return keepLocalSrc
 	}
-	masq, handled := new(dst)
+	flow := Flow{Src: e.origSrc, Dst: dst}
+	masq, handled := new(flow)
 	if !handled {
 		return keepUnhandled
 	}
@@ -180,7 +189,7 @@ func judge(e entry, mode Mode, old, new Decider, isLocal func(netip.Addr) bool, 
 		}
 		return keepAgrees
 	}
-	was, wasHandled := old(dst)
+	was, wasHandled := old(flow)
 	if wasHandled && was == masq || !wasHandled && !masq {
 		// Not handled before is "not masqueraded by the agent".
 		return keepUnchanged
@@ -225,36 +234,6 @@ func (l *localAddrs) contains(a netip.Addr) bool {
 		}
 	}
 	return false
-}
-
-// memo caches a Decider's answers during one cleanup: many entries share a
-// destination. It is bounded: cleared when it reaches memoMax addresses.
-type memo struct {
-	d Decider
-	m map[netip.Addr]uint8
-}
-
-const memoMax = 1 << 16
-
-func newMemo(d Decider) *memo { return &memo{d: d, m: map[netip.Addr]uint8{}} }
-
-func (m *memo) decide(a netip.Addr) (masq, handled bool) {
-	if v, ok := m.m[a]; ok {
-		return v&1 != 0, v&2 != 0
-	}
-	masq, handled = m.d(a)
-	if len(m.m) >= memoMax {
-		clear(m.m)
-	}
-	var v uint8
-	if masq {
-		v |= 1
-	}
-	if handled {
-		v |= 2
-	}
-	m.m[a] = v
-	return masq, handled
 }
 
 var errNilDecider = errors.New("conntrack: nil Decider")

@@ -45,7 +45,8 @@ func prefixDecider(v6 bool, masq ...string) Decider {
 	for _, s := range masq {
 		ps = append(ps, netip.MustParsePrefix(s))
 	}
-	return func(a netip.Addr) (bool, bool) {
+	return func(f Flow) (bool, bool) {
+		a := f.Dst
 		if a.Is6() && !v6 {
 			return false, false
 		}
@@ -167,22 +168,32 @@ func TestConntrackJudge(t *testing.T) {
 	}
 }
 
-func TestConntrackMemo(t *testing.T) {
-	calls := 0
-	m := newMemo(func(a netip.Addr) (bool, bool) { calls++; return a.Is4(), true })
-	a := netip.MustParseAddr("192.0.2.1")
-	for range 3 {
-		if masq, handled := m.decide(a); !masq || !handled {
-			t.Fatalf("decide = %v, %v", masq, handled)
-		}
+// judge asks the deciders about the flow the rule saw: the original
+// source (the pod) and the destination after DNAT.
+func TestJudgeAsksBySource(t *testing.T) {
+	pod := "10.244.1.5"
+	var asked []Flow
+	bySource := func(f Flow) (bool, bool) {
+		asked = append(asked, f)
+		return f.Src != netip.MustParseAddr(pod), true // this pod's traffic is not masqueraded, others' is
 	}
-	if calls != 1 {
-		t.Errorf("decider called %d times for one address, want 1", calls)
+	old := prefixDecider(false, "0.0.0.0/0")
+	locals := &localAddrs{}
+	locals.add(netip.MustParsePrefix("192.168.1.1/32"))
+	udp := func(src, dst, rsrc, rdst string) entry {
+		return entry{proto: unix.IPPROTO_UDP, origSrc: netip.MustParseAddr(src), origDst: netip.MustParseAddr(dst),
+			replySrc: netip.MustParseAddr(rsrc), replyDst: netip.MustParseAddr(rdst)}
 	}
-	for i := range memoMax + 10 {
-		m.decide(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}))
+	e := udp(pod, "203.0.113.7", "198.51.100.9", "192.168.1.1") // DNATed to 198.51.100.9, masqueraded to the node
+	if got := judge(e, ModeUDP, old, bySource, locals.contains, -1); got != deleteStale {
+		t.Errorf("judge = %s, want %s", got, deleteStale)
 	}
-	if len(m.m) > memoMax {
-		t.Errorf("memo holds %d addresses, want at most %d", len(m.m), memoMax)
+	want := Flow{Src: netip.MustParseAddr(pod), Dst: netip.MustParseAddr("198.51.100.9")}
+	if len(asked) == 0 || asked[0] != want {
+		t.Errorf("the decider was asked %v, want %v", asked, want)
+	}
+	e = udp("10.244.1.6", "203.0.113.7", "198.51.100.9", "192.168.1.1")
+	if got := judge(e, ModeUDP, old, bySource, locals.contains, -1); got != keepUnchanged {
+		t.Errorf("another pod's flow: judge = %s, want %s", got, keepUnchanged)
 	}
 }

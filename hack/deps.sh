@@ -18,7 +18,9 @@ export PATH
 
 # One line per command: the command (a|b: either will do), its Debian
 # package, its Fedora package. Keep in step with internal/testnet/require.go
-# (TestPackagesInDeps checks it).
+# (TestPackagesInDeps checks it). promtool (test/alerts_test.go) has no
+# package of its own: Debian's prometheus also installs the server, which
+# its package enables where systemd runs (the tests use promtool only).
 test_needs='ip iproute2 iproute
 nft nftables nftables
 iptables-nft iptables iptables-nft
@@ -43,7 +45,8 @@ sh dash bash
 make make make
 podman podman podman
 buildah buildah buildah
-runc|crun runc runc'
+runc|crun runc runc
+promtool prometheus golang-github-prometheus'
 # e2e/cluster/main.go's preflight.
 e2e_needs='containerd containerd containerd
 ctr containerd containerd

@@ -47,6 +47,28 @@ masqOutBoundIPv6: true
 	{name: "top-of-range", flags: config.Flags{EnableIPv6: true}, yaml: "nonMasqueradeCIDRs: [240.0.0.0/4, 255.255.255.255/32, \"ffff::/16\"]\nmasqueradeCIDRs: [0.0.0.0/0, \"::/0\"]\n"},
 	{name: "to-ports", ports: "1024-29999,32768-65535"},
 	{name: "to-ports-single-no-random-fully", ports: "32768-65535", noRF: true},
+	{name: "source-exceptions", flags: config.Flags{EnableIPv6: true}, yaml: `
+nonMasqueradeSourceCIDRs: [10.244.1.0/24, "fd00:1::/64", 10.244.2.0/24]
+masqueradeCIDRs: [203.0.113.0/24]
+`},
+}
+
+// pod is a pod's address of a's family outside every golden case's
+// nonMasqueradeSourceCIDRs: the source of the golden cases' packets.
+func pod(a netip.Addr) netip.Addr {
+	if a.Unmap().Is4() {
+		return netip.MustParseAddr("10.244.9.9")
+	}
+	return netip.MustParseAddr("fd00:9::9")
+}
+
+// podIn is a pod's address of a's family inside the source-exceptions
+// case's nonMasqueradeSourceCIDRs.
+func podIn(a netip.Addr) netip.Addr {
+	if a.Unmap().Is4() {
+		return netip.MustParseAddr("10.244.1.5")
+	}
+	return netip.MustParseAddr("fd00:1::5")
 }
 
 func TestGolden(t *testing.T) {
@@ -240,25 +262,24 @@ func TestMasqueradeShares(t *testing.T) {
 	}
 }
 
-// AgentSet names Build's sets by what their rules do: the set a goto to
-// the masquerade chain looks up holds masqueradeCIDRs, the set a return
-// looks up nonMasqueradeCIDRs; no other name is the agent's.
+// AgentSet names Build's sets, each looked up by one rule of its
+// decision's selector and verdict; no other name is the agent's.
 func TestAgentSet(t *testing.T) {
 	tbl := Build(config.Default(config.Flags{EnableIPv6: true}), Options{Chain: DefaultChain, EnableIPv6: true})
 	n := 0
 	for _, r := range tbl.DecisionChain().Rules {
-		if r.DaddrSet == "" {
+		if r.Set == "" {
 			continue
 		}
 		n++
-		if masq, ok := AgentSet(r.DaddrSet); !ok || masq != (r.Verdict == Goto) {
-			t.Errorf("AgentSet(%s) = %v %v, for a rule %s", r.DaddrSet, masq, ok, RenderRule(r))
+		if d := decisionOf(r.Set); !AgentSet(r.Set) || d == nil || d.verdict != r.Verdict || d.sel != r.Selector {
+			t.Errorf("AgentSet(%s) = %v, for a rule %s", r.Set, AgentSet(r.Set), RenderRule(r))
 		}
 	}
 	if n != len(tbl.Sets) {
 		t.Errorf("%d rules look up the %d sets", n, len(tbl.Sets))
 	}
-	if _, ok := AgentSet("other"); ok {
+	if AgentSet("other") {
 		t.Error(`AgentSet("other") is the agent's`)
 	}
 }

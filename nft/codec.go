@@ -40,7 +40,7 @@ var parts = []struct {
 		},
 		render: func(r Rule) string { return cond(r.NotLocal, "fib daddr type != local") },
 	},
-	{ // meta nfproto ipv4|ipv6; nft folds it into "ip daddr @set" when a lookup follows
+	{ // meta nfproto ipv4|ipv6; nft folds it into "ip daddr @set" when a lookup of an address follows
 		encode: func(r Rule, out []expr.Any) []expr.Any {
 			if r.Family == 0 {
 				return out
@@ -63,33 +63,32 @@ var parts = []struct {
 			return false
 		},
 		render: func(r Rule) string {
-			return cond(r.DaddrSet == "" && r.Family != 0, "meta nfproto ipv"+fmt.Sprint(r.Family))
+			return cond(!(r.Set != "" && r.Selector.isAddr()) && r.Family != 0, "meta nfproto ipv"+fmt.Sprint(r.Family))
 		},
 	},
-	{ // ip daddr @set / ip6 daddr @set
+	{ // SELECTOR @set: ip daddr @set, ip6 saddr @set, ... (selector.go)
 		encode: func(r Rule, out []expr.Any) []expr.Any {
-			if r.DaddrSet == "" {
+			if r.Set == "" {
 				return out
 			}
-			p := Daddr(r.Family)
-			return append(out, &p, &expr.Lookup{SourceRegister: 1, SetName: r.DaddrSet})
+			return append(out, r.Selector.load(r.Family), &expr.Lookup{SourceRegister: 1, SetName: r.Set})
 		},
 		decode: func(d *decoder, r *Rule) bool {
-			p, ok := d.peek().(*expr.Payload)
-			if !ok {
-				return true
+			sel := loadedBy(d.peek(), r.Family)
+			if sel == 0 {
+				return true // no lookup, or not the agent's: the counter decides
 			}
 			d.i++
 			l, ok := d.peek().(*expr.Lookup)
-			if r.Family == 0 || *p != Daddr(r.Family) || !ok || l.SourceRegister != 1 || l.IsDestRegSet || l.Invert || l.SetName == "" {
+			if !ok || l.SourceRegister != 1 || l.IsDestRegSet || l.Invert || l.SetName == "" {
 				return false
 			}
 			d.i++
-			r.DaddrSet = l.SetName
+			r.Selector, r.Set = sel, l.SetName
 			return true
 		},
 		render: func(r Rule) string {
-			return cond(r.DaddrSet != "", daddrField(r.Family).name+" @"+r.DaddrSet)
+			return cond(r.Set != "", r.Selector.name(r.Family)+" @"+r.Set)
 		},
 	},
 	{ // meta l4proto tcp|udp|sctp
@@ -380,28 +379,13 @@ type addrField struct {
 }
 
 // addrFields are the address fields of the network headers, as nft names
-// them and as payload expressions load them: the agent's rules (Daddr),
-// the evaluator and the description of foreign rules take them from here.
+// them and as payload expressions load them: the selectors (selector.go)
+// and the description of foreign rules take them from here.
 var addrFields = []addrField{
 	{"ip saddr", 4, 12, 4, 1},
 	{"ip daddr", 4, 16, 4, 1},
 	{"ip6 saddr", 6, 8, 16, 5}, // shorter: an IPv4 header's ttl and protocol
 	{"ip6 daddr", 6, 24, 16, 1},
-}
-
-// daddrField is the entry of addrFields of a family's destination address.
-func daddrField(f Family) addrField {
-	if f == 6 {
-		return addrFields[3]
-	}
-	return addrFields[1]
-}
-
-// Daddr loads the destination address of a family's network header into
-// register 1, as the agent's rules (and the kernel probe's) do.
-func Daddr(f Family) expr.Payload {
-	a := daddrField(f)
-	return expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: a.offset, Len: a.len}
 }
 
 func NFProto(f Family) byte {

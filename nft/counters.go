@@ -6,7 +6,7 @@ package nft
 type RuleCounter struct {
 	Family         string // "ipv4" or "ipv6"
 	Decision       string // "masquerade" or "nonmasquerade" (the rule returns: left alone)
-	Reason         string // "cidrs" (a CIDR of the decision's set) or "outbound" (no set matched)
+	Reason         string // "cidrs" (a CIDR of the decision's set), "sources" (a source CIDR's) or "outbound" (no set matched)
 	Packets, Bytes uint64
 }
 
@@ -22,11 +22,8 @@ func DecisionCounters(rules []Rule) []RuleCounter {
 		if r.Family == 6 {
 			rc.Family = "ipv6"
 		}
-		switch masq, ok := AgentSet(r.DaddrSet); {
-		case ok && masq:
-			rc.Reason = "cidrs"
-		case ok:
-			rc.Decision, rc.Reason = "nonmasquerade", "cidrs"
+		if d := decisionOf(r.Set); d != nil {
+			rc.Decision, rc.Reason = d.outcome(), d.reason
 		}
 		out = append(out, rc)
 	}

@@ -7,9 +7,9 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
 
-// BenchmarkDecide: one decision of the conntrack cleanup (per distinct
-// destination; the cleanup memoizes), on the table as built and as read
-// back (the kernel's expressions).
+// BenchmarkDecide: one decision of the conntrack cleanup, evaluated
+// (Decide; Evaluate: with the expressions encoded once, as Decider does for
+// each new destination) or remembered (Decider, asked again).
 func BenchmarkDecide(b *testing.B) {
 	cfg := config.Default(config.Flags{})
 	bit := uint8(DefaultConntrackLabel)
@@ -17,13 +17,20 @@ func BenchmarkDecide(b *testing.B) {
 	addr := netip.MustParseAddr("203.0.113.10")
 	b.Run("Decide", func(b *testing.B) {
 		for range b.N {
-			want.Decide(addr)
+			want.Decide(Packet{Dst: addr})
+		}
+	})
+	b.Run("Evaluate", func(b *testing.B) {
+		d := newDecider(want)
+		p := Packet{Src: netip.MustParseAddr("10.244.1.5"), Dst: addr}
+		for range b.N {
+			d.t.decide(p)
 		}
 	})
 	b.Run("Decider", func(b *testing.B) {
 		d := want.Decider()
 		for range b.N {
-			d(addr)
+			d(Packet{Dst: addr})
 		}
 	})
 }

@@ -14,31 +14,34 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// One evaluator of what rules do with a new connection from a pod to one
-// destination, as the kernel evaluates them, expression by expression:
+// One evaluator of what rules do with a new connection from a pod (a
+// Packet: source, destination, out interface), as the kernel evaluates
+// them, expression by expression, loading the bytes of the packet each
+// selector's expression asks for (selector.go):
 // Decide is it without reasons (the conntrack cleanup), Explain and
 // ExplainTable are it with reasons (explain.go), EvalChain offers it for
 // one chain of any table, and MatchExprs, RuleVerdict, RuleTarget and
 // RulePasses for one rule (the original agent's iptables-nft rules,
 // package original).
 
-// evaluation is what a table does with a new connection to one address.
+// evaluation is what a table does with a new connection.
 type evaluation struct {
 	handled bool   // the table's decision chain has a rule for the address's family (Decide's handled)
 	dormant bool   // the table is switched off: it decides nothing
 	noBase  bool   // no chain is hooked at nat postrouting
 	base    string // the last base chain evaluated
 	result         // what decided: of the base chain that masqueraded, dropped or was undetermined, else the last that matched a rule
+	reads   uint8  // the selectors the evaluation read, a bit each (1 << Selector)
 }
 
 // evaluate runs the table's base chains hooked at nat postrouting in
-// priority order, as the kernel does, on a new connection to addr (local:
-// one of the node's own addresses). Without reasons it records no steps
-// or rule texts, and evaluates nothing for an address it does not handle.
-func (t *Table) evaluate(addr netip.Addr, local, reasons bool) evaluation {
-	addr = addr.Unmap()
-	var ev evaluation
-	ev.handled = t.handles(addr)
+// priority order, as the kernel does, on a new connection p (local: its
+// destination is one of the node's own addresses). Without reasons it
+// records no steps or rule texts, and evaluates nothing for a destination
+// it does not handle.
+func (t *Table) evaluate(p Packet, local, reasons bool) (ev evaluation) {
+	p = p.unmapped()
+	ev.handled = t.handles(p.Dst)
 	if (!ev.handled && !reasons) || t.Dormant {
 		ev.dormant = t.Dormant
 		return ev
@@ -48,7 +51,8 @@ func (t *Table) evaluate(addr netip.Addr, local, reasons bool) evaluation {
 		ev.noBase = true
 		return ev
 	}
-	e := &evaluator{t: t, addr: addr, local: local, quiet: !reasons}
+	e := &evaluator{t: t, pkt: p, local: local, quiet: !reasons}
+	defer func() { ev.reads = e.reads }()
 	for _, b := range bases {
 		res := e.chain(b, 0, nil)
 		ev.base = b.Name
@@ -96,24 +100,40 @@ func familyOf(addr netip.Addr) Family {
 	return 4
 }
 
-// Decide says what the table does with a new connection from a pod to
-// addr, as the kernel evaluates it: masquerade or not, and whether the
-// table handles addr's family at all (IPv6 without --enable-ipv6 is not;
+// Decide says what the table does with a new connection p from a pod, as
+// the kernel evaluates it: masquerade or not, and whether the table
+// handles its destination's family at all (IPv6 without --enable-ipv6 is not;
 // neither is anything when there is no table). It is for the conntrack
 // cleanup, which asks it of the wanted table and of the table the kernel
 // held before: the base chains hooked at nat postrouting in priority
 // order (with their policy), the jumps, the rules, foreign ones included,
 // a dormant table (which decides nothing), as ExplainTable evaluates them
 // without the reasons; sets are looked up by binary search. A destination
-// whose outcome is undetermined (a foreign rule matches on more than the
-// destination) is not handled: the cleanup then keeps its entries.
-func (t Table) Decide(addr netip.Addr) (masquerade, handled bool) {
-	return t.decide(addr)
+// whose outcome is undetermined (a foreign rule matches on more than
+// the packet says) is not handled: the cleanup then keeps its entries.
+func (t Table) Decide(p Packet) (masquerade, handled bool) {
+	masq, handled, _ := t.decide(p)
+	return masq, handled
 }
 
-// Decider returns Decide for many addresses: the rules' expressions are
-// encoded once (a table read back has them already).
-func (t Table) Decider() func(netip.Addr) (masquerade, handled bool) {
+// Decider returns Decide for many packets: the rules' expressions are
+// encoded once (a table read back has them already), and the answers are
+// remembered (up to deciderMemo of them) by destination alone when the
+// evaluation read nothing else of the packet, else by the whole packet:
+// an evaluation that did not read a field cannot depend on it. It is not
+// safe for concurrent use.
+func (t Table) Decider() func(Packet) (masquerade, handled bool) {
+	return newDecider(t).decide
+}
+
+// decider is a Decider's table and memory.
+type decider struct {
+	t        Table
+	byDst    map[netip.Addr]uint8 // answers of evaluations that read only the destination
+	byPacket map[Packet]uint8     // the others'
+}
+
+func newDecider(t Table) *decider {
 	c := t.Clone()
 	for i := range c.Chains {
 		for j := range c.Chains[i].Rules {
@@ -121,15 +141,48 @@ func (t Table) Decider() func(netip.Addr) (masquerade, handled bool) {
 			r.exprs = r.expressions()
 		}
 	}
-	return c.decide
+	return &decider{t: *c, byDst: map[netip.Addr]uint8{}, byPacket: map[Packet]uint8{}}
 }
 
-func (t *Table) decide(addr netip.Addr) (masquerade, handled bool) {
-	ev := t.evaluate(addr, false, false)
-	if ev.outcome == outUndetermined {
-		return false, false
+func (d *decider) decide(p Packet) (bool, bool) {
+	v, ok := d.byDst[p.Dst.Unmap()]
+	if !ok {
+		p = p.unmapped()
+		v, ok = d.byPacket[p]
 	}
-	return ev.outcome == outMasquerade, ev.handled
+	if ok {
+		return v&1 != 0, v&2 != 0
+	}
+	masq, handled, reads := d.t.decide(p)
+	if len(d.byDst)+len(d.byPacket) >= deciderMemo {
+		clear(d.byDst)
+		clear(d.byPacket)
+	}
+	v = 0
+	if masq {
+		v |= 1
+	}
+	if handled {
+		v |= 2
+	}
+	if reads&^(1<<SelDaddr) == 0 {
+		d.byDst[p.Dst] = v
+	} else {
+		d.byPacket[p] = v
+	}
+	return masq, handled
+}
+
+// deciderMemo bounds the answers a Decider remembers: the conntrack
+// cleanup asks once per entry, and many entries share a destination.
+const deciderMemo = 1 << 16
+
+func (t *Table) decide(p Packet) (masquerade, handled bool, reads uint8) {
+	ev := t.evaluate(p, false, false)
+	if ev.outcome == outUndetermined {
+		return false, false, ev.reads
+	}
+	return ev.outcome == outMasquerade, ev.handled, ev.reads
 }
 
 // Match says whether a rule's matches hold for a connection.
@@ -138,16 +191,16 @@ type Match uint8
 const (
 	MatchYes Match = iota
 	MatchNo
-	MatchUnknown // the rule matches on more than the destination and its address type
+	MatchUnknown // the rule matches on more than the packet says (its selectors, its destination's address type)
 )
 
 // MatchExprs evaluates the expressions of a rule of any table (the
-// original agent's iptables-nft rules, say) on a new connection from a pod
-// to addr (local: one of the node's own addresses), with the evaluator of
-// Decide and ExplainTable: whether its matches hold (set lookups are
-// unknown). RuleVerdict says what the rule then does.
-func MatchExprs(exprs []expr.Any, addr netip.Addr, local bool) Match {
-	m, _ := (&evaluator{addr: addr.Unmap(), local: local}).matchExprs(exprs)
+// original agent's iptables-nft rules, say) on a new connection p from a
+// pod (local: its destination is one of the node's own addresses), with
+// the evaluator of Decide and ExplainTable: whether its matches hold (set
+// lookups are unknown). RuleVerdict says what the rule then does.
+func MatchExprs(exprs []expr.Any, p Packet, local bool) Match {
+	m, _ := (&evaluator{pkt: p.unmapped(), local: local}).matchExprs(exprs)
 	return m
 }
 
@@ -193,12 +246,13 @@ type ChainVerdict struct {
 }
 
 // EvalChain evaluates the rules of one chain of any table (FoundRule of
-// the original agent's iptables-nft rules, say) on a new connection from
-// a pod to addr (local: one of the node's own addresses) with the
-// evaluator of Decide and ExplainTable. The chain is taken on its own:
-// its set lookups are unknown, and so is where a jump or goto leads.
-func EvalChain(name string, rules []Rule, addr netip.Addr, local bool) ChainVerdict {
-	res := (&evaluator{addr: addr.Unmap(), local: local}).chain(&Chain{Name: name, Rules: rules}, 0, nil)
+// the original agent's iptables-nft rules, say) on a new connection p
+// from a pod (local: its destination is one of the node's own addresses)
+// with the evaluator of Decide and ExplainTable. The chain is taken on
+// its own: its set lookups are unknown, and so is where a jump or goto
+// leads.
+func EvalChain(name string, rules []Rule, p Packet, local bool) ChainVerdict {
+	res := (&evaluator{pkt: p.unmapped(), local: local}).chain(&Chain{Name: name, Rules: rules}, 0, nil)
 	out := ChainVerdict{
 		Masquerade:   res.outcome == outMasquerade,
 		Passes:       res.outcome == outReturn,
@@ -253,14 +307,26 @@ type step struct {
 
 type evaluator struct {
 	t     *Table
-	addr  netip.Addr
+	pkt   Packet
 	local bool
-	quiet bool // no rule texts, no steps (Decide)
+	quiet bool  // no rule texts, no steps (Decide)
+	reads uint8 // the selectors loaded, a bit each (1 << Selector): what the outcome depends on
 
-	regs      map[uint32][]byte // reused by match
-	addrBytes []byte
-	daddr     addrField // the address's field in its family's header
-	nfproto   []byte
+	regs    map[uint32][]byte // reused by match
+	fam     Family            // the packet's
+	nfproto []byte
+	vals    [len(selectors)][]byte // what the packet holds for each selector, once loaded
+	valSet  uint8                  // which of vals are
+}
+
+// value is what the packet holds for selector s (nil: unknown); reading
+// it is recorded in reads.
+func (ev *evaluator) value(s Selector) []byte {
+	ev.reads |= 1 << s
+	if ev.valSet&(1<<s) == 0 {
+		ev.vals[s], ev.valSet = selectors[s].value(ev.pkt), ev.valSet|1<<s
+	}
+	return ev.vals[s]
 }
 
 const maxDepth = 16 // nft refuses deeper jumps too
@@ -340,13 +406,13 @@ func settle(r result, maybeMasq []step) result {
 		why: fmt.Sprintf("rule %d of chain %s masquerades some packets to this destination", s.index, s.chain)}
 }
 
-// matchExprs evaluates a rule's expressions up to its verdict on a packet
-// to ev.addr. The step it returns records the set element a lookup matched.
+// matchExprs evaluates a rule's expressions up to its verdict on the
+// packet ev.pkt. The step it returns records the set element a lookup matched.
 func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
 	var s step
 	if ev.regs == nil {
-		ev.regs, ev.addrBytes = map[uint32][]byte{}, ev.addr.AsSlice()
-		ev.daddr, ev.nfproto = daddrField(familyOf(ev.addr)), []byte{NFProto(familyOf(ev.addr))}
+		ev.regs, ev.fam = map[uint32][]byte{}, familyOf(ev.pkt.Dst)
+		ev.nfproto = []byte{NFProto(ev.fam)}
 	}
 	regs := ev.regs // a missing register is unknown
 	clear(regs)
@@ -355,17 +421,23 @@ func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
 		switch e := e.(type) {
 		case *expr.Meta:
 			delete(regs, e.Register)
-			if e.Key == expr.MetaKeyNFPROTO && !e.SourceRegister {
+			switch sel := metaSelector(e.Key); {
+			case e.SourceRegister:
+			case e.Key == expr.MetaKeyNFPROTO:
 				regs[e.Register] = ev.nfproto
+			case sel != 0:
+				if v := ev.value(sel); v != nil {
+					regs[e.Register] = v
+				}
 			}
 		case *expr.Payload:
-			// The destination address, or part of it (iptables-nft loads
-			// only the bytes a prefix covers).
+			// A selector's field, or part of it (iptables-nft loads only
+			// the bytes a prefix covers).
 			delete(regs, e.DestRegister)
-			addr, daddr := ev.addrBytes, int(ev.daddr.offset)
-			if off := int(e.Offset) - daddr; e.OperationType == expr.PayloadLoad && e.Base == expr.PayloadBaseNetworkHeader &&
-				off >= 0 && off+int(e.Len) <= len(addr) {
-				regs[e.DestRegister] = addr[off : off+int(e.Len)]
+			if sel, off := payloadSelector(ev.fam, e); sel != 0 {
+				if v := ev.value(sel); v != nil {
+					regs[e.DestRegister] = v[off : off+int(e.Len)]
+				}
 			}
 		case *expr.Match: // iptables-nft's xt matches
 			switch i := e.Info.(type) {
@@ -428,7 +500,7 @@ func (ev *evaluator) matchExprs(exprs []expr.Any) (Match, step) {
 			v, ok := regs[e.SourceRegister]
 			set := ev.t.Set(e.SetName)
 			a, isAddr := netip.AddrFromSlice(v)
-			if !ok || set == nil || e.IsDestRegSet || !isAddr {
+			if !ok || set == nil || e.IsDestRegSet || !isAddr || set.Key == KeyIfname {
 				unknown = true
 				continue
 			}

@@ -35,8 +35,8 @@ func TestExplainTableAgreesWithDecide(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			found := want.Clone()
 			tc.change(found)
-			masq, _ := found.Decide(ext)
-			e := ExplainTable(found, ext, nil)
+			masq, _ := found.Decide(Packet{Dst: ext})
+			e := ExplainTable(found, Packet{Dst: ext}, nil)
 			if e.Masquerade != masq || e.Masquerade != tc.masq || e.Undetermined || e.Reason != tc.reason {
 				t.Errorf("ExplainTable: %s %q; Decide: masquerade %v; want %v %q", e.Verdict(), e.Reason, masq, tc.masq, tc.reason)
 			}
@@ -93,7 +93,7 @@ func TestMatchExprs(t *testing.T) {
 		{"IPv6 prefix, out", ret6, "2001:db9::1", false, MatchNo, "return"},
 		{"other target", snat, "203.0.113.1", false, MatchYes, "-j SNAT"},
 	} {
-		m, v := MatchExprs(tc.exprs, netip.MustParseAddr(tc.addr), tc.local), RuleVerdict(tc.exprs)
+		m, v := MatchExprs(tc.exprs, Packet{Dst: netip.MustParseAddr(tc.addr)}, tc.local), RuleVerdict(tc.exprs)
 		if m != tc.match || v != tc.verdict {
 			t.Errorf("%s: MatchExprs, RuleVerdict = %d %q, want %d %q", tc.name, m, v, tc.match, tc.verdict)
 		}
@@ -154,7 +154,7 @@ func TestEvalChain(t *testing.T) {
 		{"accept", []Rule{accept10, masq}, in10, ChainVerdict{Verdict: "accept", Rule: 1}},
 		{"jump", []Rule{jump10, masq}, in10, ChainVerdict{Undetermined: true, Verdict: "jump OTHER", Rule: 1, Why: "rule 1 of chain C: jump OTHER"}},
 	} {
-		if got := EvalChain("C", tc.rules, tc.addr, false); got != tc.want {
+		if got := EvalChain("C", tc.rules, Packet{Dst: tc.addr}, false); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
 	}

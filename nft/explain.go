@@ -9,9 +9,10 @@ import (
 )
 
 // Explanation says what the agent's rules do with new connections from a
-// pod to one destination address, and why.
+// pod to one destination address (from one source, when known), and why.
 type Explanation struct {
-	Addr       netip.Addr
+	Addr       netip.Addr // the destination
+	From       netip.Addr // the source; invalid: any
 	Masquerade bool
 	// Undetermined is set when the rules' outcome does not follow from the
 	// destination alone (a rule added by someone else matches on
@@ -36,23 +37,38 @@ func (e Explanation) Verdict() string {
 	return "not masqueraded"
 }
 
-// Explain says what the ruleset Build makes of cfg and o does with traffic
-// to addr, from the config alone: the rules are evaluated as the kernel
+// Explain says what the ruleset Build makes of cfg and o does with a new
+// connection p (a destination, and a source or out interface when known),
+// from the config alone: the rules are evaluated as the kernel
 // evaluates them (the evaluator of Decide and ExplainTable), and the
 // reason names the config entry behind the set element that matched. It
 // cannot know the node's own addresses, which the kernel never
 // masquerades (the base chain's `fib daddr type != local`).
-func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
-	addr = addr.Unmap()
-	e := Explanation{Addr: addr}
+func Explain(cfg config.Config, o Options, p Packet) Explanation {
+	p = p.unmapped()
+	e := Explanation{Addr: p.Dst, From: p.Src}
 	t := Build(cfg, o)
-	ev := t.evaluate(addr, false, true)
+	ev := t.evaluate(p, false, true)
 	if !ev.handled {
 		e.Reason = "IPv6 is not handled without --enable-ipv6"
 		return e
 	}
+	if ev.outcome == outUndetermined {
+		// A decision on what the packet does not say (its source).
+		e.Undetermined, e.Reason = true, ev.why
+		if n := len(ev.steps); n > 0 {
+			s := ev.steps[n-1]
+			e.Rule = s.text
+			if c := t.Chain(s.chain); c != nil && s.index <= len(c.Rules) {
+				if dec := decisionOf(c.Rules[s.index-1].Set); dec != nil {
+					e.Reason = fmt.Sprintf("depends on the %s (%s), which is not given", dec.sel.row().what, dec.key)
+				}
+			}
+		}
+		return e
+	}
 	outbound := config.KeyOutBound
-	if addr.Is6() {
+	if p.Dst.Is6() {
 		outbound = config.KeyOutBound6
 	}
 	var d *step // the decision chain's rule that decided
@@ -67,12 +83,10 @@ func Explain(cfg config.Config, o Options, addr netip.Addr) Explanation {
 	}
 	e.Rule, e.Masquerade = d.text, ev.outcome == outMasquerade
 	matched, _ := d.element.Prefix() // Build makes one range per prefix
-	switch {
-	case d.set != "" && e.Masquerade:
-		e.Reason = source(config.KeyMasq, cfg.MasqueradeCIDRs, matched, false)
-	case d.set != "":
-		e.Reason = source(config.KeyNonMasq, cfg.NonMasqueradeCIDRs, matched, isDefaultList(cfg.NonMasqueradeCIDRs))
-	default:
+	if dec := decisionOf(d.set); dec != nil {
+		list := dec.list(cfg)
+		e.Reason = source(dec.key, list, matched, dec.defaults && isDefaultList(list))
+	} else {
 		e.Reason = outbound + ": true (no other rule matched)"
 	}
 	return e
@@ -112,16 +126,16 @@ func isDefaultList(ps []netip.Prefix) bool {
 }
 
 // ExplainTable says what the kernel's table, as Read returned it, does
-// with traffic to addr: its base chains hooked at nat postrouting are
+// with a new connection p: its base chains hooked at nat postrouting are
 // evaluated in priority order as the kernel would, expression by
 // expression (the first chain that masquerades wins). isLocal says
 // whether an address is one of the node's own (fib daddr type local); nil
 // means none is.
-func ExplainTable(t *Table, addr netip.Addr, isLocal func(netip.Addr) bool) Explanation {
-	addr = addr.Unmap()
-	local := isLocal != nil && isLocal(addr)
-	ev := t.evaluate(addr, local, true)
-	e := Explanation{Addr: addr}
+func ExplainTable(t *Table, p Packet, isLocal func(netip.Addr) bool) Explanation {
+	p = p.unmapped()
+	local := isLocal != nil && isLocal(p.Dst)
+	ev := t.evaluate(p, local, true)
+	e := Explanation{Addr: p.Dst, From: p.Src}
 	switch {
 	case ev.dormant:
 		e.Reason = "the table is dormant (flags dormant): it masquerades nothing"

@@ -172,7 +172,7 @@ func TestExplain(t *testing.T) {
 		{cfgOf("masqueradeCIDRs: [\"::/0\"]\n", ipv6), v6, "fe80::1", true, "masqueradeCIDRs[0] ::/0"},
 		{config.Default(config.Flags{NoMasqAllReservedRanges: true}), v4, "203.0.113.1", false, "nonMasqueradeCIDRs[9] 203.0.113.0/24 (the default list)"},
 	} {
-		e := Explain(tc.cfg, tc.o, netip.MustParseAddr(tc.addr))
+		e := Explain(tc.cfg, tc.o, Packet{Dst: netip.MustParseAddr(tc.addr)})
 		if e.Masquerade != tc.masq || e.Reason != tc.reason || e.Undetermined {
 			t.Errorf("Explain(%s) = %v %q, want %v %q", tc.addr, e.Masquerade, e.Reason, tc.masq, tc.reason)
 		}
@@ -204,14 +204,16 @@ func TestExplainAgreesWithTable(t *testing.T) {
 			if !a.IsValid() {
 				continue
 			}
-			want, got := Explain(cfg, o, a), ExplainTable(tbl, a, nil)
-			if got.Undetermined || got.Masquerade != want.Masquerade {
-				t.Errorf("%s: %s: config says %s (%s), table says %s (%s)", tc.name, a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
+			for _, src := range []netip.Addr{pod(a), podIn(a)} {
+				want, got := Explain(cfg, o, Packet{Src: src, Dst: a}), ExplainTable(tbl, Packet{Src: src, Dst: a}, nil)
+				if got.Undetermined || got.Masquerade != want.Masquerade {
+					t.Errorf("%s: %s from %s: config says %s (%s), table says %s (%s)", tc.name, a, src, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
+				}
+				if want.Rule != "" && got.Rule != want.Rule {
+					t.Errorf("%s: %s from %s: deciding rule %q, want %q", tc.name, a, src, got.Rule, want.Rule)
+				}
+				n++
 			}
-			if want.Rule != "" && got.Rule != want.Rule {
-				t.Errorf("%s: %s: deciding rule %q, want %q", tc.name, a, got.Rule, want.Rule)
-			}
-			n++
 		}
 	}
 	t.Logf("%d addresses", n)
@@ -221,7 +223,7 @@ func TestExplainTable(t *testing.T) {
 	cfg, _, _ := config.Parse([]byte("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeCIDRs: [10.10.10.10/32]\n"), config.Flags{})
 	want := Build(cfg, Options{Chain: DefaultChain, RandomFully: true, ToPorts: []PortRange{{1024, 2047}, {4096, 8191}}})
 	explain := func(tbl *Table, addr string, local bool) Explanation {
-		return ExplainTable(tbl, netip.MustParseAddr(addr), func(netip.Addr) bool { return local })
+		return ExplainTable(tbl, Packet{Dst: netip.MustParseAddr(addr)}, func(netip.Addr) bool { return local })
 	}
 	tbl := kernelTable(t, want)
 	for _, tc := range []struct {
@@ -383,7 +385,7 @@ func TestDiffPlan(t *testing.T) {
 	s.Elements = append(s.Elements[1:], netipx.RangeOfPrefix(netip.MustParsePrefix("203.0.113.0/24"))) // 10/8 gone
 	c := tbl.Chain(DefaultChain)
 	c.Rules = c.Rules[:2]
-	tbl.Sets = append(tbl.Sets, Set{Name: "extra", Family: 4})
+	tbl.Sets = append(tbl.Sets, Set{Name: "extra", Key: KeyIPv4})
 	tbl.Chains = append(tbl.Chains, Chain{Name: "intruder"})
 	tbl.Chains[0].Hook = &Hook{Type: "filter", Hook: "postrouting", Priority: 0, Policy: "accept"}
 	wantOps := []string{
@@ -449,11 +451,11 @@ func TestDecideAgreesWithExplain(t *testing.T) {
 			if !a.IsValid() {
 				continue
 			}
-			masq, handled := tab.Decide(a)
-			if m, h := decider(a); m != masq || h != handled {
+			masq, handled := tab.Decide(Packet{Src: pod(a), Dst: a})
+			if m, h := decider(Packet{Src: pod(a), Dst: a}); m != masq || h != handled {
 				t.Errorf("%s: %s: Decider %v (handled %v), Decide %v (handled %v)", tc.name, a, m, h, masq, handled)
 			}
-			e := Explain(cfg, o, a)
+			e := Explain(cfg, o, Packet{Src: pod(a), Dst: a})
 			if masq != e.Masquerade || handled != (a.Unmap().Is4() || o.EnableIPv6) {
 				t.Errorf("%s: %s: Decide %v (handled %v), Explain %s (%s)", tc.name, a, masq, handled, e.Verdict(), e.Reason)
 			}
@@ -511,10 +513,10 @@ func TestDecideFoundTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			found := want.Clone()
 			tc.change(found)
-			if masq, handled := found.Decider()(tc.addr); masq != tc.masq || handled != tc.handled {
+			if masq, handled := found.Decider()(Packet{Dst: tc.addr}); masq != tc.masq || handled != tc.handled {
 				t.Errorf("Decider(%s) = %v (handled %v), want %v (handled %v)", tc.addr, masq, handled, tc.masq, tc.handled)
 			}
-			if masq, handled := found.Decide(tc.addr); masq != tc.masq || handled != tc.handled {
+			if masq, handled := found.Decide(Packet{Dst: tc.addr}); masq != tc.masq || handled != tc.handled {
 				t.Errorf("Decide(%s) = %v (handled %v), want %v (handled %v)", tc.addr, masq, handled, tc.masq, tc.handled)
 			}
 		})

@@ -210,12 +210,12 @@ func evalRuleset(t *testing.T, rs Table, a netip.Addr) (bool, string) {
 		if r.Family != 0 && r.Family != fam {
 			return false
 		}
-		if r.DaddrSet != "" {
-			s, ok := sets[r.DaddrSet]
+		if r.Set != "" {
+			s, ok := sets[r.Set]
 			if !ok {
 				t.Fatalf("rule %q looks up a set that does not exist", RenderRule(r))
 			}
-			if s.Family != fam {
+			if s.Key.Family() != fam {
 				return false // ip daddr @set never matches an IPv6 packet, and the reverse
 			}
 			byPrefix, byElements := inRanges(s.Elements, a), inIntervals(Bounds(s.Elements), a)
@@ -322,8 +322,8 @@ func checkSets(t *testing.T, c config.Config, o Options, rs Table) {
 				t.Fatalf("set %s: %s is not one prefix", s.Name, rangeString(r))
 			}
 			prefixes = append(prefixes, p)
-			if p != p.Masked() || (p.Addr().Is4() != (s.Family == 4)) || unmapped(p) != p {
-				t.Fatalf("set %s: %s is not masked or not of family %d", s.Name, p, s.Family)
+			if p != p.Masked() || (p.Addr().Is4() != (s.Key == KeyIPv4)) || unmapped(p) != p {
+				t.Fatalf("set %s: %s is not masked or not of key %s", s.Name, p, s.Key)
 			}
 			if i > 0 {
 				prev := s.Elements[i-1]

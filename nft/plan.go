@@ -99,11 +99,7 @@ func (op Op) String() string {
 		return s
 	case KindSet:
 		if op.Verb == Add {
-			typ := "ipv4_addr"
-			if op.Set.Family == 6 {
-				typ = "ipv6_addr"
-			}
-			return fmt.Sprintf("add set inet %s %s { type %s; flags interval; comment %q; }", TableName, op.Name, typ, op.Set.Comment)
+			return fmt.Sprintf("add set inet %s %s { type %s; flags interval; comment %q; }", TableName, op.Name, setType(op.Set.Key), op.Set.Comment)
 		}
 		return fmt.Sprintf("%s set inet %s %s", verb, TableName, op.Name)
 	case KindChain:

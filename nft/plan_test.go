@@ -109,7 +109,7 @@ func TestPlanFor(t *testing.T) {
 			c.Rules = append([]Rule{foreignRule("", "")}, c.Rules...)
 		}), ops: []string{"flush chain " + tbl + "postrouting", "add rule " + tbl + "postrouting ..."}},
 		{name: "foreign set, chain and object: deleted, chains flushed first", found: found(func(f *Table) {
-			f.Sets = append(f.Sets, Set{Name: "extra", Family: 4})
+			f.Sets = append(f.Sets, Set{Name: "extra", Key: KeyIPv4})
 			f.Chains = append(f.Chains, Chain{Name: "intruder", Rules: []Rule{foreignRule("extra", DefaultChain)}},
 				Chain{Name: "hooked", Hook: &Hook{Type: "filter", Hook: "output", Priority: 0, Policy: "drop"}})
 			f.Objects = []Object{{Kind: "counter", Type: 1, Name: "c"}, {Kind: "flowtable", Name: "ft"}}
@@ -122,7 +122,7 @@ func TestPlanFor(t *testing.T) {
 			"add rule ...", "add rule ...", "add rule ...", "add rule ..."}},
 		{name: "a set of the wrong family: replaced", found: found(func(f *Table) {
 			s := f.Set(SetMasqV4)
-			s.Family, s.Elements = 6, nil
+			s.Key, s.Elements = KeyIPv6, nil
 		}), some: true, ops: []string{"flush chain " + tbl + "IP-MASQ-AGENT", "delete set " + tbl + "masq-v4",
 			"add set " + tbl + "masq-v4 { type ipv4_addr; ...", "add element " + tbl + "masq-v4 { 10.10.10.10 }", "add rule " + tbl + "IP-MASQ-AGENT ..."}},
 		{name: "a foreign rule elsewhere that looks up a replaced set: flushed too", found: found(func(f *Table) {
@@ -262,7 +262,7 @@ func TestExecRefusals(t *testing.T) {
 		{"delete a chain in use", want.Clone(), Op{Verb: Delete, Kind: KindChain, Name: MasqChainName}, syscall.EBUSY},
 		{"a rule in a missing chain", want.Clone(), Op{Verb: Add, Kind: KindRule, Name: "c", Rule: &Rule{Verdict: Return}}, syscall.ENOENT},
 		{"a rule that looks up a missing set", want.Clone(), Op{Verb: Add, Kind: KindRule, Name: MasqChainName,
-			Rule: &Rule{Family: 4, DaddrSet: "nope", Verdict: Return}}, syscall.ENOENT},
+			Rule: &Rule{Family: 4, Selector: SelDaddr, Set: "nope", Verdict: Return}}, syscall.ENOENT},
 		{"elements of a missing set", want.Clone(), Op{Verb: Add, Kind: KindElements, Name: "s"}, syscall.ENOENT},
 		{"delete a missing element", want.Clone(), Op{Verb: Delete, Kind: KindElements, Name: SetMasqV4,
 			Elements: []netipx.IPRange{ipRange("1.1.1.1", "1.1.1.1")}}, syscall.ENOENT},
@@ -391,7 +391,7 @@ func tamper(rng *rand.Rand, t *Table) (*Table, []string) {
 		case 0, 1: // elements added, prefixes or not
 			s := &t.Sets[rng.IntN(len(t.Sets))]
 			for range 1 + rng.IntN(4) {
-				r := randomRange(rng, s.Family)
+				r := randomRange(rng, s.Key.Family())
 				i, _ := slices.BinarySearchFunc(s.Elements, r, compareRange)
 				if (i > 0 && s.Elements[i-1].To().Compare(r.From()) >= 0) || (i < len(s.Elements) && s.Elements[i].From().Compare(r.To()) <= 0) {
 					continue // the kernel holds disjoint ranges
@@ -440,7 +440,7 @@ func tamper(rng *rand.Rand, t *Table) (*Table, []string) {
 			if t.Set(name) != nil {
 				continue
 			}
-			t.Sets = append(t.Sets, Set{Name: name, Family: 4, Elements: []netipx.IPRange{randomRange(rng, 4)}})
+			t.Sets = append(t.Sets, Set{Name: name, Key: KeyIPv4, Elements: []netipx.IPRange{randomRange(rng, 4)}})
 			if rng.IntN(2) == 0 {
 				c := &t.Chains[rng.IntN(len(t.Chains))]
 				c.Rules = append(c.Rules, foreignRule(name, ""))
@@ -455,7 +455,7 @@ func tamper(rng *rand.Rand, t *Table) (*Table, []string) {
 			what = append(what, "odd set")
 		case 8: // a set of the other family
 			s := &t.Sets[rng.IntN(len(t.Sets))]
-			s.Family, s.Elements = 10-s.Family, nil
+			s.Key, s.Elements = addrKey(10-s.Key.Family()), nil
 			what = append(what, "set family")
 		case 9: // a hook changed, added or removed
 			c := &t.Chains[rng.IntN(len(t.Chains))]
@@ -499,7 +499,7 @@ func tamper(rng *rand.Rand, t *Table) (*Table, []string) {
 			name := t.Sets[i].Name
 			t.Sets = slices.Delete(t.Sets, i, i+1)
 			for j := range t.Chains {
-				t.Chains[j].Rules = slices.DeleteFunc(t.Chains[j].Rules, func(r Rule) bool { return r.DaddrSet == name || usesSet(r, name) })
+				t.Chains[j].Rules = slices.DeleteFunc(t.Chains[j].Rules, func(r Rule) bool { return r.Set == name || usesSet(r, name) })
 			}
 			what = append(what, "set missing")
 		case 15: // rules reordered or dropped

@@ -27,11 +27,7 @@ func render(t Table, counters bool) string {
 		b.WriteString("\tflags dormant\n")
 	}
 	for _, s := range t.Sets {
-		typ := "ipv4_addr"
-		if s.Family == 6 {
-			typ = "ipv6_addr"
-		}
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tflags interval\n", s.Name, typ)
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tflags interval\n", s.Name, setType(s.Key))
 		if s.Odd != "" {
 			fmt.Fprintf(&b, "\t\t# not the agent's: %s\n", s.Odd)
 		}
@@ -72,4 +68,14 @@ func render(t Table, counters bool) string {
 	}
 	b.WriteString("}\n")
 	return b.String()
+}
+
+// setType is how nft writes a set's key type; a set found with one the
+// agent does not make (Odd says which) is written as ipv4_addr, as before
+// the key types were named.
+func setType(k SetKey) string {
+	if k == 0 {
+		return KeyIPv4.String()
+	}
+	return k.String()
 }

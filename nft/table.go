@@ -55,26 +55,15 @@ const (
 	DefaultConntrackLabel = 20
 )
 
-// familySets are the agent's sets of each family, in Build's order: the
-// masqueradeCIDRs' and the nonMasqueradeCIDRs'. Build, the read-back and
-// the counters take them from here.
-var familySets = [...]struct {
-	family        Family
-	masq, nonMasq string
-}{
-	{4, SetMasqV4, SetNonMasqV4},
-	{6, SetMasqV6, SetNonMasqV6},
-}
-
-// AgentSet says whether name is one of the agent's sets, and whether it
-// holds masqueradeCIDRs (masq) or nonMasqueradeCIDRs.
-func AgentSet(name string) (masq, ok bool) {
-	for _, s := range familySets {
-		if name == s.masq || name == s.nonMasq {
-			return name == s.masq, true
+// AgentSet says whether name is one of the agent's sets: a set of one
+// of Build's decisions (build.go).
+func AgentSet(name string) bool {
+	for _, d := range decisions {
+		if name == d.sets[0] || name == d.sets[1] {
+			return true
 		}
 	}
-	return false, false
+	return false
 }
 
 // Family is an IP version: 4 or 6; 0 means both.
@@ -119,10 +108,11 @@ type Table struct {
 	Use uint32 // found only: how many chains, sets, objects and flowtables the kernel counts in it
 }
 
-// Set is an interval set of destination addresses of one family.
+// Set is an interval set of the agent's: of addresses of one family
+// (KeyIPv4, KeyIPv6) for now.
 type Set struct {
 	Name    string
-	Family  Family
+	Key     SetKey // its key type; 0: one the agent does not make (Odd says which)
 	Comment string
 	// Elements are disjoint, sorted ranges. Build makes one per
 	// normalized prefix (adjacent prefixes stay apart, so that `nft list`
@@ -156,8 +146,9 @@ type Hook struct {
 // table parts); equal compares them all.
 type Rule struct {
 	NotLocal    bool       // fib daddr type != local
-	Family      Family     // meta nfproto ipv4/ipv6 (implied by DaddrSet)
-	DaddrSet    string     // ip/ip6 daddr @set
+	Family      Family     // meta nfproto ipv4/ipv6 (implied by a lookup of an address)
+	Selector    Selector   // what Set is looked up with (selector.go)
+	Set         string     // ip daddr @set, ip6 saddr @set, ...
 	L4Proto     uint8      // meta l4proto
 	Share       *Share     // numgen random mod Of < Below
 	CtLabel     *uint8     // ct label set BIT: marks the connections the rule masquerades
@@ -257,7 +248,7 @@ func (t Table) Equal(found Table) bool {
 
 // sameShape reports whether a found set can be refilled in place to be s.
 func (s Set) sameShape(found Set) bool {
-	return s.Family == found.Family && s.Comment == found.Comment && s.Odd == found.Odd
+	return s.Key == found.Key && s.Comment == found.Comment && s.Odd == found.Odd
 }
 
 func (s Set) equal(found Set) bool {

@@ -657,7 +657,7 @@ func (f *Family) explain(e nft.Explanation, a netip.Addr, local bool) (nft.Expla
 	for i, r := range f.Rules {
 		rules[i] = nft.FoundRule(r.exprs, "")
 	}
-	v := nft.EvalChain(f.Chain, rules, a, local)
+	v := nft.EvalChain(f.Chain, rules, nft.Packet{Dst: a}, local)
 	if v.Rule > 0 {
 		e.Rule = f.Rules[v.Rule-1].Text
 	}
@@ -683,5 +683,5 @@ func (f *Family) explain(e nft.Explanation, a netip.Addr, local bool) (nft.Expla
 // and the destination's address type are known; anything else (the source,
 // interfaces, marks) is not.
 func xtMatch(r XTRule, a netip.Addr, local bool) nft.Match {
-	return nft.MatchExprs(r.exprs, a, local)
+	return nft.MatchExprs(r.exprs, nft.Packet{Dst: a}, local)
 }

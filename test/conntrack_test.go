@@ -47,9 +47,9 @@ func applyConntrackConfig(t *testing.T, topo *testnet.Topology, yaml string, ipv
 	if _, err := (&kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}).Apply(nft.Build(cfg, opts)); err != nil {
 		t.Fatalf("apply config %q: %v", yaml, err)
 	}
-	return func(a netip.Addr) (bool, bool) {
-		e := nft.Explain(cfg, opts, a)
-		if e.Undetermined || (a.Unmap().Is6() && !opts.EnableIPv6) {
+	return func(f conntrack.Flow) (bool, bool) {
+		e := nft.Explain(cfg, opts, nft.Packet{Src: f.Src, Dst: f.Dst})
+		if e.Undetermined || (f.Dst.Unmap().Is6() && !opts.EnableIPv6) {
 			return false, false
 		}
 		return e.Masquerade, true
@@ -72,11 +72,16 @@ type udpStream struct {
 
 func startUDPStream(t *testing.T, topo *testnet.Topology, dst string) *udpStream {
 	t.Helper()
-	s := &udpStream{dst: netip.MustParseAddr(dst), seen: make(chan netip.AddrPort, seenBuffer), stop: make(chan struct{}), ended: make(chan struct{})}
-	c, err := topo.DialPodUDP(s.dst)
+	c, err := topo.DialPodUDP(netip.MustParseAddr(dst))
 	if err != nil {
 		t.Fatalf("udp to %s: %v", dst, err)
 	}
+	return streamOn(t, c, dst)
+}
+
+// streamOn is startUDPStream on a socket already connected to dst.
+func streamOn(t *testing.T, c *net.UDPConn, dst string) *udpStream {
+	s := &udpStream{dst: netip.MustParseAddr(dst), seen: make(chan netip.AddrPort, seenBuffer), stop: make(chan struct{}), ended: make(chan struct{})}
 	s.c = c
 	s.wg.Add(2)
 	go func() {

@@ -536,7 +536,7 @@ func expectedSets(t *testing.T, cfg string) map[string][]string {
 	rs := nft.Build(c, nft.Options{Chain: nft.DefaultChain, RandomFully: true})
 	out := map[string][]string{}
 	for _, s := range rs.Sets {
-		if s.Family != 4 {
+		if s.Key.Family() != 4 {
 			continue
 		}
 		l := []string{}

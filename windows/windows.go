@@ -24,7 +24,8 @@ type Policy struct {
 
 // For returns the OutBoundNAT policy equivalent to cfg, and a warning
 // for each part of cfg that the policy cannot express: masqueradeCIDRs,
-// masqOutBound: false, and IPv6 CIDRs (with enableIPv6). The
+// nonMasqueradeSourceCIDRs, masqOutBound: false, and IPv6 CIDRs (with
+// enableIPv6). The
 // ExceptionList holds the IPv4 nonMasqueradeCIDRs as written (IPv4-mapped
 // ones unmapped, repeats dropped), then 169.254.0.0/16 unless
 // masqLinkLocal is true.
@@ -56,6 +57,10 @@ func For(cfg config.Config, enableIPv6 bool) (Policy, []string) {
 	if n := len(cfg.MasqueradeCIDRs); n > 0 {
 		warns = append(warns, fmt.Sprintf("masqueradeCIDRs (%d) cannot be expressed: OutBoundNAT masquerades everything "+
 			"outside the ExceptionList, so those destinations are not masqueraded if an exception covers them", n))
+	}
+	if n := len(cfg.NonMasqueradeSourceCIDRs); n > 0 {
+		warns = append(warns, fmt.Sprintf("nonMasqueradeSourceCIDRs (%d) cannot be expressed: the ExceptionList holds destinations only, "+
+			"so traffic from those sources is masqueraded like any other", n))
 	}
 	if !cfg.MasqOutBound {
 		warns = append(warns, "masqOutBound: false cannot be expressed: OutBoundNAT masquerades all traffic outside the ExceptionList")

@@ -32,6 +32,8 @@ nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 100.64.230.0/24, 192.168.0.0/16,
 masqOutBound: false
 masqOutBoundIPv6: true
 `, warns: []string{"masqueradeCIDRs (1) cannot be expressed", "masqOutBound: false cannot be expressed", "1 IPv6 nonMasqueradeCIDRs left out"}},
+		{name: "source-exceptions", yaml: "nonMasqueradeSourceCIDRs: [10.244.1.0/24]\n",
+			warns: []string{"nonMasqueradeSourceCIDRs (1) cannot be expressed: the ExceptionList holds destinations only"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, _, err := config.Parse([]byte(tc.yaml), tc.flags)

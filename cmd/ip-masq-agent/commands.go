@@ -125,6 +125,18 @@ func loadConfig(path string, f config.Flags, stderr io.Writer) (config.Config, e
 // not give are the running agent's (--agent-pid): in the agent's pod, a
 // tool answers for the agent's own config and flags, with nothing retyped.
 func rulesetCommand(c *command, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (r rulesetFlags, cfg config.Config, pos []string, code int, done bool) {
+	r, cfg, pos, cfgErr, code, done := rulesetCommandBadConfig(c, fs, args, stdout, stderr)
+	if !done && cfgErr != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent %s: %v\n", c.name, cfgErr)
+		return r, cfg, pos, 2, true
+	}
+	return r, cfg, pos, code, done
+}
+
+// rulesetCommandBadConfig is rulesetCommand for the commands that still
+// answer from the kernel when the config is bad (explain --live, diff):
+// the config's error is returned, not printed.
+func rulesetCommandBadConfig(c *command, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (r rulesetFlags, cfg config.Config, pos []string, cfgErr error, code int, done bool) {
 	r.register(fs)
 	agentPID := fs.String("agent-pid", "auto", "take the flags --config, --enable-ipv6, --masq-chain, ... that are not given here from the running agent's command line (/proc/PID/cmdline): auto (process 1 when it is the agent, as in the agent's pod), a PID, or none")
 	pos, code, done = c.parse(fs, args, stdout, stderr)
@@ -132,20 +144,27 @@ func rulesetCommand(c *command, fs *flag.FlagSet, args []string, stdout, stderr 
 		return
 	}
 	if err := adoptAgentFlags(fs, *agentPID, stderr); err != nil {
-		return r, cfg, pos, usageError(c, stderr, "%v", err), true
+		return r, cfg, pos, nil, usageError(c, stderr, "%v", err), true
 	}
 	warnings, err := r.finish()
 	if err != nil {
-		return r, cfg, pos, usageError(c, stderr, "%v", err), true
+		return r, cfg, pos, nil, usageError(c, stderr, "%v", err), true
 	}
 	for _, w := range warnings {
 		fmt.Fprintf(stderr, "warning: %s\n", w)
 	}
-	if cfg, err = loadConfig(r.configPath, r.flags, stderr); err != nil {
-		fmt.Fprintf(stderr, "ip-masq-agent %s: %v\n", c.name, err)
-		return r, cfg, pos, 2, true
-	}
-	return r, cfg, pos, 0, false
+	cfg, cfgErr = loadConfig(r.configPath, r.flags, stderr)
+	return r, cfg, pos, cfgErr, 0, false
+}
+
+// exitBadConfig is the exit status of explain --live and diff when the
+// config is bad: they said so and answered from the kernel all the same.
+const exitBadConfig = 3
+
+// badConfigLine is the one line that says the config is bad, with the
+// agent's words ("config not applied") and what the kernel keeps.
+func badConfigLine(err error) string {
+	return "config not applied: " + err.Error() + "; the agent keeps the kernel's table as it is (the last good config's, or none)"
 }
 
 // procCmdline reads a process's argv (tests replace it).

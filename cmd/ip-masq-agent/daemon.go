@@ -165,6 +165,13 @@ type conntrackCleanup struct {
 	m    *metrics.Agent
 }
 
+// flowDecider is t's Decider for conntrack flows: by source and
+// destination; the out interface is unknown there.
+func flowDecider(t nft.Table) conntrack.Decider {
+	d := t.Decider()
+	return func(f conntrack.Flow) (bool, bool) { return d(nft.Packet{Src: f.Src, Dst: f.Dst}) }
+}
+
 // Applied deletes the conntrack entries whose decision the new table made
 // wrong; the agent calls it after the new rules are in force.
 //
@@ -177,7 +184,7 @@ type conntrackCleanup struct {
 // log line says so (marked=false).
 func (c conntrackCleanup) Applied(old, new nft.Table) {
 	mark := old.MarkLabel()
-	res, err := conntrack.CleanupMarked(netns.None(), c.mode, old.Decider(), new.Decider(), mark)
+	res, err := conntrack.CleanupMarked(netns.None(), c.mode, flowDecider(old), flowDecider(new), mark)
 	c.m.ConntrackDeleted(res.Deleted)
 	attrs := []any{"mode", c.mode, "marked", mark >= 0}
 	if mark >= 0 {

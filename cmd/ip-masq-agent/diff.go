@@ -23,21 +23,29 @@ operation a line in nft syntax, e.g.
   flush chain inet ip-masq-agent IP-MASQ-AGENT
   add rule inet ip-masq-agent IP-MASQ-AGENT ip daddr @masq-v4 counter goto masq-to-node ...
 
+With a bad config (a ConfigMap edit the agent refuses) there is nothing to
+compare with: diff says so on stderr in one line (file, key, value), and on
+stdout whether the kernel holds the table, which the agent keeps as it is
+("ip-masq-agent list" prints it; "explain --live" says what it does).
+
 Exit status: 0 and "in sync" when the table is what the agent would
 program; 1 when it differs or is missing ("table inet ip-masq-agent
-missing"); 2 on errors.`,
+missing"); 2 on errors; 3 when the config is bad.`,
 	example: "ip-masq-agent diff --config /etc/config/ip-masq-agent",
 	run:     runDiff,
 }
 
 func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("diff", flag.ContinueOnError)
-	r, cfg, pos, code, done := rulesetCommand(c, fs, args, stdout, stderr)
+	r, cfg, pos, cfgErr, code, done := rulesetCommandBadConfig(c, fs, args, stdout, stderr)
 	if done {
 		return code
 	}
 	table, code, ok := liveTable(c, pos, stderr)
 	if !ok {
+		if cfgErr != nil {
+			fmt.Fprintf(stderr, "ip-masq-agent diff: %s\n", badConfigLine(cfgErr))
+		}
 		return code
 	}
 	// The original agent's jump, when there, decides before this table.
@@ -46,6 +54,15 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ip-masq-agent diff: cannot look for the original agent's iptables rules: %v\n", hint(err))
 	} else {
 		original = printOriginal(stdout, o)
+	}
+	if cfgErr != nil {
+		fmt.Fprintf(stderr, "ip-masq-agent diff: %s\n", badConfigLine(cfgErr))
+		if table == nil {
+			fmt.Fprintf(stdout, "table inet %s missing: the agent creates none while the config is bad\n", nft.TableName)
+		} else {
+			fmt.Fprintf(stdout, "table inet %s kept as it is while the config is bad (ip-masq-agent list prints it)\n", nft.TableName)
+		}
+		return exitBadConfig
 	}
 	if table == nil {
 		fmt.Fprintf(stdout, "table inet %s missing: the agent would create it\n", nft.TableName)

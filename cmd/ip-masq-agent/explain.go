@@ -11,12 +11,14 @@ import (
 )
 
 var explainCommand = &command{
-	name: "explain", args: "[--config FILE|DIR] [--live] [flags] ADDRESS...",
+	name: "explain", args: "[--config FILE|DIR] [--live] [--from SOURCE] [flags] ADDRESS...",
 	summary: "say whether traffic to each address is masqueraded, and which rule decides",
 	about: `For each destination ADDRESS, says whether new connections from pods to it
 are masqueraded, and why: the CIDR and the key it comes from (such as
 "nonMasqueradeCIDRs[2] 10.0.0.0/8"), the link-local default, or the
-outbound default, from the config and flags alone.
+outbound default, from the config and flags alone. --from SOURCE is the
+connections' source (a pod's address), which nonMasqueradeSourceCIDRs
+decides on; without it, a config with that key is "undetermined".
 
 In the agent's pod (kubectl exec), the flags not given here are the running
 agent's (--agent-pid), so the answer is for the config and flags in force.
@@ -25,8 +27,12 @@ agent's (--agent-pid), so the answer is for the config and flags in force.
 CAP_NET_ADMIN, run it on the node, e.g. in the agent's pod) and evaluates
 its rules as the kernel does, with the node's own addresses (never
 masqueraded); it prints both answers and DISAGREE where they differ (then
-"ip-masq-agent diff" says what differs). Exit status: 0; 1 when --live
-found a disagreement; 2 on errors.`,
+"ip-masq-agent diff" says what differs). With a bad config (a ConfigMap
+edit the agent refuses), --live says so on stderr in one line (file, key,
+value) and still prints what the kernel does now for each address.
+Exit status: 0; 1 when --live found a disagreement; 2 on errors (without
+--live, a bad config); 3 when the config is bad and --live answered from
+the kernel.`,
 	example: "ip-masq-agent explain --config ip-masq-agent.yaml 10.0.0.1 169.254.169.254 203.0.113.10\n" +
 		"  ip-masq-agent explain --live 10.96.0.10",
 	run: runExplain,
@@ -35,12 +41,25 @@ found a disagreement; 2 on errors.`,
 func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	live := fs.Bool("live", false, "also evaluate the kernel's current table (CAP_NET_ADMIN) and say where it disagrees")
-	r, cfg, pos, code, done := rulesetCommand(c, fs, args, stdout, stderr)
+	from := fs.String("from", "", "the connections' source address (a pod's), for nonMasqueradeSourceCIDRs")
+	r, cfg, pos, cfgErr, code, done := rulesetCommandBadConfig(c, fs, args, stdout, stderr)
 	if done {
 		return code
 	}
+	if cfgErr != nil && !*live {
+		fmt.Fprintf(stderr, "ip-masq-agent explain: %v\n", cfgErr)
+		return 2
+	}
 	if len(pos) == 0 {
 		return usageError(c, stderr, "no ADDRESS given")
+	}
+	var src netip.Addr
+	if *from != "" {
+		a, err := netip.ParseAddr(*from)
+		if err != nil || a.Zone() != "" {
+			return usageError(c, stderr, "--from %q is not an IP address", *from)
+		}
+		src = a
 	}
 	var addrs []netip.Addr
 	for _, s := range pos {
@@ -56,7 +75,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			width = max(width, len(a.String()))
 		}
 		for _, a := range addrs {
-			e := nft.Explain(cfg, r.nft, a)
+			e := nft.Explain(cfg, r.nft, nft.Packet{Src: src, Dst: a})
 			fmt.Fprintf(stdout, "%-*s  %-15s  %s\n", width, a, e.Verdict(), e.Reason)
 		}
 		return 0
@@ -70,13 +89,16 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	if oerr != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: cannot look for the original agent's iptables rules: %v\n", hint(oerr))
 	}
+	if cfgErr != nil {
+		// The commonest incident: the kernel's answer matters most now.
+		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %s\n", badConfigLine(cfgErr))
+	}
 	local := localAddrs()
 	disagree := 0
 	for _, a := range addrs {
-		want := nft.Explain(cfg, r.nft, a)
-		got := nft.Explanation{Addr: want.Addr, Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
+		got := nft.Explanation{Addr: a.Unmap(), Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
 		if table != nil {
-			got = nft.ExplainTable(table, a, local)
+			got = nft.ExplainTable(table, nft.Packet{Src: src, Dst: a}, local)
 		}
 		// The original agent's jump, in iptables' nat POSTROUTING, runs first.
 		if first, decided := original.ExplainOriginal(a, local(a)); decided {
@@ -84,6 +106,14 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		} else if first.Reason != "" {
 			got.Reason = first.Reason + "; then " + got.Reason
 		}
+		if cfgErr != nil {
+			fmt.Fprintf(stdout, "%s\n  config: bad, not applied (see the line on stderr)\n  kernel: %s: %s\n", a, got.Verdict(), got.Reason)
+			if got.Rule != "" {
+				fmt.Fprintf(stdout, "          rule: %s\n", got.Rule)
+			}
+			continue
+		}
+		want := nft.Explain(cfg, r.nft, nft.Packet{Src: src, Dst: a})
 		fmt.Fprintf(stdout, "%s\n  config: %s: %s\n  kernel: %s: %s\n", a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
 		if got.Rule != "" {
 			fmt.Fprintf(stdout, "          rule: %s\n", got.Rule)
@@ -97,6 +127,9 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			disagree++
 			fmt.Fprintln(stdout, "  DISAGREE: the kernel's table does not do what the config says (see ip-masq-agent diff)")
 		}
+	}
+	if cfgErr != nil {
+		return exitBadConfig
 	}
 	if disagree > 0 {
 		return 1

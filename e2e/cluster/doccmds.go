@@ -48,6 +48,7 @@ var docNotRun = map[string]string{
 	"make push IMAGE=registry.example.com/ip-masq-agent-nft TAG=v0.1.0":                       "no registry here (make image builds the image the run imports)",
 	"kubectl -n kube-system edit configmap ip-masq-agent":                                     "interactive (an editor); the config change step applies an edited ConfigMap with kubectl apply",
 	"kubectl debug node/$NODE -it --image=busybox -- sh -c 'ps -ef | grep -e ip-masq -e nft'": "interactive, and pulls busybox: no registry here",
+	"kubectl debug node/$NODE -it --image=curlimages/curl -- curl -s 127.0.0.1:9753/readyz":   "interactive, and pulls curlimages/curl: no registry here (the bad-config step checks the same reason in the agent's log)",
 	`iptables-legacy -t nat -D POSTROUTING -m comment --comment "ip-masq-agent: ensure nat POSTROUTING directs all non-LOCAL destination traffic to our custom IP-MASQ-AGENT chain" -m addrtype ! --dst-type LOCAL -j IP-MASQ-AGENT`: "the node has no iptables-legacy tables here (the agent's warning that prints these is a kernel test's)",
 	"iptables-legacy -t nat -F IP-MASQ-AGENT":                                           "the node has no iptables-legacy tables here",
 	"iptables-legacy -t nat -X IP-MASQ-AGENT":                                           "the node has no iptables-legacy tables here",
@@ -443,6 +444,22 @@ func (s *suite) docCommandsOnNode() error {
 		{"docs/runbook.md", "Egress broke", "explain --config cm.yaml 10.1.2.3", exit0("10.1.2.3", "masquerade"), "the decision it will make", nil},
 		{"docs/runbook.md", "Egress broke", "apply -f cm.yaml", exit0("configmap/ip-masq-agent"), "applied", nil},
 		{"docs/runbook.md", "Egress broke", "ip-masq-agent diff", tool("in sync"), "how far a change has spread", nil},
+		// The bad-config procedure: the ConfigMap goes bad (a CIDR that is
+		// not one), the pod turns NotReady, the runbook's commands show why
+		// and what the kernel does, the fix is applied as printed, and the
+		// agent logs the recovery.
+		{"docs/runbook.md", "The ConfigMap is bad", "get $POD", exit0("0/1", "Running"), "NotReady, not restarted", s.badConfigMap},
+		{"docs/runbook.md", "The ConfigMap is bad", "Readiness probe failed", exit0("Readiness probe failed: HTTP probe failed with statuscode: 503"), "what the kubelet shows", nil},
+		{"docs/runbook.md", "The ConfigMap is bad", "config not applied|config is good again", exit0("config not applied", badCIDR, "nonMasqueradeCIDRs"), "the reason: file, key, value", nil},
+		{"docs/runbook.md", "The ConfigMap is bad", "explain --live 10.1.2.3", func(r docResult) bool {
+			return r.err == nil && r.code == 3 && !kubectlError(r.stderr) && strings.Contains(r.stderr, agentFlagsNote) &&
+				strings.Contains(r.stderr, "config not applied: ") && strings.Contains(r.stderr, badCIDR) &&
+				strings.Contains(r.stdout, "10.1.2.3\n  config: bad, not applied") && strings.Contains(r.stdout, "kernel: masquerade: ")
+		}, "exit 3: the config's error, and what the kernel does now (10.1.2.3 masqueraded under the last good config)", nil},
+		{"docs/runbook.md", "The ConfigMap is bad", "> cm.yaml", exit0(), "the bad ConfigMap to fix", nil},
+		{"docs/runbook.md", "The ConfigMap is bad", "validate --strict cm.yaml", exit0(), "the fixed manifest checks", d.fixCMYAML},
+		{"docs/runbook.md", "The ConfigMap is bad", "apply -f cm.yaml", exit0("configmap/ip-masq-agent"), "the fix applied", nil},
+		{"docs/runbook.md", "The ConfigMap is bad", "grep 'config is good again'", exit0(`msg="config is good again; applied"`), "the recovery logged", s.waitRecovered},
 		{"docs/runbook.md", "Pod NotReady", "level=(WARN|ERROR)", noneOrSome, "warnings, if any", nil},
 		{"docs/runbook.md", "Pod NotReady", "ip-masq-agent list", exit0("table inet ip-masq-agent"), "the kernel's table", nil},
 		{"docs/runbook.md", "Pod restarting", "cannot run", noCannotRun, "this kernel runs the agent: no such line", nil},
@@ -461,6 +478,8 @@ func (s *suite) docCommandsOnNode() error {
 		{"docs/runbook.md", "The table is missing", "--show-labels", exit0("kubernetes.io/os=linux"), "the node's labels", nil},
 		{"docs/runbook.md", "The table is missing", "ip-masq-agent list", exit0("table inet ip-masq-agent"), "the kernel's table", nil},
 		{"docs/runbook.md", "The table is missing", "--previous", previous, "no crash before this start", nil},
+		{"docs/runbook.md", "Agent down", "get pods -l", exit0("ip-masq-agent-nft-", "Running"), "the agent's pod on the node", nil},
+		{"docs/runbook.md", "Agent down", "Last State", exit0("Running"), "its state", nil},
 	}
 	for _, c := range checks {
 		cmd, err := d.find(c.file, c.section, c.words)
@@ -498,5 +517,68 @@ func (s *suite) writeOriginalOnce() error {
 	}
 	h, jump := s.originalState(s.ctx)
 	s.assert(h != "" && jump, "the original's chain %s (rules %s) and its jump written once, for the runbook's \"Old rules never go away\": %v", originalChain, h, jump)
+	return nil
+}
+
+// badCIDR is the runbook's bad-config step's mistake: not a CIDR.
+const badCIDR = "10.0.0.0/88"
+
+// badConfigMap applies the changed ConfigMap with a bad CIDR added (as an
+// operator's edit would), and waits for the agent's pod to turn NotReady
+// (readiness probe every 5 s, 3 failures): the agent refuses it and keeps
+// the last good table.
+func (s *suite) badConfigMap() error {
+	bad := strings.Replace(changedConfigMap(), "      - 203.0.113.0/24\n", "      - 203.0.113.0/24\n      - "+badCIDR+"\n", 1)
+	path := s.n.path("manifests", "bad.yaml")
+	if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
+		return err
+	}
+	s.logf("the runbook's bad-config procedure: kubectl apply of the changed ConfigMap with %s added", badCIDR)
+	if out, err := s.kubectlAll(time.Minute, "apply", "-f", path); err != nil {
+		return fmt.Errorf("apply the bad ConfigMap: %v: %s", err, out)
+	}
+	err := waitFor(s.ctx, "the agent's pod NotReady after the bad ConfigMap", 3*time.Minute, time.Second, func() (bool, string, error) {
+		pods, err := s.agentPods()
+		return err == nil && len(pods) == 1 && strings.Contains(pods[0], " False "), strings.Join(pods, "; "), err
+	})
+	s.assert(err == nil, "the bad ConfigMap makes the agent's pod NotReady: %v", err)
+	return nil
+}
+
+// fixCMYAML is the operator's edit of the runbook's cm.yaml: the bad CIDR
+// the log line named is removed (the last-applied annotation, one line,
+// keeps it until kubectl apply rewrites it).
+func (d *docShell) fixCMYAML() error {
+	path := filepath.Join(d.dir, "cm.yaml")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var kept []string
+	removed := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) == "- "+badCIDR {
+			removed++
+			continue
+		}
+		kept = append(kept, l)
+	}
+	d.s.assert(removed == 1, "cm.yaml, as the runbook fetches it, holds the bad CIDR %s once in the config (%d)", badCIDR, removed)
+	return os.WriteFile(path, []byte(strings.Join(kept, "\n")), 0o644)
+}
+
+// waitRecovered waits for the fixed config to reach the agent (the
+// kubelet's sync, then the file event): its recovery line and Ready.
+func (s *suite) waitRecovered() error {
+	err := waitFor(s.ctx, "the agent's recovery from the bad ConfigMap", 3*time.Minute, time.Second, func() (bool, string, error) {
+		pods, err := s.agentPods()
+		if err != nil || len(pods) != 1 || !strings.Contains(pods[0], " True ") {
+			return false, strings.Join(pods, "; "), err
+		}
+		name := strings.Fields(pods[0])[0]
+		log, err := s.kubectl(30*time.Second, "-n", "kube-system", "logs", name)
+		return err == nil && strings.Contains(log, "config is good again"), pods[0], err
+	})
+	s.assert(err == nil, "the fixed ConfigMap: the agent logs its recovery and is Ready again: %v", err)
 	return nil
 }

@@ -77,6 +77,7 @@ type Agent struct {
 	lastErr      string
 
 	configBad bool   // the last load of the config failed (not a partial directory)
+	refused   bool   // a config was refused since the last one applied: log the recovery
 	notReady  string // why the kernel's table is not the config's, though it was verified
 	original  originalState
 }
@@ -218,6 +219,9 @@ func (a *Agent) sync(now time.Time) error {
 	cfg, warnings, err := a.loader.Load(a.opts.ConfigPath, a.opts.Flags)
 	partial := config.IsPartial(err)
 	a.configBad = err != nil && !partial
+	if a.configBad {
+		a.refused = true
+	}
 	if !slices.Equal(warnings, a.lastWarnings) {
 		for _, w := range warnings {
 			a.log.Warn(w)
@@ -276,11 +280,7 @@ func (a *Agent) sync(now time.Time) error {
 		a.kernelFailed(now, err, took)
 		return err
 	}
-	if a.waiting {
-		a.log.Info("adopted table inet " + nft.TableName + ": its previous owner is gone")
-		a.waiting = false
-		a.metrics.RivalWriter(false)
-	}
+	a.adopted()
 	a.failures = 0
 	a.verified()
 	a.metrics.SyncDone("success", took)
@@ -314,6 +314,12 @@ func (a *Agent) sync(now time.Time) error {
 		// read, so no watch event will follow. Say so, as a repair.
 		// (The last transaction created the table: it was deleted.)
 		a.reportRepairOf(repairKind(res.Created, res.Plan), res.Plan, now, "apply")
+	}
+	if a.refused && !partial {
+		a.refused = false
+		// The ERROR "config not applied" must not stay the last word
+		// while /readyz is good again.
+		a.log.Info("config is good again; applied", "config", a.opts.ConfigPath, "hash", cfg.Hash())
 	}
 	if res.Recreated {
 		a.log.Warn("re-created the table in one transaction", "why", res.Plan.Why)
@@ -362,11 +368,7 @@ func (a *Agent) repair(now time.Time) {
 		return
 	}
 	a.repairFailures = 0
-	if a.waiting {
-		a.log.Info("adopted table inet " + nft.TableName + ": its previous owner is gone")
-		a.waiting = false
-		a.metrics.RivalWriter(false)
-	}
+	a.adopted()
 	a.verified()
 	if res.Unchanged {
 		a.log.Debug("verified the table after an nftables event: unchanged", "took", time.Since(start).Round(time.Microsecond))
@@ -413,6 +415,17 @@ func (a *Agent) reportRepairOf(what string, plan nft.Plan, now time.Time, by str
 	}
 }
 
+// adopted ends a wait for another owner: the table is the agent's again.
+func (a *Agent) adopted() {
+	if !a.waiting {
+		return
+	}
+	a.log.Info("adopted table inet " + nft.TableName + ": its previous owner is gone")
+	a.waiting = false
+	a.metrics.RivalWriter(false)
+	a.metrics.WaitingForOwner(false)
+}
+
 // ownedByOther: another process's socket owns the table. Wait for it to
 // exit (its table then stays, orphaned) and adopt it.
 func (a *Agent) ownedByOther(now time.Time) {
@@ -422,6 +435,7 @@ func (a *Agent) ownedByOther(now time.Time) {
 		a.waiting = true
 	}
 	a.metrics.RivalWriter(true)
+	a.metrics.WaitingForOwner(true)
 	a.metrics.NotReady("another process owns table inet " + nft.TableName + " (another ip-masq-agent?); waiting for it to exit")
 	if a.want != nil {
 		a.repairAt = now.Add(ownedRetry)
@@ -457,11 +471,14 @@ func (a *Agent) failed(now time.Time, err error) {
 
 func (a *Agent) kernelFailed(now time.Time, err error, took time.Duration) {
 	a.failed(now, err)
-	a.metrics.SyncDone("error", took)
 	if errors.Is(err, nft.ErrOwnedByOther) {
+		// Waiting for the owner to exit is a state of its own
+		// (waiting_for_owner), not a failed sync: it looks once a
+		// second and would fire the sync-failure alert.
 		a.ownedByOther(now)
 		return
 	}
+	a.metrics.SyncDone("error", took)
 	err = Hint(err)
 	if a.want == nil {
 		a.metrics.NotReady("no config applied yet: last sync failed: " + err.Error())
@@ -521,14 +538,12 @@ func (a *Agent) setElements(cfg config.Config, t nft.Table) {
 		return n
 	}
 	for _, s := range t.Sets {
-		family, is6 := "ipv4", s.Family == 6
+		family, is6 := "ipv4", s.Key.Family() == 6
 		if is6 {
 			family = "ipv6"
 		}
-		kind, cidrs := "masquerade", count(cfg.MasqueradeCIDRs, is6)
-		if strings.HasPrefix(s.Name, "nonmasq") {
-			kind, cidrs = "nonmasquerade", count(cfg.NonMasqueradeCIDRs, is6)
-		}
+		kind, list, _ := nft.SetOf(cfg, s.Name)
+		cidrs := count(list, is6)
 		if is6 && !a.opts.Flags.EnableIPv6 {
 			cidrs = 0
 		}

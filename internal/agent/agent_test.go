@@ -761,3 +761,129 @@ func TestApplyWithoutChangeReportsNoRepair(t *testing.T) {
 		t.Errorf("a repair reported without a change:\n%s", h.logs)
 	}
 }
+
+// A second agent waiting for the table's owner to exit is in a state of
+// its own: waiting_for_owner is 1, and no failed sync is counted (the
+// sync-failure alert must not fire for it), though it looks once a second.
+func TestWaitingForOwnerIsNoFailedSync(t *testing.T) {
+	h := newHarness(t, nil)
+	theirs := h.want("nonMasqueradeCIDRs: [192.0.2.0/24]\n")
+	theirs.Owner = nft.OwnedByOther
+	h.fake.Tamper("other agent", func(t **nft.Table) { *t = theirs.Clone() })
+	h.a.Sync(t0)
+	for range 5 {
+		h.a.Tick(h.a.next())
+	}
+	if l := h.metric(`ip_masq_agent_syncs_total{result="error"}`); l != `ip_masq_agent_syncs_total{result="error"} 0` {
+		t.Errorf("waiting for the owner counted failed syncs: %q", l)
+	}
+	if l := h.metric("ip_masq_agent_waiting_for_owner "); l != "ip_masq_agent_waiting_for_owner 1" {
+		t.Errorf("while waiting: %q", l)
+	}
+	if _, body := h.get("/readyz"); h.ready() || !strings.Contains(body, "waiting for it to exit") || !h.healthy() {
+		t.Errorf("while waiting: /readyz %q, /healthz good %v", body, h.healthy())
+	}
+	h.fake.Tamper("owner exits", func(t **nft.Table) { (*t).Owner, (*t).Persist = nft.NotOwned, true })
+	h.a.Tick(h.a.next())
+	h.holds(h.want(""), "adopted")
+	if l := h.metric("ip_masq_agent_waiting_for_owner "); l != "ip_masq_agent_waiting_for_owner 0" {
+		t.Errorf("after the adoption: %q", l)
+	}
+	if l := h.metric(`ip_masq_agent_syncs_total{result="success"}`); l != `ip_masq_agent_syncs_total{result="success"} 1` {
+		t.Errorf("after the adoption: %q", l)
+	}
+
+	// Taken over after the first sync: the repair waits, the same state.
+	h.fake.Tamper("other agent", func(t **nft.Table) { (*t).Owner = nft.OwnedByOther })
+	h.a.KernelEvent(nft.Event{What: "other"}, at(time.Minute))
+	if l := h.metric("ip_masq_agent_waiting_for_owner "); l != "ip_masq_agent_waiting_for_owner 1" {
+		t.Errorf("a repair waiting: %q", l)
+	}
+	if l := h.metric(`ip_masq_agent_syncs_total{result="error"}`); l != `ip_masq_agent_syncs_total{result="error"} 0` {
+		t.Errorf("a repair waiting counted failed syncs: %q", l)
+	}
+}
+
+// Going back to a good config is logged: "config not applied" must not be
+// the last line while /readyz is good again. Back to the very config in
+// force, the kernel needs no change and nothing else would be logged.
+func TestBadConfigRecoveryLogged(t *testing.T) {
+	h := newHarness(t, nil)
+	const good = "nonMasqueradeCIDRs: [10.0.0.0/8]\n"
+	h.write(good)
+	h.sync(t0)
+	h.write("nonMasqueradeCIDRs: [10.0.0.0/88]\n")
+	h.a.Sync(at(time.Second))
+	if !strings.Contains(lastLine(h.logs.String()), `level=ERROR msg="config not applied`) {
+		t.Fatalf("a bad config: the last line is %q", lastLine(h.logs.String()))
+	}
+	h.write(good)
+	h.a.Tick(h.a.next())
+	if !h.ready() {
+		t.Fatal("not ready after the good config came back")
+	}
+	if l := lastLine(h.logs.String()); !strings.Contains(l, `level=INFO msg="config is good again; applied"`) || !strings.Contains(l, "config="+h.path) {
+		t.Errorf("after the recovery, the last line is %q", l)
+	}
+	// Logged once, not at every resync.
+	h.a.Tick(h.a.next())
+	if n := strings.Count(h.logs.String(), "config is good again"); n != 1 {
+		t.Errorf("the recovery logged %d times", n)
+	}
+}
+
+// lastLine is the last line of a log that is not at debug level.
+func lastLine(log string) string {
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if !strings.Contains(lines[i], "level=DEBUG") {
+			return lines[i]
+		}
+	}
+	return ""
+}
+
+// A node that joins while the ConfigMap is bad: the agent finds no table
+// and has no last good config, so it writes nothing (the node's pods are
+// not masqueraded by it: no table), is not ready with the config's error,
+// stays alive, counts a failed load and no failed sync, and retries; the
+// fixed config is applied at the next retry. docs/runbook.md and
+// docs/configuration.md say this.
+func TestBadConfigAtFirstStart(t *testing.T) {
+	h := newHarness(t, nil)
+	h.write("nonMasqueradeCIDRs: [10.0.0.0/88]\n")
+	if err := h.a.Sync(t0); err == nil {
+		t.Fatal("a bad config synced")
+	}
+	for range 3 {
+		h.a.Tick(h.a.next())
+	}
+	if tb := h.fake.Table(); tb != nil || h.sent() != 0 {
+		t.Errorf("a bad config at the first start: %d plans sent, table %v", h.sent(), tb != nil)
+	}
+	_, body := h.get("/readyz")
+	if h.ready() || !strings.HasPrefix(body, "no config applied yet: ") || !strings.Contains(body, `"10.0.0.0/88"`) || !strings.Contains(body, "nonMasqueradeCIDRs") {
+		t.Errorf("/readyz %q", body)
+	}
+	if !h.healthy() {
+		t.Error("a bad config at the first start failed /healthz")
+	}
+	for prefix, want := range map[string]string{
+		`ip_masq_agent_syncs_total{result="error"}`:    "0",
+		`ip_masq_agent_config_last_reload_successful `: "0",
+		`ip_masq_agent_waiting_for_owner `:             "0",
+	} {
+		if l := h.metric(prefix); !strings.HasSuffix(l, " "+want) {
+			t.Errorf("%q, want %s", l, want)
+		}
+	}
+	if l := h.metric("ip_masq_agent_config_info{"); l != "" {
+		t.Errorf("a config in force: %q", l)
+	}
+	h.write("nonMasqueradeCIDRs: [10.0.0.0/8]\n")
+	h.a.Tick(h.a.next())
+	h.holds(h.want("nonMasqueradeCIDRs: [10.0.0.0/8]\n"), "fixed")
+	if !h.ready() || !strings.Contains(h.logs.String(), "config is good again; applied") {
+		t.Errorf("fixed: ready %v, logs\n%s", h.ready(), h.logs)
+	}
+}

@@ -27,6 +27,8 @@
 //	ip_masq_agent_cidrs{set,family,kind}                                gauge      CIDRs in a set; kind: masquerade, nonmasquerade
 //	ip_masq_agent_intervals{set,family,kind}                            gauge      intervals in the kernel set after merging
 //	ip_masq_agent_repairs_total{what}                                   counter    what: table-deleted, chain-changed, set-changed, other
+//	ip_masq_agent_rival_writer                                          gauge      1 while another process owns or keeps rewriting the table
+//	ip_masq_agent_waiting_for_owner                                     gauge      1 while another process owns the table and the agent waits
 //	ip_masq_agent_rule_packets_total{family,decision,reason}            counter    read from the kernel's rule counters at scrape time
 //	ip_masq_agent_rule_bytes_total{family,decision,reason}              counter    read from the kernel's rule counters at scrape time
 //	ip_masq_agent_rule_counters_read_errors_total                       counter    scrapes whose kernel read failed

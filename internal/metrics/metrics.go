@@ -56,6 +56,7 @@ type Agent struct {
 	intervals   *prometheus.GaugeVec
 	repairs     *prometheus.CounterVec
 	rival       prometheus.Gauge
+	waiting     prometheus.Gauge
 	ctDeleted   prometheus.Counter
 	legacyRules *prometheus.GaugeVec
 
@@ -149,6 +150,11 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 			Name:      "rival_writer",
 			Help:      "1 while another process owns the agent's table or keeps rewriting it (a second agent?), else 0.",
 		}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "waiting_for_owner",
+			Help:      "1 while another process owns the agent's table and the agent waits for it to exit (it counts no failed sync meanwhile), else 0.",
+		}),
 	}
 	a.health.start = a.now()
 	a.health.stuckAfter = StuckAfter
@@ -175,7 +181,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	a.reg.MustRegister(
 		buildInfo,
 		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads, a.configOK, a.configOKAt, a.configInfo,
-		a.cidrs, a.intervals, a.repairs, a.rival, a.ctDeleted, a.legacyRules,
+		a.cidrs, a.intervals, a.repairs, a.rival, a.waiting, a.ctDeleted, a.legacyRules,
 		a.rules,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -301,6 +307,16 @@ func (a *Agent) RivalWriter(yes bool) {
 	a.rival.Set(v)
 }
 
+// WaitingForOwner says whether another process owns the table and the
+// agent waits for it to exit: a state of its own, not a failed sync.
+func (a *Agent) WaitingForOwner(yes bool) {
+	v := 0.0
+	if yes {
+		v = 1
+	}
+	a.waiting.Set(v)
+}
+
 // healthz returns /healthz's answer (liveness: the loop turns), whether
 // healthy, and a one-line body.
 func (a *Agent) healthz() (bool, string) {
@@ -364,11 +380,11 @@ type ruleCollector struct {
 var (
 	rulePacketsDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_packets_total"),
-		"Packets counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs or outbound).",
+		"Packets counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs, sources or outbound).",
 		[]string{"family", "decision", "reason"}, nil)
 	ruleBytesDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_bytes_total"),
-		"Bytes counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs or outbound).",
+		"Bytes counted by the agent's rules in the kernel, by family, decision (masquerade or nonmasquerade) and reason (cidrs, sources or outbound).",
 		[]string{"family", "decision", "reason"}, nil)
 	readErrorsDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "rule_counters_read_errors_total"),

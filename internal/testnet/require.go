@@ -48,6 +48,7 @@ var packages = map[string]string{
 	"podman":                   "podman",
 	"buildah":                  "buildah",
 	"runc":                     "runc",
+	"promtool":                 "prometheus",
 }
 
 // Package returns the Debian package that installs binary, and false when

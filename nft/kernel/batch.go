@@ -67,12 +67,21 @@ func encode(p nft.Plan) (*batch, error) {
 	return b, nil
 }
 
+// setKeyTypes are the kernel's data types of the model's set keys.
+var setKeyTypes = map[nft.SetKey]nftables.SetDatatype{
+	nft.KeyIPv4:   nftables.TypeIPAddr,
+	nft.KeyIPv6:   nftables.TypeIP6Addr,
+	nft.KeyIfname: nftables.TypeIFName,
+}
+
 func (b *batch) encodeOp(t *nftables.Table, op nft.Op) error {
 	cc := b.cc
 	set := func(s *nft.Set) *nftables.Set {
 		key := nftables.TypeIPAddr
-		if s != nil && s.Family == 6 {
-			key = nftables.TypeIP6Addr
+		if s != nil {
+			if k, ok := setKeyTypes[s.Key]; ok {
+				key = k
+			}
 		}
 		out := &nftables.Set{Table: t, Name: op.Name, KeyType: key, Interval: true, KeyByteOrder: binaryutil.BigEndian}
 		if s != nil {

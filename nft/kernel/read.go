@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
@@ -292,19 +291,19 @@ func readSets(conn transport, t *nft.Table) error {
 		if err != nil {
 			return err
 		}
-		switch {
-		case keyType == nftables.TypeIPAddr.GetNFTMagic() && keyLen == 4:
-			s.Family = 4
-		case keyType == nftables.TypeIP6Addr.GetNFTMagic() && keyLen == 16:
-			s.Family = 6
-		default:
+		for k, t := range setKeyTypes {
+			if keyType == t.GetNFTMagic() && keyLen == t.Bytes && k.Family() != 0 { // the agent's sets hold addresses for now
+				s.Key = k
+			}
+		}
+		if s.Key == 0 {
 			odd = append(odd, fmt.Sprintf("key type %d of %d bytes", keyType, keyLen))
 		}
 		if flags != unix.NFT_SET_INTERVAL {
 			odd = append(odd, fmt.Sprintf("flags %#x", flags))
 		}
 		var oddElems []string
-		if _, ok := nft.AgentSet(s.Name); ok {
+		if nft.AgentSet(s.Name) {
 			if oddElems, err = readElements(conn, &s); err != nil {
 				return fmt.Errorf("list set %s: %w", s.Name, err)
 			}

@@ -1,0 +1,63 @@
+package testnet
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+)
+
+// AddPodAddress adds p (such as 10.244.1.3/24 or fd00:1::3/64, in the
+// pod's subnets) to the pod's interface: a second pod source, for
+// SourceSeenFrom.
+func (t *Topology) AddPodAddress(p netip.Prefix) error {
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return errors.New("testnet: topology closed")
+	}
+	return addAddr(t.nl[t.PodNS], PodIf, p)
+}
+
+// SourceSeenFrom is SourceSeen for a NEW TCP connection from a pod socket
+// bound to src (Pod4, Pod6 or an address AddPodAddress added).
+func (t *Topology) SourceSeenFrom(src, dst netip.Addr) (netip.Addr, error) {
+	owner, err := t.owner(dst)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if _, err := t.server(owner); err != nil {
+		return netip.Addr{}, err
+	}
+	c, err := t.dial(t.PodNS, PodIf, "tcp", src, dst, ServerPort)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(DialTimeout))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("testnet: reading from %s: %w", dst, err)
+	}
+	ap, err := parseSeen(line)
+	return ap.Addr(), err
+}
+
+// DialPodUDPFrom is DialPodUDP from a pod socket bound to src.
+func (t *Topology) DialPodUDPFrom(src, dst netip.Addr) (*net.UDPConn, error) {
+	owner, err := t.owner(dst)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := t.server(owner); err != nil {
+		return nil, err
+	}
+	c, err := t.dial(t.PodNS, PodIf, "udp", src, dst, ServerPort)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UDPConn), nil
+}
