@@ -95,6 +95,14 @@ func TestAzureParity(t *testing.T) {
 					t.Errorf("IPv6 not masqueraded: here %q, Azure %q", got, want)
 				}
 			}
+			// Azure's agent masquerades from every source: this agent's
+			// extension, exempting sources, is a listed difference, warned
+			// about by name.
+			if len(c.NonMasqueradeSourceCIDRs) > 0 && !slices.ContainsFunc(warns, func(w string) bool {
+				return strings.HasPrefix(w, cdir+"/ip-masq") && strings.Contains(w, KeyNonMasqSrc+": "+msgAzureExtension)
+			}) {
+				t.Errorf("nonMasqueradeSourceCIDRs applied without the extension's warning: %q", warns)
+			}
 			if len(c.MasqueradeCIDRs) > 0 || !c.MasqOutBound || !c.MasqOutBoundIPv6 {
 				t.Errorf("Azure masquerades everything else; here: masqueradeCIDRs %v, masqOutBound %v, masqOutBoundIPv6 %v",
 					c.MasqueradeCIDRs, c.MasqOutBound, c.MasqOutBoundIPv6)

@@ -138,3 +138,32 @@ func TestAzureExits(t *testing.T) {
 		t.Errorf("DirNotes of a file: want nil")
 	}
 }
+
+// nonMasqueradeSourceCIDRs, this agent's own extension, applies in a
+// directory too (Azure's agent ignores it): merged as a union, with a
+// warning naming the file and the key as an extension.
+func TestAzureExtension(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"ip-masq-a": "nonMasqueradeCIDRs: [10.0.0.0/8]\nnonMasqueradeSourceCIDRs: [10.244.1.0/24]\n",
+		"ip-masq-b": "nonMasqueradeSourceCIDRs: [10.244.1.0/24, 10.244.2.0/24]\n",
+	})
+	var l Loader
+	c, warns, err := l.Load(dir, v4Only)
+	want := with(v4Only, func(c *Config) {
+		c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8")
+		c.NonMasqueradeSourceCIDRs = prefixes("10.244.1.0/24", "10.244.2.0/24")
+	})
+	if err != nil || !c.Equal(want) {
+		t.Fatalf("Load = %s, %v; want %s", c, err, want)
+	}
+	for _, f := range []string{"ip-masq-a", "ip-masq-b"} {
+		if !hasWarning(warns, filepath.Join(dir, f)+": nonMasqueradeSourceCIDRs: "+msgAzureExtension) {
+			t.Errorf("no extension warning for %s: %q", f, warns)
+		}
+	}
+	writeFiles(t, dir, map[string]string{"ip-masq-b": "nonMasqueradeSourceCIDRs:\n" + strings.Repeat("  - 10.244.1.0/24\n", 65)})
+	if _, _, err := l.Load(dir, v4Only); err == nil || !strings.Contains(err.Error(), "65 CIDRs exceed the limit of 64") {
+		t.Errorf("65 source CIDRs in a file: %v", err)
+	}
+}

@@ -74,6 +74,8 @@ mk masquerade-cidrs ip-masq-agent 'nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqueradeC
 mk masq-outbound ip-masq-agent 'nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqOutBound: false\nmasqOutBoundIPv6: false\n'
 mk masq-outbound-bad ip-masq-agent 'nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqOutBound: maybe\n'
 mk ipv4-mapped ip-masq-agent 'nonMasqueradeCIDRs: ["::ffff:10.0.0.0/104"]\n'
+mk source-extension ip-masq-a 'nonMasqueradeCIDRs: [10.0.0.0/8]\n'
+mk source-extension ip-masq-b 'nonMasqueradeSourceCIDRs: [10.244.1.0/24]\n'
 mk null-item ip-masq-agent 'nonMasqueradeCIDRs: [null, 192.168.0.0/16]\n'
 mk bad-file ip-masq-a 'nonMasqueradeCIDRs: [10.0.0.0/33]\n'
 mk bad-file ip-masq-b 'nonMasqueradeCIDRs: [192.168.0.0/16]\n'
