@@ -1,6 +1,7 @@
 package test
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -132,5 +133,34 @@ func TestAzureDirFileTurnsBad(t *testing.T) {
 	expectSources(t, topo, map[string]bool{private1: false, internet1: false, internet2: false})
 	if !strings.Contains(d.output(), "its last good content stays in force") {
 		t.Errorf("the log does not say the last good content stays:\n%s", d.output())
+	}
+}
+
+// TestAzureDirSourceExtension: nonMasqueradeSourceCIDRs, this agent's own
+// extension, applies in a directory too (Azure's agent ignores it), with a
+// warning naming it: a second pod address listed in one file is not
+// masqueraded, while the first pod's traffic is decided by the other
+// file's nonMasqueradeCIDRs.
+func TestAzureDirSourceExtension(t *testing.T) {
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1, private1)
+	pod2 := netip.MustParseAddr("10.244.1.3")
+	if err := topo.AddPodAddress(netip.MustParsePrefix("10.244.1.3/24")); err != nil {
+		t.Fatalf("add pod address: %v", err)
+	}
+	cm := newProjectedDir(t, map[string]string{
+		"ip-masq-agent":            "nonMasqueradeCIDRs: [10.0.0.0/8]\n",
+		"ip-masq-agent-reconciled": "nonMasqueradeSourceCIDRs: [10.244.1.3/32]\n",
+	})
+	out, err := runAgent(t, topo, "--once", "--release-on-exit", "--config", cm.Dir)
+	if err != nil {
+		t.Fatalf("--once --config DIR: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, filepath.Join(cm.Dir, "ip-masq-agent-reconciled")+": nonMasqueradeSourceCIDRs: an extension of this agent, applied in a config directory too") {
+		t.Errorf("no warning names the extension:\n%s", out)
+	}
+	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
+	if got, err := topo.SourceSeenFrom(pod2, netip.MustParseAddr(internet1)); err != nil || got != pod2 {
+		t.Errorf("internet1 from %s saw %s (%v), want the pod's own address", pod2, got, err)
 	}
 }
