@@ -97,9 +97,9 @@ func IsPartial(err error) bool {
 // every bad file has a last good content (from an earlier Load of the same
 // directory), that is merged instead and the merged config is returned
 // with the error (IsPartial); otherwise no config is returned, as for a
-// bad single file. A symlink to a missing file counts as a bad file when
-// it had a good content, and is skipped with a warning otherwise; a
-// subdirectory is skipped with a warning. Warnings are prefixed with the
+// bad single file. A symlink to a missing file keeps its last good
+// content in force, if it had one, and is skipped otherwise, with a
+// warning either way; a subdirectory is skipped with a warning. Warnings are prefixed with the
 // file's path.
 func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 	l.mu.Lock()
@@ -169,7 +169,7 @@ func (l *Loader) loadDir(path string, f Flags) (Config, []string, []string, erro
 			// moment (a key removed: its link goes after ..data moved).
 			if last, ok := l.last[file]; ok {
 				seen[file] = true
-				de.Files = append(de.Files, FileError{Path: file, Err: fmt.Errorf("a symlink to %q, which does not exist (Azure's ip-masq-agent-v2 exits on it)", target), LastGood: true})
+				notes = append(notes, fmt.Sprintf("%s: a symlink to %q, which does not exist: its last good content stays in force until the link goes (Azure's ip-masq-agent-v2 exits on it)", file, target))
 				parts = append(parts, last)
 				continue
 			}
