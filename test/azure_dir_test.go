@@ -79,7 +79,8 @@ func TestAzureDirOnce(t *testing.T) {
 // TestAzureDirDanglingLink: an ip-masq* symlink to a missing file and a
 // subdirectory named ip-masq* (Azure's agent exits on each) are skipped,
 // each with a warning naming it, the other files applied, and the daemon
-// keeps running; validate reports them.
+// keeps running; validate reports them. A good file's link that starts to
+// dangle keeps its last good CIDRs in force, with a warning.
 func TestAzureDirDanglingLink(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
@@ -109,6 +110,26 @@ func TestAzureDirDanglingLink(t *testing.T) {
 	if code, out, _ := runTool(t, topo, "validate", cm.Dir); code != 0 || !strings.Contains(out, link+`: a symlink to "..data/ip-masq-agent-reconciled", which does not exist`) ||
 		!strings.Contains(out, sub+": a directory, not read") {
 		t.Errorf("validate DIR: exit %d %q; want the dangling link reported", code, out)
+	}
+
+	// A good file's link starts to dangle (as a kubelet update removing
+	// the key leaves it for a moment): its last good CIDRs stay, with a
+	// warning naming it, and the daemon runs on.
+	good := filepath.Join(cm.Dir, "ip-masq-agent")
+	if err := os.Remove(good); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("..data/ip-masq-gone", good); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the warning naming the good file's link", func() bool {
+		return strings.Contains(d.output(), good+`: a symlink to \"..data/ip-masq-gone\", which does not exist: its last good content stays in force`)
+	})
+	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
+	select {
+	case <-d.Exited():
+		t.Fatalf("the agent exited:\n%s", d.output())
+	default:
 	}
 }
 
