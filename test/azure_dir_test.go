@@ -115,6 +115,8 @@ func TestAzureDirDanglingLink(t *testing.T) {
 	// A good file's link starts to dangle (as a kubelet update removing
 	// the key leaves it for a moment): its last good CIDRs stay, with a
 	// warning naming it, and the daemon runs on.
+	cm.updateFiles(map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [10.0.0.0/8, 203.0.113.0/24]\n"})
+	eventually(t, "the good file's CIDRs", sourcesAre(topo, map[string]bool{internet1: false, private1: false}))
 	good := filepath.Join(cm.Dir, "ip-masq-agent")
 	if err := os.Remove(good); err != nil {
 		t.Fatal(err)
@@ -125,7 +127,7 @@ func TestAzureDirDanglingLink(t *testing.T) {
 	eventually(t, "the warning naming the good file's link", func() bool {
 		return strings.Contains(d.output(), good+`: a symlink to \"..data/ip-masq-gone\", which does not exist: its last good content stays in force`)
 	})
-	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
+	expectSources(t, topo, map[string]bool{internet1: false, private1: false}) // not the defaults
 	select {
 	case <-d.Exited():
 		t.Fatalf("the agent exited:\n%s", d.output())
