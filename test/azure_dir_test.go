@@ -83,7 +83,7 @@ func TestAzureDirOnce(t *testing.T) {
 // dangle keeps its last good CIDRs in force, with a warning.
 func TestAzureDirDanglingLink(t *testing.T) {
 	topo := newTopology(t)
-	addDestinations(t, topo, internet1, private1)
+	addDestinations(t, topo, internet1, internet2, private1)
 	cm := newProjectedDir(t, map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [203.0.113.0/24]\n"})
 	link := filepath.Join(cm.Dir, "ip-masq-agent-reconciled")
 	if err := os.Symlink("..data/ip-masq-agent-reconciled", link); err != nil {
@@ -127,7 +127,13 @@ func TestAzureDirDanglingLink(t *testing.T) {
 	eventually(t, "the warning naming the good file's link", func() bool {
 		return strings.Contains(d.output(), good+`: a symlink to \"..data/ip-masq-gone\", which does not exist: its last good content stays in force`)
 	})
-	expectSources(t, topo, map[string]bool{internet1: false, private1: false}) // not the defaults
+	// A file added next: once it is in force, the sync that saw the link
+	// is done; the link's CIDRs are still there (not the defaults).
+	if err := os.WriteFile(filepath.Join(cm.Dir, "ip-masq-zz"), []byte("nonMasqueradeCIDRs: [198.51.100.0/24]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the added file", sourcesAre(topo, map[string]bool{internet2: false}))
+	expectSources(t, topo, map[string]bool{internet1: false, private1: false, internet2: false})
 	select {
 	case <-d.Exited():
 		t.Fatalf("the agent exited:\n%s", d.output())
