@@ -2,6 +2,13 @@
 # network namespaces and never touch the machine's own). `make help` lists
 # the targets.
 GO      ?= go
+# The version the binary reports (--version, build_info): the tag an image
+# is built for when TAG is given (make image TAG=v0.1.0), else git describe.
+ifneq ($(filter command line environment,$(origin TAG)),)
+ifeq ($(filter command line environment,$(origin VERSION)),)
+VERSION := $(TAG)
+endif
+endif
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
@@ -25,8 +32,8 @@ deps:
 deps-e2e:
 	@GO='$(GO)' sh hack/deps.sh e2e
 
-## deps-kernels: deps, and what test-kernels needs (qemu-system-x86,
-## busybox-static, cpio, kmod, xz-utils)
+## deps-kernels: deps, and what test-kernels needs
+## (qemu-system-x86, busybox-static, cpio, kmod, xz-utils)
 deps-kernels:
 	@GO='$(GO)' sh hack/deps.sh kernels
 
@@ -63,8 +70,9 @@ test: deps build
 # The tests built only without -race (//go:build !race).
 NORACE_TESTS = ^TestFastPathSameAsFullLarge$$
 
-## test-unit: only the tests that need no privileges, and the daemon loop's
-## (internal/agent, against nft.Fake) statement coverage, which must stay 80%+
+## test-unit: only the tests that need no privileges, and the loop's coverage
+## (the daemon loop's, internal/agent against nft.Fake: its statement
+## coverage must stay 80%+)
 test-unit:
 	@mkdir -p bin
 	$(GO) test -count=1 -run '$(NORACE_TESTS)' ./config/
@@ -81,14 +89,14 @@ demo: deps build
 	@echo "make demo: running it: a pod, a node and an external host in throwaway network namespaces"
 	bin/demo -agent bin/ip-masq-agent
 
-## fuzz: every fuzz target (each func Fuzz..., found by hack/fuzz.sh) for
-## FUZZTIME (default 30s) each
+## fuzz: every fuzz target for FUZZTIME (default 30s) each
+## (each func Fuzz..., found by hack/fuzz.sh)
 FUZZTIME ?= 30s
 fuzz:
 	GO='$(GO)' sh hack/fuzz.sh $(FUZZTIME)
 
-## fuzz-ci: every fuzz target for a short fixed time each (CI: FuzzParse,
-## FuzzCheck, FuzzFastPath, FuzzBuild, 10s each); seeds in */testdata/fuzz/
+## fuzz-ci: every fuzz target for FUZZCITIME (default 10s) each, for CI
+## (each func Fuzz..., found by hack/fuzz.sh; seeds in */testdata/fuzz/)
 FUZZCITIME ?= 10s
 .PHONY: fuzz-ci
 fuzz-ci:
@@ -159,12 +167,14 @@ push-multiarch: image-multiarch
 	$(if $(filter docker,$(notdir $(CONTAINER_TOOL))),@echo "docker: add IMAGE_BUILD_FLAGS=--push to make image-multiarch" >&2; exit 1,\
 	  $(CONTAINER_TOOL) manifest push --all $(IMAGE):$(TAG) docker://$(IMAGE):$(TAG))
 
-## manifests: bin/manifests/install.yaml, uninstall.yaml and rollback.yaml
-## for IMAGE:TAG (deploy/, deploy/uninstall/ and deploy/rollback/ rendered,
-## for kubectl apply -f; without IMAGE and TAG given, the image that
-## deploy/image/ pins)
+## manifests: install, uninstall and rollback manifests for IMAGE:TAG
+## (bin/manifests/install.yaml, uninstall.yaml and rollback.yaml: deploy/,
+## deploy/uninstall/ and deploy/rollback/ rendered, for kubectl apply -f;
+## IMAGE=NAME@sha256:DIGEST, without TAG, pins the image by digest; without
+## IMAGE and TAG given, the image deploy/image/ pins)
 manifests:
-	$(GO) run ./hack/manifests -repo . -out bin/manifests $(if $(filter command line,$(origin IMAGE) $(origin TAG)),-image $(IMAGE):$(TAG))
+	$(if $(and $(findstring @,$(IMAGE)),$(filter command line,$(origin TAG)),$(TAG)),$(error make manifests: IMAGE=$(IMAGE) holds a digest; give no TAG))
+	$(GO) run ./hack/manifests -repo . -out bin/manifests $(if $(filter command line,$(origin IMAGE) $(origin TAG)),-image $(IMAGE)$(if $(findstring @,$(IMAGE)),,:$(TAG)))
 
 ## test-deploy: the deploy/ manifests, and the image in a container (root)
 ## (run with the DaemonSet's rights against a test node, with podman)

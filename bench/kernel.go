@@ -384,7 +384,10 @@ const adoptMarker = `the kernel holds the config's table already`
 // restarts it n times; each restart must find the table as it is.
 func restartRuns(ctx context.Context, cfg Config, topo *testnet.Topology, path string, n int, r *Restart) error {
 	fd := int(topo.NodeHandle())
-	args := []string{"--config", path, "--http-address=127.0.0.1:0", "--own-table=" + strconv.FormatBool(r.Owned)}
+	// --release-on-exit=false: the stopped agent leaves its table orphaned,
+	// as a killed one does, and the next adopts it in place (the default
+	// releases it at exit, and the next agent re-creates it owned).
+	args := []string{"--config", path, "--http-address=127.0.0.1:0", "--own-table=" + strconv.FormatBool(r.Owned), "--release-on-exit=false"}
 	d, err := startDaemon(ctx, topo, cfg.Agent, args...)
 	if err != nil {
 		return err

@@ -783,8 +783,10 @@ func kernelMarkdown(b *strings.Builder, r *Results) {
 	}
 	if len(k.Restarts) > 0 {
 		w("**Restarts that find the right table**: the daemon applies its config, new UDP flows from the pod\n" +
-			"are masqueraded (the decision chain's counters move), then it is stopped (SIGTERM; the table stays)\n" +
-			"and started again, several times. Messages are what each restart's log line says it sent (an owned\n" +
+			"are masqueraded (the decision chain's counters move), then it is stopped (SIGTERM, with\n" +
+			"`--release-on-exit=false`: the table stays orphaned, as a killed agent leaves it; by default the agent\n" +
+			"releases it at exit and the next one re-creates it owned, see docs/upgrade.md) and started again,\n" +
+			"several times. Messages are what each restart's log line says it sent (an owned\n" +
 			"table is adopted with one message that sets the table's owner flag on the new socket); commits are\n" +
 			"the nftables generation moves from the stop to that line; the counters are the decision chain's\n" +
 			"packets before the stop and after the restart.\n\n")

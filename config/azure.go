@@ -196,9 +196,9 @@ func danglingTarget(path string) (string, bool) {
 
 // DirNotes returns the warnings about a config directory as a whole, as
 // the agent logs them with --config DIR (for validate, which checks each
-// file itself): symlinks to missing files, subdirectories named ip-masq*,
-// no ip-masq* file, an empty union. nil for a path that is not a
-// directory.
+// file itself, and says with Files when there is none): symlinks to
+// missing files, subdirectories named ip-masq*, an empty union. nil for a
+// path that is not a directory.
 func DirNotes(path string, f Flags) []string {
 	if KindOf(path) != SourceDir {
 		return nil
@@ -206,5 +206,9 @@ func DirNotes(path string, f Flags) []string {
 	var l Loader
 	l.path, l.kind, l.decided = path, SourceDir, true
 	_, _, notes, _ := l.loadDir(path, f)
-	return notes
+	// Files says that there is no file (the tools' wording).
+	return slices.DeleteFunc(notes, func(n string) bool { return strings.HasSuffix(n, msgNoFiles) })
 }
+
+// msgNoFiles is the warning about a directory without ip-masq* files.
+const msgNoFiles = "no file whose name starts with \"ip-masq\"; using the defaults"

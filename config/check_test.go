@@ -161,6 +161,8 @@ data:
   other: ignored
 `
 	wantProblems(t, problems(multi, v4Only, false),
+		`8: ConfigMap "azure-ip-masq-agent-config" has no data key "config", the only key the shipped DaemonSet mounts (deploy/daemonset.yaml): `+
+			`with it the agent would run the defaults; keys named ip-masq... are read only where the whole ConfigMap is mounted as a directory (Azure ip-masq-agent-v2) (warning)`,
 		`9: nonMasqueradeCIDRs[0]: "10.0.0.1/8" is not aligned to its prefix length (did you mean "10.0.0.0/8"?)`,
 		`11: masqLinkLocal: expected true or false, got string "maybe"`)
 

@@ -249,6 +249,15 @@ type Config struct {
 	NonMasqueradeSourceCIDRs []netip.Prefix
 }
 
+// DestinationOnly is c without the keys that select traffic by anything
+// but its destination (the source keys): how c decides for traffic that
+// none of them singles out. The original agent decides by destination
+// alone; this is what its decisions are compared with.
+func (c Config) DestinationOnly() Config {
+	c.NonMasqueradeSourceCIDRs = nil
+	return c
+}
+
 // DefaultPath is where Kubernetes mounts the ConfigMap key.
 const DefaultPath = "/etc/config/ip-masq-agent"
 

@@ -205,7 +205,7 @@ func (l *Loader) loadDir(path string, f Flags) (Config, []string, []string, erro
 	c := mergeAzure(f, parts)
 	switch {
 	case len(seen) == 0:
-		notes = append(notes, path+": no file whose name starts with \"ip-masq\"; using the defaults")
+		notes = append(notes, path+": "+msgNoFiles)
 	case len(parts) > 0 && len(c.NonMasqueradeCIDRs) == 0:
 		notes = append(notes, path+": "+msgEmptyUnion(f))
 	}

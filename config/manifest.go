@@ -12,12 +12,13 @@ import (
 
 // embeddedConfig is the config held by a data key of a ConfigMap manifest.
 type embeddedConfig struct {
-	key     string // the data key: "config", or a name starting with ip-masq
-	value   string
-	line    int  // the value's line (of its "|" for a block literal); of the problem if any
-	literal bool // a block literal: line l of value is line+l of the manifest
-	problem string
-	warning bool // the problem is a warning
+	key      string // the data key: "config", or a name starting with ip-masq
+	value    string
+	line     int  // the value's line (of its "|" for a block literal); of the problem if any
+	literal  bool // a block literal: line l of value is line+l of the manifest
+	problem  string
+	warning  bool // the problem is a warning
+	advisory bool // the problem does not stop the manifest's config from being read
 }
 
 // manifestConfigs finds the configs in a Kubernetes manifest (one or
@@ -25,7 +26,9 @@ type embeddedConfig struct {
 // (the original agent's) and ip-masq... (Azure's ip-masq-agent-v2's). ok
 // is false when data is not a manifest, that is when no document is a
 // mapping with apiVersion and kind. Objects other than ConfigMaps are
-// passed over; a ConfigMap with no such key gives a warning.
+// passed over, a List's items are looked into; a ConfigMap with no such
+// key gives a warning, and so does one without the key "config" (the one
+// the shipped DaemonSet mounts).
 func manifestConfigs(data []byte) (docs []embeddedConfig, ok bool) {
 	docs, _, ok = manifest(data)
 	return docs, ok
@@ -53,50 +56,73 @@ func manifest(data []byte) (docs []embeddedConfig, kinds []string, ok bool) {
 		if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
 			continue
 		}
-		m := doc.Content[0]
-		kind, api := mapValue(m, "kind"), mapValue(m, "apiVersion")
-		if kind == nil || api == nil || kind.Kind != yaml.ScalarNode || api.Kind != yaml.ScalarNode {
-			continue
-		}
-		ok = true
-		kinds = append(kinds, kind.Value)
-		if kind.Value != "ConfigMap" {
-			continue
-		}
-		name := "ConfigMap"
-		if meta := mapValue(m, "metadata"); meta != nil {
-			if n := mapValue(meta, "name"); n != nil && n.Kind == yaml.ScalarNode {
-				name = fmt.Sprintf("ConfigMap %q", n.Value)
-			}
-		}
-		dataKey, dataNode := mapEntry(m, "data")
-		found := false
-		if dataNode != nil && dataNode.Kind == yaml.MappingNode {
-			for i := 0; i+1 < len(dataNode.Content); i += 2 {
-				k, v := dataNode.Content[i], dataNode.Content[i+1]
-				if k.Value != "config" && !IsConfigName(k.Value) {
-					continue
-				}
-				found = true
-				if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!null") {
-					docs = append(docs, embeddedConfig{key: "data." + k.Value, line: v.Line,
-						problem: "expected the config file's text as a string"})
-					continue
-				}
-				docs = append(docs, embeddedConfig{key: k.Value, value: v.Value, line: v.Line,
-					literal: v.Style&yaml.LiteralStyle != 0})
-			}
-		}
-		if !found {
-			line := kind.Line
-			if dataKey != nil {
-				line = dataKey.Line
-			}
-			docs = append(docs, embeddedConfig{line: line, warning: true,
-				problem: name + ` has no data key "config" (or named ip-masq...): not an ip-masq-agent config`})
+		if object(doc.Content[0], &docs, &kinds, 0) {
+			ok = true
 		}
 	}
 	return docs, kinds, ok
+}
+
+// object adds what the Kubernetes object m holds: its kind, and a
+// ConfigMap's configs. A List (kubectl get -o yaml of several objects,
+// kind: List or a kind ending in List) stands for its items. It returns
+// false when m is not an object (no apiVersion and kind).
+func object(m *yaml.Node, docs *[]embeddedConfig, kinds *[]string, depth int) bool {
+	kind, api := mapValue(m, "kind"), mapValue(m, "apiVersion")
+	if kind == nil || api == nil || kind.Kind != yaml.ScalarNode || api.Kind != yaml.ScalarNode {
+		return false
+	}
+	if items := mapValue(m, "items"); strings.HasSuffix(kind.Value, "List") && items != nil && items.Kind == yaml.SequenceNode && depth < 4 {
+		for _, item := range items.Content {
+			object(item, docs, kinds, depth+1)
+		}
+		return true
+	}
+	*kinds = append(*kinds, kind.Value)
+	if kind.Value != "ConfigMap" {
+		return true
+	}
+	name := "ConfigMap"
+	if meta := mapValue(m, "metadata"); meta != nil {
+		if n := mapValue(meta, "name"); n != nil && n.Kind == yaml.ScalarNode {
+			name = fmt.Sprintf("ConfigMap %q", n.Value)
+		}
+	}
+	dataKey, dataNode := mapEntry(m, "data")
+	found, mounted := false, false
+	if dataNode != nil && dataNode.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(dataNode.Content); i += 2 {
+			k, v := dataNode.Content[i], dataNode.Content[i+1]
+			if k.Value != "config" && !IsConfigName(k.Value) {
+				continue
+			}
+			found = true
+			mounted = mounted || k.Value == "config"
+			if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!null") {
+				*docs = append(*docs, embeddedConfig{key: "data." + k.Value, line: v.Line,
+					problem: "expected the config file's text as a string"})
+				continue
+			}
+			*docs = append(*docs, embeddedConfig{key: k.Value, value: v.Value, line: v.Line,
+				literal: v.Style&yaml.LiteralStyle != 0})
+		}
+	}
+	line := kind.Line
+	if dataKey != nil {
+		line = dataKey.Line
+	}
+	switch {
+	case !found:
+		*docs = append(*docs, embeddedConfig{line: line, warning: true,
+			problem: name + ` has no data key "config" (or named ip-masq...): not an ip-masq-agent config`})
+	case !mounted:
+		// Azure ip-masq-agent-v2 mounts the whole ConfigMap as a
+		// directory; the shipped DaemonSet mounts only the key config.
+		*docs = append(*docs, embeddedConfig{line: line, warning: true, advisory: true,
+			problem: name + ` has no data key "config", the only key the shipped DaemonSet mounts (deploy/daemonset.yaml): ` +
+				`with it the agent would run the defaults; keys named ip-masq... are read only where the whole ConfigMap is mounted as a directory (Azure ip-masq-agent-v2)`})
+	}
+	return true
 }
 
 // mapValue returns the value of key in a mapping node, or nil.
@@ -129,6 +155,9 @@ func FromManifest(data []byte) (config []byte, isManifest bool, err error) {
 	}
 	var good []embeddedConfig
 	for _, d := range docs {
+		if d.advisory {
+			continue
+		}
 		if d.problem != "" {
 			return nil, true, fmt.Errorf("line %d: %s", d.line, strings.TrimPrefix(d.key+": "+d.problem, ": "))
 		}

@@ -3,7 +3,7 @@ package config
 // The parity test: every config is decoded by a model of the original
 // agent's decoding (kubernetes-sigs/ip-masq-agent, cmd/ip-masq-agent:
 // syncConfig and validate) and by Parse, and the outcomes must agree
-// except for the deliberate differences named below (README.md,
+// except for the deliberate differences named below (docs/configuration.md,
 // "Differences from the original").
 //
 // The model uses the libraries the original uses, not copies of them:
@@ -123,8 +123,8 @@ func origIsIPv6CIDR(cidr string) bool {
 	return net.ParseIP(ip.String()).To4() == nil
 }
 
-// The deliberate differences, by name. Each has a row in README.md's
-// "Differences from the original" and a warning (or, for a refusal, an
+// The deliberate differences, by name. Each has a row in docs/configuration.md,
+// "Differences from the original", and a warning (or, for a refusal, an
 // error) from Parse that contains the marker.
 const (
 	// masqueradeCIDRs, masqOutBound and masqOutBoundIPv6 (Baidu CCE's keys)

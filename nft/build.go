@@ -104,6 +104,16 @@ func SetOf(cfg config.Config, name string) (decision string, list []netip.Prefix
 	return d.outcome(), d.list(cfg), true
 }
 
+// DaddrSet says whether name is one of the agent's destination sets, and
+// whether a match there masquerades.
+func DaddrSet(name string) (masquerade, ok bool) {
+	d := decisionOf(name)
+	if d == nil || d.sel != SelDaddr {
+		return false, false
+	}
+	return d.verdict != Return, true
+}
+
 // Build returns the table for a config: the whole policy, top to bottom.
 func Build(c config.Config, o Options) Table {
 	// The hook: only traffic to non-local destinations is considered, as with

@@ -15,8 +15,8 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
-// goldenCases are configs from the seeds (Kubernetes docs, the original
-// README, Baidu CCE) and the edge cases of the translation.
+// goldenCases are configs from the seeds (Kubernetes docs, Baidu CCE, the
+// original's README) and the edge cases of the translation.
 var goldenCases = []struct {
 	name  string
 	yaml  string

@@ -45,9 +45,23 @@ func (e Explanation) Verdict() string {
 // cannot know the node's own addresses, which the kernel never
 // masquerades (the base chain's `fib daddr type != local`).
 func Explain(cfg config.Config, o Options, p Packet) Explanation {
+	return Explainer(cfg, o)(p)
+}
+
+// Explainer is Explain for many packets: the table is built once.
+func Explainer(cfg config.Config, o Options) func(Packet) Explanation {
+	return Build(cfg, o).Explainer(cfg)
+}
+
+// Explainer is Explain for many packets with t, which is Build(cfg, o)
+// already.
+func (t Table) Explainer(cfg config.Config) func(Packet) Explanation {
+	return func(p Packet) Explanation { return explainIn(&t, cfg, p) }
+}
+
+func explainIn(t *Table, cfg config.Config, p Packet) Explanation {
 	p = p.unmapped()
 	e := Explanation{Addr: p.Dst, From: p.Src}
-	t := Build(cfg, o)
 	ev := t.evaluate(p, false, true)
 	if !ev.handled {
 		e.Reason = "IPv6 is not handled without --enable-ipv6"

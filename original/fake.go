@@ -1,10 +1,15 @@
 package original
 
 import (
+	"net/netip"
 	"slices"
 	"sync"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 )
 
 // Fake is an in-memory iptables-nft holding the original agent's rules,
@@ -92,13 +97,14 @@ func (f *Fake) findOriginal(chain string) (Rules, error) {
 
 // RemoveOriginal removes the original's removable chains and jumps, as
 // Netlink's does.
-func (f *Fake) RemoveOriginal(chain, fingerprint string) (Rules, error) {
+func (f *Fake) RemoveOriginal(chain, fingerprint string, families ...nft.Family) (Rules, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	o, err := f.findOriginal(chain)
 	if err != nil {
 		return o, err
 	}
+	o = o.Of(families...)
 	if fingerprint != "" && o.Fingerprint() != fingerprint {
 		return o, ErrChanged
 	}
@@ -127,4 +133,80 @@ func (f *Fake) Removals() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.removals
+}
+
+// Written is what the original agent writes for a config and its flags,
+// for tests: Rules encodes it as iptables-nft does (a prefix as a load of
+// the bytes it covers, a mask for the rest; comments and addrtype as
+// xtables matches), so that it is read, explained and compared as the
+// kernel's would be.
+type Written struct {
+	Chain                            string // "": IP-MASQ-AGENT
+	EnableIPv6                       bool
+	MasqLinkLocal, MasqLinkLocalIPv6 bool
+	NonMasq                          []string // nonMasqueradeCIDRs as the original resolved them
+}
+
+// Rules are the rules, both families (IPv6 empty without EnableIPv6).
+func (w Written) Rules() Rules {
+	chain := w.Chain
+	if chain == "" {
+		chain = nft.DefaultChain
+	}
+	comment := func(s string) *expr.Match { c := xt.Comment(s); return &expr.Match{Name: "comment", Info: &c} }
+	handle := uint64(100)
+	next := func() uint64 { handle++; return handle }
+	var out Rules
+	for _, fam := range []nft.Family{4, 6} {
+		if fam == 6 && !w.EnableIPv6 {
+			out.Families = append(out.Families, withJumps(6, "", nil, nil)...)
+			continue
+		}
+		cidrs := []string{config.LinkLocalIPv4.String()}
+		skip := w.MasqLinkLocal
+		if fam == 6 {
+			cidrs, skip = []string{config.LinkLocalIPv6.String()}, w.MasqLinkLocalIPv6
+		}
+		if skip {
+			cidrs = nil
+		}
+		for _, c := range w.NonMasq {
+			if p := netip.MustParsePrefix(c); p.Addr().Is6() == (fam == 6) {
+				cidrs = append(cidrs, c)
+			}
+		}
+		f := Family{Family: fam, Chain: chain, ChainPresent: true, ChainHandle: next()}
+		for _, c := range cidrs {
+			f.Rules = append(f.Rules, newXTRule(next(), append(daddrPrefix(fam, netip.MustParsePrefix(c)),
+				comment("ip-masq-agent: local traffic is not subject to MASQUERADE"), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictReturn}), nil))
+		}
+		f.Rules = append(f.Rules, newXTRule(next(), []expr.Any{comment("ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"),
+			&expr.Counter{}, &expr.Target{Name: "MASQUERADE"}}, nil))
+		jump := newXTRule(next(), []expr.Any{comment(JumpComment(chain)),
+			&expr.Match{Name: "addrtype", Rev: 1, Info: &xt.AddrTypeV1{Dest: uint16(xt.AddrTypeLocal), Flags: 0x2}},
+			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}, nil)
+		out.Families = append(out.Families, withJumps(fam, "", []XTRule{jump}, []Family{f})...)
+	}
+	return out
+}
+
+// daddrPrefix is iptables-nft's match of a destination prefix.
+func daddrPrefix(fam nft.Family, p netip.Prefix) []expr.Any {
+	p = p.Masked()
+	d := nft.Daddr(fam)
+	n := (p.Bits() + 7) / 8
+	if n == 0 {
+		return nil
+	}
+	d.Len = uint32(n)
+	out := []expr.Any{&d}
+	if p.Bits()%8 != 0 {
+		mask := make([]byte, n)
+		for i := range mask {
+			mask[i] = 0xff
+		}
+		mask[n-1] = byte(0xff << (8 - p.Bits()%8))
+		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: uint32(n), Mask: mask, Xor: make([]byte, n)})
+	}
+	return append(out, &expr.Cmp{Register: 1, Op: expr.CmpOpEq, Data: p.Addr().AsSlice()[:n]})
 }

@@ -499,13 +499,15 @@ func newXTRule(handle uint64, exprs []expr.Any, userData []byte) XTRule {
 // that fingerprint. The transaction carries the generation of its read, so
 // that it is refused if anything changed in between (then it reads and
 // tries again). It returns what it removed: Families holds the removed
-// entries only (none, when nothing removable was there).
-func (n Netlink) RemoveOriginal(chain, fingerprint string) (o Rules, err error) {
+// entries only (none, when nothing removable was there). With families
+// given, only theirs are removed (and fingerprinted); none: both.
+func (n Netlink) RemoveOriginal(chain, fingerprint string, families ...nft.Family) (o Rules, err error) {
 	err = n.K.Session(func(s kernel.Session) error {
 		for attempt := 1; ; attempt++ {
 			if o, err = find(s, chain); err != nil {
 				return err
 			}
+			o = o.Of(families...)
 			if fingerprint != "" && o.Fingerprint() != fingerprint {
 				return ErrChanged
 			}
@@ -528,6 +530,14 @@ func (n Netlink) RemoveOriginal(chain, fingerprint string) (o Rules, err error) 
 		}
 	})
 	return o, err
+}
+
+// Of is o with the entries of the families given only (none: all).
+func (o Rules) Of(families ...nft.Family) Rules {
+	if len(families) == 0 {
+		return o
+	}
+	return o.only(func(f Family) bool { return slices.Contains(families, f.Family) })
 }
 
 // removable is o with only its removable entries.
@@ -645,6 +655,9 @@ func (o Rules) ExplainOriginal(a netip.Addr, local bool) (e nft.Explanation, dec
 // jump, with nft's evaluator, and says what it found.
 func (f *Family) explain(e nft.Explanation, a netip.Addr, local bool) (nft.Explanation, bool) {
 	where := fmt.Sprintf("the original ip-masq-agent's rules in table %s (iptables nat POSTROUTING, priority srcnat: before table inet %s)", f.Table(), nft.TableName)
+	if !f.Recognised() {
+		where = fmt.Sprintf("chain %s in table %s (a name of the original ip-masq-agent's, not its rules: left alone; iptables nat POSTROUTING, priority srcnat: before table inet %s)", f.Chain, f.Table(), nft.TableName)
+	}
 	j := f.Jumps[0]
 	switch xtMatch(j, a, local) {
 	case nft.MatchNo:

@@ -165,12 +165,17 @@ func TestReplacedInPlace(t *testing.T) {
 	}
 	otherBefore := other()
 
-	mustApply(t, topo, "")
+	// Each --once here leaves the table orphaned for the next to adopt in
+	// place: by default it releases it at exit (re-creates it unowned),
+	// and the next run re-creates it owned, new table handles and all
+	// (TestSavedRulesetLoads). The in-place change is what is tested.
+	keep := "--release-on-exit=false"
+	mustApply(t, topo, "", keep)
 	first := handles(t, topo)
 	if len(first) != 8 { // the table, 4 sets, 3 chains
 		t.Fatalf("handles of the table, its sets and chains: %v", first)
 	}
-	mustApply(t, topo, "nonMasqueradeCIDRs: [203.0.113.0/24]\n")
+	mustApply(t, topo, "nonMasqueradeCIDRs: [203.0.113.0/24]\n", keep)
 	if h := handles(t, topo); !maps.Equal(h, first) {
 		t.Errorf("handles changed from %v to %v: objects were re-created, not replaced in place", first, h)
 	}
@@ -179,7 +184,7 @@ func TestReplacedInPlace(t *testing.T) {
 	if out, err := topo.NFT("add", "chain", "inet", "ip-masq-agent", "intruder"); err != nil {
 		t.Fatalf("%v %s", err, out)
 	}
-	mustApply(t, topo, "")
+	mustApply(t, topo, "", keep)
 	if table := listTable(t, topo); strings.Contains(table, "intruder") {
 		t.Errorf("a foreign chain survived the apply:\n%s", table)
 	}

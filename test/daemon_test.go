@@ -229,13 +229,17 @@ func TestDaemonRepairs(t *testing.T) {
 	}
 }
 
-// TestDaemonRestartKeepsTable: SIGTERM leaves the rules in place, and a new
-// agent takes the table over in place: the table is never deleted.
+// TestDaemonRestartKeepsTable: an agent that exits without releasing its
+// table (killed, or --release-on-exit=false) leaves the rules in place,
+// orphaned, and a new agent takes the table over in place: the table is
+// never deleted. (With the default flags the exiting agent re-creates it
+// unowned, in one transaction, and the next re-creates it owned:
+// TestSavedRulesetLoads.)
 func TestDaemonRestartKeepsTable(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, private1)
 	cm := newConfigMapDir(t, "")
-	first := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0")
+	first := startDaemon(t, topo, "--config", cm.path(), "--http-address=127.0.0.1:0", "--release-on-exit=false")
 	eventually(t, "the rules", sourcesAre(topo, map[string]bool{internet1: true, private1: false}))
 
 	// An independent observer of every transaction in the namespace.

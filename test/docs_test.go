@@ -23,18 +23,27 @@ var (
 	htmlAnchor = regexp.MustCompile(`<a\s+(?:name|id)="([^"]+)"`)
 )
 
-// markdownFiles are the files whose links are checked.
+// markdownFiles are the files whose links are checked: every Markdown file
+// of the repository (not the build's caches).
 func markdownFiles(t *testing.T) []string {
 	t.Helper()
-	files, err := filepath.Glob("../*.md")
+	var files []string
+	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != ".." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "bin" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".md") {
+			files = append(files, path)
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	docs, err := filepath.Glob("../docs/*.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return append(files, docs...)
+	return files
 }
 
 // githubAnchor is the anchor GitHub gives a heading: lower case, without

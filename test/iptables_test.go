@@ -219,10 +219,11 @@ func TestIptablesCleanupAndTools(t *testing.T) {
 // are, whatever --masq-chain it ran with, by an agent and tools given no
 // --masq-chain: IP-MASQ (the Kubernetes addon manifest's and GKE's name)
 // masquerades 10.250.0.10 before the agent's table, which exempts 10/8;
-// diff and explain --live say so, cleanup-iptables removes it and, in
-// table ip6 nat, a custom chain jumped to with Azure ip-masq-agent-v2's
-// quoted comment; a chain called IP-MASQ-AGENT without the original's
-// comments is reported and left alone.
+// diff and explain --live say so (and that the IPv6 chain stays: no
+// --enable-ipv6), cleanup-iptables removes it and, in table ip6 nat, a
+// custom chain jumped to with Azure ip-masq-agent-v2's quoted comment; a
+// chain called IP-MASQ-AGENT without the original's comments is reported
+// and left alone.
 func TestIptablesAnyChainName(t *testing.T) {
 	testnet.Require(t, "iptables-nft", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-restore")
 	topo := newTopology(t)
@@ -240,7 +241,8 @@ func TestIptablesAnyChainName(t *testing.T) {
 
 	code, out, stderr := runTool(t, topo, "diff", "--config", cfg)
 	if code != 1 || !strings.Contains(out, "the original ip-masq-agent's jump to chain IP-MASQ (its --masq-chain) decides first") ||
-		!strings.Contains(out, "table ip6 nat chain POSTROUTING: the original ip-masq-agent's jump to chain azure-masq") {
+		!strings.Contains(out, "kept ipv6: the original ip-masq-agent's rules in table ip6 nat stay") ||
+		!strings.Contains(out, "change ipv4 10.0.0.0/8: original: masquerade, this agent: not masqueraded") {
 		t.Errorf("diff: %d\n%s%s", code, out, stderr)
 	}
 	code, out, stderr = runTool(t, topo, "explain", "--live", "--config", cfg, private1)
@@ -248,7 +250,7 @@ func TestIptablesAnyChainName(t *testing.T) {
 		t.Errorf("explain --live: %d\n%s%s", code, out, stderr)
 	}
 	code, out, stderr = runTool(t, topo, "cleanup-iptables", "--watch", "0")
-	if code != 0 || !strings.Contains(out, "found the original ip-masq-agent's chain IP-MASQ, azure-masq") ||
+	if code != 0 || !strings.Contains(out, "found the original ip-masq-agent's chain IP-MASQ in table ip nat") || !strings.Contains(out, "found the original ip-masq-agent's chain azure-masq in table ip6 nat") ||
 		!strings.Contains(out, "removed from table ip nat: chain IP-MASQ") || !strings.Contains(out, "removed from table ip6 nat: chain azure-masq") ||
 		!strings.Contains(stderr, "not removed: table ip nat: chain IP-MASQ-AGENT (1 rules)") {
 		t.Errorf("cleanup-iptables: %d\n%s%s", code, out, stderr)

@@ -18,7 +18,7 @@ var layout = map[string][]string{
 	"config":             nil,
 	"nft":                {"config"},
 	"nft/kernel":         {"nft"},
-	"original":           {"nft", "nft/kernel"},
+	"original":           {"config", "nft", "nft/kernel"},
 	"windows":            {"config"},
 	"conntrack":          nil,
 	"internal/agent":     {"config", "nft", "original", "internal/metrics", "internal/filewatch"},

@@ -45,12 +45,15 @@ func loadRuleset(topo *testnet.Topology, path string) (string, error) {
 //     filter saves the ruleset without the agent's table and loads: flush
 //     ruleset passes over the owned table, which stays, and packets are
 //     still masqueraded.
-//   - After the agent exits the table is orphaned (persist, no owner): nft
-//     1.0.6 lists it with a bare "flags " line that nft -f refuses; the
-//     filtered save loads.
-//   - With --release-on-exit the table is, after exit, an ordinary one:
-//     the unfiltered save loads, the agent's table with it, and packets
-//     are masqueraded after the reload; list says owned, orphaned, free.
+//   - After the agent exits with the default flags (SIGTERM, or the end of
+//     --once, which owns the table while it writes it) the table is an
+//     ordinary one, its rules kept: the whole save loads, the agent's
+//     table with it, and packets are masqueraded after the reload. This
+//     part does not depend on ownership: where the kernel cannot own the
+//     table (before 6.9) there is no flag to clear, and it passes as well.
+//   - With --release-on-exit=false the owned table is left orphaned
+//     (persist, no owner): nft 1.0.6 lists it with a bare "flags " line
+//     that nft -f refuses; the filtered save loads.
 //
 // Where the table is not owned (a kernel before 6.9, which the agent says
 // in its log, or --own-table=false: the subtest "not owned") the whole
@@ -103,29 +106,83 @@ func TestSavedRulesetLoads(t *testing.T) {
 		topo, _, d := start(t, "--own-table=false")
 		notOwned(t, topo, d)
 	})
-	t.Run("owned", func(t *testing.T) { savedRulesetOwned(t, start, notOwned, want) })
+	t.Run("default flags", func(t *testing.T) { savedRulesetDefault(t, start, notOwned, want) })
 }
 
-// savedRulesetOwned is TestSavedRulesetLoads with the default flags: the
-// owned table's cases, or on a kernel that cannot own it (the agent
-// logged so) the not-owned ones.
-func savedRulesetOwned(t *testing.T, start func(*testing.T, ...string) (*testnet.Topology, string, *daemon),
+// savedRulesetDefault is TestSavedRulesetLoads with the default flags: the
+// owned table's cases while the agent runs, or on a kernel that cannot own
+// it (the agent logged so) the not-owned ones; then, on every kernel, the
+// whole save loads after SIGTERM and after --once.
+func savedRulesetDefault(t *testing.T, start func(*testing.T, ...string) (*testnet.Topology, string, *daemon),
 	notOwned func(*testing.T, *testnet.Topology, *daemon), want map[string]bool) {
 	topo, cfg, d := start(t)
-	if strings.Contains(d.output(), cannotOwnLog) {
-		t.Logf("this kernel cannot own the table: the not-owned cases are asserted")
+	owns := !strings.Contains(d.output(), cannotOwnLog)
+	if owns {
+		savedRulesetWhileOwned(t, topo, want)
+	} else {
+		t.Logf("this kernel cannot own the table: the not-owned cases are asserted while the agent runs")
 		notOwned(t, topo, d)
+	}
+
+	// SIGTERM: the table stays, an ordinary one.
+	d.stop(t)
+	if owns && !strings.Contains(d.output(), "released table inet ip-masq-agent") {
+		t.Errorf("no release logged:\n%s", d.output())
+	}
+	savedLoadsAfterExit(t, topo, "SIGTERM", want)
+
+	// --once with the default flags: it owns the table while it writes it
+	// (it adopts nothing here: flush ruleset deleted the table, nft -f
+	// made it anew, unowned), then releases it before it exits.
+	if out, err := runAgent(t, topo, "--once", "--config", cfg); err != nil {
+		t.Fatalf("--once: %v\n%s", err, out)
+	} else if owns && !strings.Contains(out, "released table inet ip-masq-agent") {
+		t.Errorf("--once logged no release:\n%s", out)
+	}
+	savedLoadsAfterExit(t, topo, "--once", want)
+
+	if !owns {
 		return
 	}
+	// --release-on-exit=false: the agent exits leaving the table orphaned.
+	d = startDaemon(t, topo, "--config", cfg, "--http-address=127.0.0.1:0", "--release-on-exit=false")
+	eventually(t, "the table owned", func() bool { return strings.Contains(listTable(t, topo), "flags owner") })
+	d.stop(t)
+	if code, out, _ := runTool(t, topo, "list"); code != 0 || !strings.HasPrefix(out, "# orphaned:") {
+		t.Errorf("list of an orphaned table: %d\n%s", code, out)
+	}
+	whole, saved := saveRuleset(t, topo, "nft list ruleset")
+	if strings.Contains(saved, "\n\tflags \n") {
+		// nft 1.0.6 (Debian 12) prints the persist flag as nothing.
+		if out, err := loadRuleset(topo, whole); err == nil {
+			t.Errorf("nft -f accepted a bare \"flags \" line:\n%s", out)
+		}
+	}
+	filtered, _ := saveRuleset(t, topo, saveFilter)
+	if out, err := loadRuleset(topo, filtered); err != nil {
+		t.Fatalf("nft -f of the filtered save after the agent exited: %v\n%s", err, out)
+	}
+	// The next agent owns it again (flush ruleset above deleted the
+	// orphan: the agent creates it again).
+	d = startDaemon(t, topo, "--config", cfg, "--http-address=127.0.0.1:0")
+	eventually(t, "the table owned again", func() bool {
+		out, err := topo.NFT("list", "table", "inet", "ip-masq-agent")
+		return err == nil && strings.Contains(out, "flags owner")
+	})
+	expectSources(t, topo, want)
+}
+
+// savedRulesetWhileOwned: the whole save is refused while the agent owns
+// its table; the filtered one loads and the owned table stays.
+func savedRulesetWhileOwned(t *testing.T, topo *testnet.Topology, want map[string]bool) {
+	t.Helper()
 	if code, out, _ := runTool(t, topo, "list"); code != 0 || !strings.HasPrefix(out, "# owned:") {
 		t.Fatalf("the agent did not log %q, yet list does not say owned: %d\n%s", cannotOwnLog, code, out)
 	}
-	// The unfiltered save is refused as a whole.
 	whole, _ := saveRuleset(t, topo, "nft list ruleset")
 	if out, err := loadRuleset(topo, whole); err == nil || !strings.Contains(out, "Operation not permitted") {
 		t.Errorf("nft -f of the whole ruleset while the agent owns its table: %v\n%s", err, out)
 	}
-	// The filtered one loads; the owned table stays.
 	filtered, saved := saveRuleset(t, topo, saveFilter)
 	if strings.Contains(saved, "ip-masq-agent") || !strings.Contains(saved, "table ip hostfw") {
 		t.Fatalf("the filtered save:\n%s", saved)
@@ -137,53 +194,29 @@ func savedRulesetOwned(t *testing.T, start func(*testing.T, ...string) (*testnet
 		t.Error("the agent's table is gone after the reload")
 	}
 	expectSources(t, topo, want)
+}
 
-	// The agent exits: orphaned.
-	d.stop(t)
-	if code, out, _ := runTool(t, topo, "list"); code != 0 || !strings.HasPrefix(out, "# orphaned:") {
-		t.Errorf("list of an orphaned table: %d\n%s", code, out)
-	}
-	whole, saved = saveRuleset(t, topo, "nft list ruleset")
-	if strings.Contains(saved, "\n\tflags \n") {
-		// nft 1.0.6 (Debian 12) prints the persist flag as nothing.
-		if out, err := loadRuleset(topo, whole); err == nil {
-			t.Errorf("nft -f accepted a bare \"flags \" line:\n%s", out)
-		}
-	}
-	filtered, _ = saveRuleset(t, topo, saveFilter)
-	if out, err := loadRuleset(topo, filtered); err != nil {
-		t.Fatalf("nft -f of the filtered save after the agent exited: %v\n%s", err, out)
-	}
-
-	// --release-on-exit: the agent adopts the orphan, owns it, and at exit
-	// leaves an ordinary table (flush ruleset above deleted the orphan:
-	// the agent creates it again).
-	d = startDaemon(t, topo, "--config", cfg, "--http-address=127.0.0.1:0", "--release-on-exit")
-	eventually(t, "the table", func() bool { return strings.Contains(d.output(), "applied config") })
-	expectSources(t, topo, want)
-	d.stop(t)
-	if !strings.Contains(d.output(), "released table inet ip-masq-agent") {
-		t.Errorf("no release logged:\n%s", d.output())
-	}
+// savedLoadsAfterExit: after the agent exited (how: SIGTERM or --once)
+// its table is in force and carries no flags, and the whole save, the
+// agent's table in it, loads; packets are masqueraded after the reload
+// and the host firewall's rule is back.
+func savedLoadsAfterExit(t *testing.T, topo *testnet.Topology, how string, want map[string]bool) {
+	t.Helper()
 	if code, out, _ := runTool(t, topo, "list"); code != 0 || !strings.HasPrefix(out, "# free:") {
-		t.Errorf("list after --release-on-exit: %d\n%s", code, out)
+		t.Errorf("list after %s: %d\n%s", how, code, out)
 	}
 	expectSources(t, topo, want)
-	whole, saved = saveRuleset(t, topo, "nft list ruleset")
+	whole, saved := saveRuleset(t, topo, "nft list ruleset")
 	if !strings.Contains(saved, "table inet ip-masq-agent {") || strings.Contains(saved, "\n\tflags ") {
-		t.Errorf("the save after --release-on-exit:\n%s", saved)
+		t.Errorf("the save after %s holds no table inet ip-masq-agent, or a flags line:\n%s", how, saved)
 	}
 	if out, err := loadRuleset(topo, whole); err != nil {
-		t.Fatalf("nft -f of the whole ruleset after --release-on-exit: %v\n%s", err, out)
+		t.Fatalf("nft -f of the whole ruleset after %s: %v\n%s", how, err, out)
 	}
 	expectSources(t, topo, want)
 	if out, err := topo.NFT("list", "table", "ip", "hostfw"); err != nil || !strings.Contains(out, "tcp dport 2222") {
-		t.Errorf("the host firewall's rule is gone: %v\n%s", err, out)
+		t.Errorf("the host firewall's rule is gone after %s: %v\n%s", how, err, out)
 	}
-	// The next agent owns it again.
-	d = startDaemon(t, topo, "--config", cfg, "--http-address=127.0.0.1:0")
-	eventually(t, "the table owned again", func() bool { return strings.Contains(listTable(t, topo), "flags owner") })
-	expectSources(t, topo, want)
 }
 
 func writeFile(t *testing.T, path, content string) {

@@ -14,7 +14,7 @@ import (
 )
 
 var cleanupIptablesCommand = &command{
-	name: "cleanup-iptables", args: "[--masq-chain NAME] [--watch DURATION]",
+	name: "cleanup-iptables", args: "[--masq-chain NAME] [--family ipv4|ipv6|all] [--watch DURATION]",
 	summary: "remove the original (iptables) ip-masq-agent's chains and POSTROUTING jumps, IPv4 and IPv6",
 	about: `Removes what the original iptables ip-masq-agent left in the node's
 iptables-nft nat tables (table ip nat and table ip6 nat), in one
@@ -25,9 +25,15 @@ ensure nat POSTROUTING directs all non-LOCAL destination traffic to our
 custom ... chain", with or without the double quotes that Azure's
 ip-masq-agent-v2 and the original's v2.10-v2.12.1 leave in it) and the
 chains they jump to, and chains called IP-MASQ-AGENT or IP-MASQ whose
-every rule carries the original's comments. A chain of those names that holds anything else is reported and
-left alone; --masq-chain NAME removes the chain NAME (and the jumps to it)
-whatever it holds. Nothing else is touched. The daemon does the same by
+every rule carries the original's comments. A chain of those names that
+holds anything else is not the original's: it is reported and left alone,
+as the daemon, diff and explain say; only --masq-chain NAME given on this
+command line removes the chain NAME (and the jumps to it) whatever it
+holds (a --masq-chain taken from the running agent only names the chain
+of the legacy commands). --family ipv4 or ipv6 removes that family's only:
+the daemon never removes the original's IPv6 rules when it runs without
+--enable-ipv6 (removing them would stop masquerading IPv6); this does it
+deliberately. Nothing else is touched. The daemon does the same by
 itself once the original agent is gone (its chains unchanged for twice
 the longest resync interval in force plus 5s); this command does it now.
 Needs CAP_NET_ADMIN: run it on the node.
@@ -52,13 +58,30 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("cleanup-iptables", flag.ContinueOnError)
 	chain := fs.String("masq-chain", "", "also remove this chain (and the jumps to it) whatever it holds; the original's chains are found without it")
 	watch := fs.Duration("watch", 3*time.Second, "watch the chain this long before removing it, to tell whether the original agent still rewrites it (0: do not watch)")
-	agentPID := fs.String("agent-pid", "auto", "take --masq-chain, when not given, from the running agent's command line: auto (process 1 when it is the agent, as in its pod), a PID, or none")
+	family := fs.String("family", "all", "remove the original's rules of this family only: ipv4, ipv6 or all")
+	agentPID := fs.String("agent-pid", "auto", "take --masq-chain, when not given, from the running agent's command line, for the legacy commands: auto (process 1 when it is the agent, as in its pod), a PID, or none")
 	pos, code, done := c.parse(fs, args, stdout, stderr)
 	if done {
 		return code
 	}
+	named := ""
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "masq-chain" {
+			named = f.Value.String()
+		}
+	})
 	if err := adoptAgentFlags(fs, *agentPID, stderr); err != nil {
 		return usageError(c, stderr, "%v", err)
+	}
+	var fams []nft.Family
+	switch *family {
+	case "ipv4":
+		fams = []nft.Family{4}
+	case "ipv6":
+		fams = []nft.Family{6}
+	case "all":
+	default:
+		return usageError(c, stderr, "--family %q: want ipv4, ipv6 or all", *family)
 	}
 	if len(pos) > 0 {
 		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
@@ -69,7 +92,8 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	n := &kernel.Netlink{}
 	defer n.Close()
 	k := original.Netlink{K: n}
-	o, err := k.FindOriginal(*chain)
+	o, err := k.FindOriginal(named)
+	o = o.Of(fams...)
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent cleanup-iptables: %v\n", hint(err))
 		return 1
@@ -87,17 +111,26 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	}
 	if o.Fingerprint() == "" {
 		what := "no chain of the original ip-masq-agent's (found by its comments, or called " + nft.DefaultChain + " or " + original.AddonChain + ")"
-		if *chain != "" {
-			what += " and no chain " + *chain
+		if named != "" {
+			what += " and no chain " + named
 		}
-		fmt.Fprintf(stdout, "%s in table ip nat or ip6 nat: nothing to remove\n", what)
+		fmt.Fprintf(stdout, "%s in %s: nothing to remove\n", what, tablesOf(fams))
 		return 0
 	}
-	fmt.Fprintf(stdout, "found the original ip-masq-agent's chain %s (the --masq-chain it ran with)\n", strings.Join(o.RemovableChains(), ", "))
+	for _, f := range o.Families {
+		switch {
+		case !o.Removable(f):
+		case f.Recognised():
+			fmt.Fprintf(stdout, "found the original ip-masq-agent's chain %s in table %s (the --masq-chain it ran with)\n", f.Chain, f.Table())
+		default:
+			fmt.Fprintf(stdout, "found chain %s in table %s: not the original ip-masq-agent's rules, removed as --masq-chain %s asks\n", f.Chain, f.Table(), f.Chain)
+		}
+	}
 	alive := false
 	if *watch > 0 {
 		time.Sleep(*watch)
-		again, err := k.FindOriginal(*chain)
+		again, err := k.FindOriginal(named)
+		again = again.Of(fams...)
 		if err != nil {
 			fmt.Fprintf(stderr, "ip-masq-agent cleanup-iptables: %v\n", hint(err))
 			return 1
@@ -108,10 +141,10 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 		}
 		o = again
 	}
-	removed, err := k.RemoveOriginal(*chain, o.Fingerprint())
+	removed, err := k.RemoveOriginal(named, o.Fingerprint(), fams...)
 	if errors.Is(err, original.ErrChanged) {
 		alive = true
-		removed, err = k.RemoveOriginal(*chain, "")
+		removed, err = k.RemoveOriginal(named, "", fams...)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent cleanup-iptables: %v\n", hint(err))
@@ -126,4 +159,15 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 		return 3
 	}
 	return 0
+}
+
+// tablesOf names the nat tables of the families (none: both).
+func tablesOf(fams []nft.Family) string {
+	switch {
+	case len(fams) == 1 && fams[0] == 4:
+		return "table ip nat"
+	case len(fams) == 1:
+		return "table ip6 nat"
+	}
+	return "table ip nat or ip6 nat"
 }

@@ -61,14 +61,15 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	}
 
 	slog.SetDefault(log)
-	// --once --release-on-exit: no owner to release; the table is written unowned.
-	k := &kernel.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
+	// --once owns the table while it writes it, as the daemon does, so that
+	// no other process changes it half-way; it releases it before it exits.
+	k := &kernel.Netlink{NoOwner: !o.ownTable}
 	defer k.Close()
 	m := metrics.New(version, func() ([]nft.RuleCounter, error) { return k.DecisionCounters(o.nft.Chain) })
 	// The daemon also watches nftables notifications: a change by another
 	// process (possible when the table is not owned) is verified and
 	// repaired at once rather than at the next resync.
-	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once, Original: original.Netlink{K: k}}
+	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once, Once: o.once, Original: original.Netlink{K: k}}
 	if o.conntrack != conntrack.ModeNone && o.nft.CtLabel == nil {
 		log.Warn("conntrack cleanup without a mark (--conntrack-label=none): a change from masquerade to no masquerade also deletes the entries that another component (kube-proxy, a CNI) masqueraded to a node address", "mode", o.conntrack)
 	}
@@ -98,9 +99,13 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	case o.cleanup:
 		return cleanupTable(k, log)
 	case o.once:
-		if err := ag.Sync(time.Now()); err != nil {
+		err := ag.Sync(time.Now())
+		if o.release {
+			releaseTable(k, log)
+		}
+		if err != nil {
 			if errors.Is(err, nft.ErrOwnedByOther) {
-				log.Error("not applied", "err", err)
+				log.Error("not applied: --once does not wait for the owner; run it again after that process exits", "err", err)
 			}
 			return 1
 		}
@@ -124,6 +129,9 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 		log.Error("cannot serve --http-address", "err", err)
 		stop()
 		<-loopDone
+		if o.release {
+			releaseTable(k, log)
+		}
 		return 1
 	}
 	<-ctx.Done()
@@ -138,19 +146,32 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	if o.release {
 		select {
 		case <-loopDone:
-			// The table, re-created unowned in one transaction: no
-			// moment without it.
-			switch released, err := k.Release(); {
-			case err != nil:
-				log.Error("cannot release the table at exit; it stays owned until this process exits, then orphaned", "err", agent.Hint(err))
-			case released:
-				log.Info("released table inet " + nft.TableName + ": it stays in place, unowned and not persistent")
-			}
+			releaseTable(k, log)
 		default: // the loop still holds the socket's lock: exit without it
 		}
 	}
 	log.Info("stopping; the rules stay in place")
 	return 0
+}
+
+// releaseTable re-creates the table this process owns, unowned and not
+// persistent, in one transaction (no moment without its rules): the kernel
+// drops the owner flag when the socket closes but keeps persist, which nft
+// 1.0.6 lists as a bare "flags " line that nft -f refuses, so a saved
+// ruleset would not load after the agent exits. A table it does not own
+// (a kernel before 6.9, --own-table=false, another owner) is left as it is.
+func releaseTable(k *kernel.Netlink, log *slog.Logger) {
+	switch released, err := k.Release(); {
+	case errors.Is(err, syscall.EPERM):
+		// Without CAP_NET_ADMIN the table cannot be read, nor can this
+		// process have made it owned: nothing to release (the failed
+		// sync has said why already).
+		log.Debug("no table to release: cannot read it", "err", err)
+	case err != nil:
+		log.Error("cannot release the table at exit; it stays owned until this process exits, then orphaned (flags persist)", "err", agent.Hint(err))
+	case released:
+		log.Info("released table inet " + nft.TableName + ": it stays in place, unowned and not persistent")
+	}
 }
 
 // stopTimeout bounds the wait for the loop after SIGTERM, well within the

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 var explainCommand = &command{
@@ -27,12 +28,16 @@ agent's (--agent-pid), so the answer is for the config and flags in force.
 CAP_NET_ADMIN, run it on the node, e.g. in the agent's pod) and evaluates
 its rules as the kernel does, with the node's own addresses (never
 masqueraded); it prints both answers and DISAGREE where they differ (then
-"ip-masq-agent diff" says what differs). With a bad config (a ConfigMap
-edit the agent refuses), --live says so on stderr in one line (file, key,
-value) and still prints what the kernel does now for each address.
-Exit status: 0; 1 when --live found a disagreement; 2 on errors (without
---live, a bad config); 3 when the config is bad and --live answered from
-the kernel.`,
+"ip-masq-agent diff" says what differs). While the original (iptables)
+agent's rules are there, an address whose decision the switch from them
+changes gets both decisions, the original's and this agent's, and the
+flag or key that would keep the original's ("original: ..." and
+"SWITCH: ..."). With a bad config (a ConfigMap edit the agent refuses),
+--live says so on stderr in one line (file, key, value) and still prints
+what the kernel does now for each address.
+Exit status: 0; 1 when --live found a disagreement or a decision the
+switch changes; 2 on errors (without --live, a bad config); 3 when the
+config is bad and --live answered from the kernel.`,
 	example: "ip-masq-agent explain --config ip-masq-agent.yaml 10.0.0.1 169.254.169.254 203.0.113.10\n" +
 		"  ip-masq-agent explain --live 10.96.0.10",
 	run: runExplain,
@@ -85,7 +90,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %v\n", hint(err))
 		return 2
 	}
-	original, oerr := readOriginal("")
+	orig, oerr := readOriginal("")
 	if oerr != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: cannot look for the original agent's iptables rules: %v\n", hint(oerr))
 	}
@@ -94,6 +99,10 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %s\n", badConfigLine(cfgErr))
 	}
 	local := localAddrs()
+	var cmp original.Comparison
+	if oerr == nil && cfgErr == nil {
+		cmp = original.Compare(orig, cfg, r.flags, r.nft)
+	}
 	disagree := 0
 	for _, a := range addrs {
 		got := nft.Explanation{Addr: a.Unmap(), Reason: "table inet " + nft.TableName + " does not exist: nothing is masqueraded by it"}
@@ -101,7 +110,8 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			got = nft.ExplainTable(table, nft.Packet{Src: src, Dst: a}, local)
 		}
 		// The original agent's jump, in iptables' nat POSTROUTING, runs first.
-		if first, decided := original.ExplainOriginal(a, local(a)); decided {
+		first, decided := orig.ExplainOriginal(a, local(a))
+		if decided {
 			got = first
 		} else if first.Reason != "" {
 			got.Reason = first.Reason + "; then " + got.Reason
@@ -118,14 +128,35 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		if got.Rule != "" {
 			fmt.Fprintf(stdout, "          rule: %s\n", got.Rule)
 		}
+		// Both decisions of the switch from the original, where it changes one.
+		flagged := false
+		if d, ok := switchChanges(cmp, a); ok && !local(a) {
+			why := first.Reason
+			if !decided {
+				why = "not masqueraded by the original's rules"
+				if first.Reason != "" {
+					why = first.Reason
+				}
+			}
+			fmt.Fprintf(stdout, "  original: %s: %s\n", d.Original, why)
+			fmt.Fprintf(stdout, "  SWITCH: %s (see ip-masq-agent diff --decisions)\n", d)
+			flagged = true
+		}
 		switch {
 		case got.Undetermined || got.Masquerade != want.Masquerade:
 			if local(want.Addr) && !got.Masquerade && !got.Undetermined {
 				fmt.Fprintln(stdout, "  (the address is the node's own: the kernel never masquerades it, whatever the config)")
-				continue
+				break
 			}
-			disagree++
+			if decided && keeps(orig, r.nft, a) {
+				fmt.Fprintln(stdout, "  (the original ip-masq-agent's rules of this family stay: this agent does not program it, see ip-masq-agent diff)")
+				break
+			}
+			flagged = true
 			fmt.Fprintln(stdout, "  DISAGREE: the kernel's table does not do what the config says (see ip-masq-agent diff)")
+		}
+		if flagged {
+			disagree++
 		}
 	}
 	if cfgErr != nil {
@@ -135,6 +166,33 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// switchChanges returns the range of c that holds a: the switch from the
+// original agent changes a's decision.
+func switchChanges(c original.Comparison, a netip.Addr) (original.Difference, bool) {
+	a = a.Unmap()
+	for _, d := range c.Differences {
+		if d.Range.Contains(a) {
+			return d, true
+		}
+	}
+	return original.Difference{}, false
+}
+
+// keeps reports whether the original's rules of a's family stay: this
+// agent does not program the family.
+func keeps(o original.Rules, opts nft.Options, a netip.Addr) bool {
+	fam := nft.Family(4)
+	if a.Unmap().Is6() {
+		fam = 6
+	}
+	for _, f := range o.KeptFamilies(opts) {
+		if f.Family == fam {
+			return true
+		}
+	}
+	return false
 }
 
 // localAddrs returns whether an address is one of the node's own (its

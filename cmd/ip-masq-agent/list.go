@@ -17,7 +17,9 @@ agent's pod, where there is no nft) and prints it as nft list table would,
 with each rule's counter. Whatever the table holds is shown, the agent's
 or not; what the agent did not make is marked "not the agent's". The first
 line says whether the table is owned (a running agent owns it), orphaned
-(its owner exited; it persists) or free (not owned).
+(its owner exited without releasing it, e.g. killed; it persists) or free
+(not owned: released at the agent's exit, --own-table=false, or a kernel
+before 6.9).
 Exit status: 0; 1 when there is no table; 2 on errors.`,
 	example: "ip-masq-agent list\n  kubectl -n kube-system exec $POD -- /ip-masq-agent list   # $POD: the agent's pod on the node (docs/runbook.md)",
 	run:     runList,
@@ -51,7 +53,7 @@ func ownership(t nft.Table) string {
 			"and nft -f of a saved ruleset that holds it fails (EPERM); save rulesets without it (docs/upgrade.md)"
 	case t.Persist:
 		return "# orphaned: its owner exited; it stays in force (flags persist) until an agent adopts it; " +
-			"nft 1.0.6 lists it with a bare \"flags \" line that nft -f refuses; save rulesets without it, or run the agent with --release-on-exit (docs/upgrade.md)"
+			"nft 1.0.6 lists it with a bare \"flags \" line that nft -f refuses; save rulesets without it; an agent that exits on SIGTERM or after --once releases it unless --release-on-exit=false (docs/upgrade.md)"
 	}
-	return "# free: not owned (--own-table=false, --release-on-exit after exit, or a kernel before 6.9): any process may change it"
+	return "# free: not owned (the agent exited and released it, --own-table=false, or a kernel before 6.9): any process may change it"
 }

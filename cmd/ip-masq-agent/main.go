@@ -61,7 +61,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer) (d daemonFlags, c
 	fs.Var(&o.conntrack, "conntrack-cleanup", "after a change of decisions, delete the conntrack entries that keep the old one: udp (default), all (also breaks established TCP to the changed ranges) or none")
 	fs.BoolVar(&o.ownTable, "own-table", true, "own the table (Linux 6.9+): while the agent runs no other process can change it; false: verify and repair only")
 	fs.StringVar(&o.httpAddr, "http-address", metrics.DefaultAddress, "where to serve /metrics, /healthz and /readyz (HOST:PORT; the DaemonSet's probes need it, so it cannot be empty; :9753 or NODE_IP:9753 to let Prometheus scrape it)")
-	fs.BoolVar(&o.release, "release-on-exit", false, "at exit, leave the table unowned and not persistent (one transaction) rather than orphaned, so that saved rulesets (nft list ruleset) load with nft -f; --once then never owns it")
+	fs.BoolVar(&o.release, "release-on-exit", true, "at exit (SIGTERM, SIGINT, the end of --once), re-create the owned table unowned and not persistent in one transaction, its rules in force throughout, so that saved rulesets (nft list ruleset) load with nft -f; false: leave it orphaned (flags persist)")
 	fs.StringVar(&d.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&d.logLevel, "log-level", "", "log level: debug, info, warn or error (overrides --v)")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")

@@ -17,9 +17,11 @@ var validateCommand = &command{
 	summary: "check config files (or ConfigMap manifests) as the agent would; exit 1 on a problem",
 	about: `Parses and validates each FILE exactly as the agent would, and prints each
 problem on one line as FILE:LINE: key: message (warnings end in "(warning)").
-A FILE that is a ConfigMap manifest (kind: ConfigMap) is recognised: the
-value of its data key "config" (or of keys named ip-masq...) is checked, with
-lines pointing into the manifest; manifests of other objects (a DaemonSet, a
+A FILE that is a ConfigMap manifest (kind: ConfigMap, or a kind: List that
+holds one) is recognised: the value of its data key "config" (or of keys
+named ip-masq...) is checked, with lines pointing into the manifest; a
+ConfigMap without the key "config", the only one the shipped DaemonSet
+mounts, is a warning. Manifests of other objects (a DaemonSet, a
 kustomization) are passed over with a note, so a whole directory of
 manifests can be given. A directory stands for its files named
 ip-masq*, read as with --config DIR, with the meaning Azure's
@@ -30,10 +32,12 @@ subdirectory named ip-masq*, no ip-masq* file, and files that together
 exempt no destination. "-" reads standard input.
 
 Exit status: 0 when every file is valid (warnings alone are fine), 1 when
-any file has an error, 2 on bad usage. --strict also fails on warnings
-(unknown keys, i.e. typos; keys in another case; IPv4-mapped CIDRs; a
-resyncInterval below 1s) and on CIDRs that have no effect: contained in, or
-equal to, another of the same list, or a nonMasqueradeCIDRs entry inside a
+any file has an error or when no FILE held a config (nothing was checked),
+2 on bad usage. --strict also fails on warnings (unknown keys, i.e. typos;
+keys in another case; IPv4-mapped CIDRs; a resyncInterval below 1s; a
+ConfigMap without the key "config"; a directory without files named
+ip-masq*) and on CIDRs that have no effect: contained in, or equal to,
+another of the same list, or a nonMasqueradeCIDRs entry inside a
 masqueradeCIDRs entry.
 
 --masq-chain and --to-ports, when given, are checked as the agent takes
@@ -41,7 +45,9 @@ them, FILE or not: a chain name that nft cannot read back (it is spelled
 otherwise here), one the original agent could never write (it ran with no
 rules of its own; this agent runs with them), and ports reaching 0 are
 warnings; a --to-ports the agent refuses is an error.`,
-	example: "ip-masq-agent validate --strict deploy/*.yaml",
+	// Run from the repository's root, it checks the example ConfigMap and
+	// passes over the kustomization beside it (TestValidateExample).
+	example: "ip-masq-agent validate --strict deploy/examples/*.yaml",
 	run:     runValidate,
 }
 
@@ -80,7 +86,11 @@ func runValidate(c *command, args []string, stdout, stderr io.Writer) int {
 	}
 	for _, arg := range files {
 		paths, warn := config.Files(arg)
-		if warn != "" {
+		switch {
+		case warn != "" && *strict:
+			fmt.Fprintf(stdout, "%s: %s\n", arg, warn)
+			nErrors++
+		case warn != "":
 			fmt.Fprintf(stdout, "%s: %s (warning)\n", arg, warn)
 			nWarnings++
 		}
@@ -130,6 +140,12 @@ func runValidate(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	fmt.Fprintf(stderr, "%s checked: %s, %s\n", plural(nFiles, "file"), plural(nErrors, "error"), plural(nWarnings, "warning"))
+	if nFiles == 0 && len(files) > 0 {
+		// Passing when nothing was checked would pass a CI job that
+		// globs the wrong files.
+		fmt.Fprintln(stderr, "validate: nothing checked: no FILE holds an ip-masq-agent config (a config file, or a ConfigMap manifest)")
+		return 1
+	}
 	if nErrors > 0 {
 		return 1
 	}

@@ -466,6 +466,15 @@ func (s *suite) docCommandsOnNode() error {
 		{"docs/runbook.md", "Rival writer", "owns table", noneOrSome, "no rival here", nil},
 		{"docs/runbook.md", "Rival writer", "get daemonsets -A", exit0("ip-masq-agent-nft"), "the DaemonSets", nil},
 		{"docs/runbook.md", "Rival writer", "get pods -A", exit0("ip-masq-agent-nft-"), "the pods on the node", nil},
+		// The switch changed decisions: the addon's original rules (its
+		// reserved ranges, no ConfigMap) beside this agent's config, which
+		// masquerades 100.64.0.0/10.
+		{"docs/runbook.md", "The switch changed decisions", "diff --decisions", func(r docResult) bool {
+			return r.err == nil && r.code == 1 && strings.Contains(r.stdout, "change ipv4 100.64.0.0/10: original: not masqueraded, this agent: masquerade; to keep the original's decision: nonMasqueradeCIDRs: add 100.64.0.0/10")
+		}, "exit 1: each range that changes, with the key that keeps it (this ConfigMap lists nonMasqueradeCIDRs, so the flag would not)", s.writeAddonOnce},
+		{"docs/runbook.md", "The switch changed decisions", "explain --live 100.64.0.10", func(r docResult) bool {
+			return r.err == nil && r.code == 1 && strings.Contains(r.stdout, "  original: not masqueraded") && strings.Contains(r.stdout, "  SWITCH: ipv4 100.64.0.0/10")
+		}, "exit 1: both decisions for the address", nil},
 		{"docs/runbook.md", "Old rules", "grep -E 'original ip-masq-agent'", exit0("original ip-masq-agent"), "what the agent found", s.writeOriginalOnce},
 		{"docs/runbook.md", "Old rules", "ip-masq-agent diff", func(r docResult) bool {
 			return r.err == nil && r.code == 1 && strings.Contains(r.stdout, "original") && strings.Contains(r.stderr, agentFlagsNote)
@@ -517,6 +526,16 @@ func (s *suite) writeOriginalOnce() error {
 	}
 	h, jump := s.originalState(s.ctx)
 	s.assert(h != "" && jump, "the original's chain %s (rules %s) and its jump written once, for the runbook's \"Old rules never go away\": %v", originalChain, h, jump)
+	return nil
+}
+
+// writeAddonOnce writes the original's rules as the Kubernetes addon runs
+// it without a ConfigMap, for the runbook's "The switch changed decisions".
+func (s *suite) writeAddonOnce() error {
+	args := append([]string{"-once", "-config=" + s.n.path("precheck", "no-config")}, addonArgs...)
+	if out, err := run(s.ctx, time.Minute, "nsenter", append([]string{"--net=" + s.n.nodeNS, "--", s.n.path("bin", "original")}, args...)...); err != nil {
+		return fmt.Errorf("the stand-in original -once: %v: %s", err, out)
+	}
 	return nil
 }
 

@@ -248,6 +248,11 @@ func (s *suite) run() error {
 	if err := s.dryRun(); err != nil {
 		return err
 	}
+	// The check before the switch, on a node as the Kubernetes addon
+	// leaves it (docs/upgrade.md "Before the switch").
+	if err := s.preSwitchCheck(); err != nil {
+		return err
+	}
 	// The cluster as an operator of the original agent has it, then the
 	// README's upgrade (which installs this agent: README "Install").
 	if err := s.originalAgent(); err != nil {

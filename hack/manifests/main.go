@@ -16,7 +16,7 @@ import (
 
 func main() {
 	repo := flag.String("repo", ".", "the repository's root")
-	image := flag.String("image", "", "the agent's image, NAME:TAG (default: deploy/image/'s)")
+	image := flag.String("image", "", "the agent's image, NAME:TAG or NAME@sha256:DIGEST (default: deploy/image/'s)")
 	out := flag.String("out", "bin/manifests", "where to write install.yaml, uninstall.yaml and rollback.yaml")
 	flag.Parse()
 	if err := run(*repo, *image, *out); err != nil {

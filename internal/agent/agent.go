@@ -34,7 +34,8 @@ type Kernel interface {
 // rules; kernel.Netlink and nft.Fake have it.
 type OriginalRules interface {
 	FindOriginal(chain string) (original.Rules, error)
-	RemoveOriginal(chain, fingerprint string) (original.Rules, error)
+	// RemoveOriginal removes those of the families given (none: both).
+	RemoveOriginal(chain, fingerprint string, families ...nft.Family) (original.Rules, error)
 }
 
 // Options are what the agent is run with.
@@ -46,6 +47,9 @@ type Options struct {
 	// by another process is repaired at once rather than at the next
 	// resync. Not needed when the agent owns the table.
 	Watch bool
+	// Once: one sync, then exit (--once): a table owned by another
+	// process is not waited for.
+	Once bool
 	// Applied, if set, is called after the kernel took a new table that
 	// may change the decision for some destinations (the conntrack cleanup).
 	Applied func(old, new nft.Table)
@@ -429,6 +433,9 @@ func (a *Agent) adopted() {
 // ownedByOther: another process's socket owns the table. Wait for it to
 // exit (its table then stays, orphaned) and adopt it.
 func (a *Agent) ownedByOther(now time.Time) {
+	if a.opts.Once {
+		return // the caller reports it and exits: it does not wait
+	}
 	a.log.Debug("table inet " + nft.TableName + " is owned by another process; looking again in a second")
 	if !a.waiting {
 		a.log.Warn("another process owns table inet "+nft.TableName+" (another ip-masq-agent?); waiting for it to exit", "retry every", ownedRetry)

@@ -2,10 +2,12 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
@@ -35,6 +37,12 @@ import (
 // agent's. A chain of a well-known name that holds something else is
 // reported and left alone.
 //
+// Only the families this agent programs are taken over and removed: the
+// original's IPv6 rules stay while this agent runs without --enable-ipv6
+// (removing them would stop masquerading that traffic, silently). What
+// the switch changes of the rest is computed exactly (original.Compare)
+// and said: a WARN at every change, and a gauge.
+//
 // "In force" counts every interval the agent had within configPropagation
 // before the rewrite was seen: the kubelet updates each pod's ConfigMap
 // volume in its own time, so the original may have read a config that
@@ -58,15 +66,26 @@ type originalState struct {
 	running     bool      // "still running" logged
 	lastErr     string    // the last error of a look
 	removeErr   string    // the last error of a removal
-	exemptions  string    // the exemptions last logged
-	legacy      string    // the legacy warning last logged
-	foreign     string    // the foreign chains last logged
 	chains      string    // the chains last logged as found
+	reported    reported
+	// The last comparison (compareOriginal): of these rules and config.
+	compared   bool
+	compareKey string
+	compareCfg config.Config
 	// intervals are the resync intervals in force at each look within
 	// configPropagation before changed, and since; longest is the
 	// longest of those since changed - configPropagation.
 	intervals []seenInterval
 	longest   time.Duration
+}
+
+// reported is what was last logged, each reported once until it changes.
+type reported struct {
+	exemptions  string // the exemptions
+	legacy      string // the legacy warning
+	foreign     string // the foreign chains
+	kept        string // the families kept
+	differences string // the decisions the switch changes
 }
 
 // seenInterval is the resync interval in force at a look.
@@ -103,8 +122,9 @@ func (st *originalState) noteInterval(now time.Time, d time.Duration) {
 // they are there (a dump of the nat tables' few rules).
 func (a *Agent) originalLook() time.Duration { return max(a.interval()/4, time.Second) }
 
-// checkOriginal looks for the original's rules and removes them when the
-// original agent is gone.
+// checkOriginal looks for the original's rules, compares their decisions
+// with this agent's, and removes those it takes over when the original
+// agent is gone.
 func (a *Agent) checkOriginal(now time.Time) {
 	if a.opts.Original == nil {
 		return
@@ -112,7 +132,7 @@ func (a *Agent) checkOriginal(now time.Time) {
 	st := &a.original
 	st.checkAt = time.Time{}
 	// Found by what they are, whatever the chain's name.
-	o, err := a.opts.Original.FindOriginal("")
+	found, err := a.opts.Original.FindOriginal("")
 	if err != nil {
 		if err.Error() != st.lastErr {
 			a.log.Warn("cannot look for the original ip-masq-agent's iptables rules", "err", err)
@@ -121,18 +141,23 @@ func (a *Agent) checkOriginal(now time.Time) {
 		return
 	}
 	st.lastErr = ""
-	a.reportExemptions(o)
-	a.reportLegacy(o)
-	a.reportForeign(o)
+	a.reportExemptions(found)
+	a.reportLegacy(found)
+	a.reportForeign(found)
+	a.reportKept(found)
+	a.compareOriginal(found)
 	for _, fam := range []nft.Family{4, 6} {
-		a.metrics.LegacyRules(original.Family{Family: fam}.MetricFamily(), o.Removes(fam))
+		a.metrics.LegacyRules(original.Family{Family: fam}.MetricFamily(), found.Removes(fam))
 	}
+	// Only the families this agent programs are taken over: the others
+	// keep the original's rules (reportKept).
+	o := found.TakenOver(a.opts.NFT)
 	fp := o.Fingerprint()
 	if fp == "" {
 		if st.fingerprint != "" {
 			a.log.Info("the original ip-masq-agent's iptables rules are gone (removed by someone else)", "chain", st.chains)
 		}
-		*st = originalState{exemptions: st.exemptions, legacy: st.legacy, foreign: st.foreign}
+		st.reset()
 		return
 	}
 	chains := strings.Join(o.RemovableChains(), ",")
@@ -174,7 +199,7 @@ func (a *Agent) checkOriginal(now time.Time) {
 		st.checkAt = now.Add(a.interval())
 		return
 	}
-	removed, err := a.opts.Original.RemoveOriginal("", fp)
+	removed, err := a.opts.Original.RemoveOriginal("", fp, a.programmed()...)
 	switch {
 	case errors.Is(err, original.ErrChanged):
 		st.fingerprint, st.changed = removed.Fingerprint(), now
@@ -191,13 +216,108 @@ func (a *Agent) checkOriginal(now time.Time) {
 			if f.Present() {
 				what = append(what, f.Summary())
 			}
-		}
-		for _, fam := range []nft.Family{4, 6} {
-			a.metrics.LegacyRules(original.Family{Family: fam}.MetricFamily(), false)
+			a.metrics.LegacyRules(f.MetricFamily(), false)
 		}
 		a.log.Info("removed the original ip-masq-agent's iptables rules: unchanged for "+now.Sub(st.changed).Round(time.Second).String()+", the original agent is gone",
 			"chain", chains, "removed", strings.Join(what, " | "))
-		*st = originalState{exemptions: st.exemptions, legacy: st.legacy, foreign: st.foreign}
+		st.reset()
+		// What is left decides alike, or is what this agent does not take over.
+		a.compareOriginal(original.Rules{})
+	}
+}
+
+// reset forgets the original's rules, not what was reported.
+func (st *originalState) reset() {
+	*st = originalState{reported: st.reported}
+}
+
+// programmed are the families this agent programs.
+func (a *Agent) programmed() []nft.Family {
+	if a.opts.NFT.EnableIPv6 {
+		return []nft.Family{4, 6}
+	}
+	return []nft.Family{4}
+}
+
+// compareOriginal computes which destinations the switch from the
+// original's rules found changes (original.Compare), sets the metric and
+// warns at the first such comparison and at every change of them.
+func (a *Agent) compareOriginal(o original.Rules) {
+	if a.cfg == nil {
+		return // nothing applied yet: nothing to compare with
+	}
+	st := &a.original
+	key := rulesKey(o)
+	if st.compared && key == st.compareKey && a.cfg.Equal(st.compareCfg) {
+		return
+	}
+	c := original.Compare(o, *a.cfg, a.opts.Flags, a.opts.NFT)
+	st.compared, st.compareKey, st.compareCfg = true, key, *a.cfg
+	for _, fam := range []nft.Family{4, 6} {
+		a.metrics.OriginalDecisionDifferences(original.Family{Family: fam}.MetricFamily(), c.Count(fam))
+	}
+	last := st.reported.differences
+	if !news(&st.reported.differences, c.Key()) {
+		if last != "" && c.Key() == "" && c.Found {
+			a.log.Info("the switch from the original ip-masq-agent no longer changes any masquerade decision")
+		}
+		return
+	}
+	attrs := []any{"ranges", len(c.Differences), "ipv4", c.Count(4), "ipv6", c.Count(6)}
+	for i, d := range c.Differences {
+		if i == maxLoggedDifferences {
+			attrs = append(attrs, "more", fmt.Sprintf("%d more ranges (ip-masq-agent diff --decisions lists them all)", len(c.Differences)-i))
+			break
+		}
+		v := fmt.Sprintf("original: %s, this agent: %s", d.Original, d.Agent)
+		if d.Fix != "" {
+			v += "; to keep the original's decision: " + d.Fix
+		}
+		attrs = append(attrs, d.FamilyName()+" "+d.RangeString(), v)
+	}
+	if c.Inexact {
+		attrs = append(attrs, "inexact", "a rule of the original's compares the destination in a way not followed here: ranges may be missing")
+	}
+	a.log.Warn("the switch from the original ip-masq-agent changes the masquerade decision for these destinations "+
+		"(where this agent masquerades what the original's rules return, already now: its table runs after them; the rest once they are removed)", attrs...)
+}
+
+// maxLoggedDifferences bounds the ranges named in one log line.
+const maxLoggedDifferences = 10
+
+// rulesKey is what the comparison depends on of the original's rules:
+// their text, not their handles (which every rewrite changes).
+func rulesKey(o original.Rules) string {
+	var b strings.Builder
+	for _, f := range o.Families {
+		fmt.Fprintf(&b, "%d %s %v;", f.Family, f.Chain, o.Removable(f))
+		for _, rs := range [][]original.XTRule{f.Exemptions, f.Jumps, f.Rules} {
+			for _, r := range rs {
+				b.WriteString(r.Text + ";")
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// reportKept says, once until they change, that the original's rules of
+// a family this agent does not program stay: removing them would stop
+// masquerading that family's traffic, which this agent does not take over.
+func (a *Agent) reportKept(o original.Rules) {
+	kept := o.KeptFamilies(a.opts.NFT)
+	var w []string
+	for _, f := range kept {
+		w = append(w, f.Summary())
+	}
+	if !news(&a.original.reported.kept, strings.Join(w, " | ")) {
+		return
+	}
+	for _, f := range kept {
+		fam := "--family " + f.MetricFamily()
+		a.log.Warn("the original ip-masq-agent's "+f.MetricFamily()+" rules stay in table "+f.Table()+": this agent does not program "+f.MetricFamily()+
+			" (no --enable-ipv6), and removing them would stop masquerading that traffic; to take it over run this agent with --enable-ipv6, "+
+			"or remove them deliberately with ip-masq-agent cleanup-iptables "+fam, "found", f.Summary())
 	}
 }
 
@@ -229,7 +349,7 @@ func (a *Agent) reportForeign(o original.Rules) {
 		found = append(found, f.Summary())
 	}
 	s := strings.Join(found, " | ")
-	if !news(&a.original.foreign, s) {
+	if !news(&a.original.reported.foreign, s) {
 		return
 	}
 	a.log.Warn("a chain of the original ip-masq-agent's name is not the original ip-masq-agent's (no rule carries its comments); "+
@@ -246,7 +366,7 @@ func (a *Agent) reportExemptions(o original.Rules) {
 		}
 	}
 	s := strings.Join(rules, " | ")
-	if !news(&a.original.exemptions, s) {
+	if !news(&a.original.reported.exemptions, s) {
 		return
 	}
 	a.log.Warn("rules in iptables nat POSTROUTING exempt traffic from masquerade before the original agent's jump; "+
@@ -268,7 +388,7 @@ func (a *Agent) reportLegacy(o original.Rules) {
 		cmds = append(cmds, original.LegacyCommands(chain, tool)...)
 	}
 	s := strings.Join(cmds, "; ")
-	if !news(&a.original.legacy, s) {
+	if !news(&a.original.reported.legacy, s) {
 		return
 	}
 	a.log.Warn("a legacy iptables nat table exists in the node's network namespace ("+strings.Join(o.Legacy, ", ")+

@@ -249,9 +249,9 @@ type racing struct {
 	before func()
 }
 
-func (r *racing) RemoveOriginal(chain, fp string) (original.Rules, error) {
+func (r *racing) RemoveOriginal(chain, fp string, families ...nft.Family) (original.Rules, error) {
 	r.before()
-	return r.OriginalRules.RemoveOriginal(chain, fp)
+	return r.OriginalRules.RemoveOriginal(chain, fp, families...)
 }
 
 // TestOriginalReports: exemptions before the jump and legacy nat tables

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -93,14 +94,20 @@ func ImageOverlay(base, image string) (string, error) {
 	return s, nil
 }
 
-// SplitImage splits NAME[:TAG][@DIGEST]; one of TAG and DIGEST is required.
+// SplitImage splits NAME[:TAG][@DIGEST]; one of TAG and DIGEST is required,
+// and a DIGEST is sha256: and 64 lower-case hex digits (make manifests
+// IMAGE=NAME@sha256:... TAG=v1 once made "sha256:...:v1").
 func SplitImage(image string) (name, tag, digest string, err error) {
-	name, digest, _ = strings.Cut(image, "@")
+	name, digest, hasDigest := strings.Cut(image, "@")
 	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
 		name, tag = name[:i], name[i+1:]
 	}
-	if name == "" || tag == "" && digest == "" || strings.ContainsAny(image, " \t\n") {
-		return "", "", "", fmt.Errorf("image %q: want NAME:TAG or NAME@sha256:DIGEST", image)
+	bad := name == "" || tag == "" && digest == "" || strings.ContainsAny(image, " \t\n\"'") ||
+		hasDigest && !digestRE.MatchString(digest) || strings.Contains(name[strings.LastIndex(name, "/")+1:], ":")
+	if bad {
+		return "", "", "", fmt.Errorf("image %q: want NAME:TAG or NAME@sha256:DIGEST (64 hex digits)", image)
 	}
 	return name, tag, digest, nil
 }
+
+var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)

@@ -59,6 +59,7 @@ type Agent struct {
 	waiting     prometheus.Gauge
 	ctDeleted   prometheus.Counter
 	legacyRules *prometheus.GaugeVec
+	differences *prometheus.GaugeVec
 
 	mu     sync.Mutex
 	health healthState
@@ -145,6 +146,11 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 			Name:      "legacy_rules",
 			Help:      "1 while the original (iptables) ip-masq-agent's chain or POSTROUTING jump is in the node's iptables-nft nat table of the family, else 0.",
 		}, []string{"family"}),
+		differences: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "original_decision_differences",
+			Help:      "Destination ranges (merged) that the original (iptables) ip-masq-agent's rules found on the node and this agent decide differently (masquerade or not), by family; 0 when they agree or no original rules are there.",
+		}, []string{"family"}),
 		rival: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "rival_writer",
@@ -170,6 +176,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	}
 	for _, f := range []string{"ipv4", "ipv6"} {
 		a.legacyRules.WithLabelValues(f)
+		a.differences.WithLabelValues(f)
 	}
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace:   namespace,
@@ -181,7 +188,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	a.reg.MustRegister(
 		buildInfo,
 		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads, a.configOK, a.configOKAt, a.configInfo,
-		a.cidrs, a.intervals, a.repairs, a.rival, a.waiting, a.ctDeleted, a.legacyRules,
+		a.cidrs, a.intervals, a.repairs, a.rival, a.waiting, a.ctDeleted, a.legacyRules, a.differences,
 		a.rules,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -295,6 +302,13 @@ func (a *Agent) LegacyRules(family string, present bool) {
 		v = 1
 	}
 	a.legacyRules.WithLabelValues(family).Set(v)
+}
+
+// OriginalDecisionDifferences sets the number of destination ranges of
+// family ("ipv4" or "ipv6") that the original agent's rules and this
+// agent decide differently.
+func (a *Agent) OriginalDecisionDifferences(family string, n int) {
+	a.differences.WithLabelValues(family).Set(float64(max(n, 0)))
 }
 
 // RivalWriter says whether another process owns the table or keeps
