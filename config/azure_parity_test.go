@@ -25,7 +25,7 @@ type azureRecord struct {
 }
 
 // Where Azure exits, this agent goes on: each case's deliberate
-// difference (docs/configuration.md, "Differences from Azure").
+// difference (docs/configuration.md, "Differences from Azure's ip-masq-agent-v2").
 var azureExits = map[string]string{
 	"bad-file":          "refused", // the bad file is named; nothing applied without a last good content
 	"bad-bool":          "refused",
