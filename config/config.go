@@ -129,6 +129,9 @@ func keyPath(key string, index int) string {
 }
 
 func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
+	if f.AzureDir {
+		return decodeAzure(entries, f, repeated)
+	}
 	c := Default(f)
 	d := &decoder{f: f, present: make(map[string]bool), lists: make(map[string]*list)}
 	for _, k := range keys {

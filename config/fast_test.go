@@ -19,7 +19,8 @@ import (
 	"testing"
 )
 
-var allFlags = []Flags{{}, {EnableIPv6: true}, {NoMasqAllReservedRanges: true}, {EnableIPv6: true, NoMasqAllReservedRanges: true}}
+var allFlags = []Flags{{}, {EnableIPv6: true}, {NoMasqAllReservedRanges: true}, {EnableIPv6: true, NoMasqAllReservedRanges: true},
+	{AzureDir: true}, {AzureDir: true, EnableIPv6: true}} // AzureDir: a file of a config directory (azure.go)
 
 // samePaths parses data through both paths and fails t where they differ.
 // It reports whether the fast path read data.

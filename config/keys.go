@@ -31,27 +31,28 @@ const (
 )
 
 // keys is every key of the file, one entry each, in the order String
-// writes them. Default, Equal, String, Diff, the decoding of a file and the
-// merge of a directory's files are derived from it: a new key is a field
+// writes them. Default, Equal, String, Diff and the decoding of a file are
+// derived from it (a directory's files merge as Azure's agent merges them:
+// azure.go): a new key is a field
 // of Config, an entry here, and its use. TestKeyTable fails when a field
 // has no entry or an entry misses a column.
 var keys = []key{
 	&keyOf[[]netip.Prefix]{name: KeyNonMasq, original: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeCIDRs },
-		def: defaultNonMasq, decode: (*decoder).cidrList, null: nullNonMasq, merge: union},
+		def: defaultNonMasq, decode: (*decoder).cidrList, null: nullNonMasq},
 	&keyOf[[]netip.Prefix]{name: KeyMasq, original: false, field: func(c *Config) *[]netip.Prefix { return &c.MasqueradeCIDRs },
-		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
+		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList},
 	&keyOf[int]{name: KeyLimit, original: true, field: func(c *Config) *int { return &c.CIDRLimit },
-		def: always(defaultCIDRLimit), decode: (*decoder).limit, null: keep[int], merge: largestLimit},
+		def: always(defaultCIDRLimit), decode: (*decoder).limit, null: keep[int]},
 	&keyOf[bool]{name: KeyLinkLocal, original: true, field: func(c *Config) *bool { return &c.MasqLinkLocal },
-		def: zero[bool], decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+		def: zero[bool], decode: (*decoder).boolean, null: keep[bool]},
 	&keyOf[bool]{name: KeyLinkLocal6, original: true, field: func(c *Config) *bool { return &c.MasqLinkLocalIPv6 },
-		def: zero[bool], decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+		def: zero[bool], decode: (*decoder).boolean, null: keep[bool]},
 	&keyOf[bool]{name: KeyOutBound, original: false, field: func(c *Config) *bool { return &c.MasqOutBound },
-		def: always(true), decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+		def: always(true), decode: (*decoder).boolean, null: keep[bool]},
 	&keyOf[bool]{name: KeyOutBound6, original: false, field: func(c *Config) *bool { return &c.MasqOutBoundIPv6 },
-		def: always(true), decode: (*decoder).boolean, null: keep[bool], merge: anyTrue},
+		def: always(true), decode: (*decoder).boolean, null: keep[bool]},
 	&keyOf[time.Duration]{name: KeyResync, original: true, field: func(c *Config) *time.Duration { return &c.ResyncInterval },
-		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration, merge: smallest},
+		def: defaultResyncInterval, decode: (*decoder).duration, null: nullDuration},
 	&keyOf[[]netip.Prefix]{name: KeyNonMasqSrc, own: true, field: func(c *Config) *[]netip.Prefix { return &c.NonMasqueradeSourceCIDRs },
 		def: zero[[]netip.Prefix], decode: (*decoder).cidrList, null: nullList, merge: union},
 	&keyOf[netip.Addr]{name: KeySNAT, own: true, field: func(c *Config) *netip.Addr { return &c.SNATAddress },
@@ -96,11 +97,12 @@ type keyOf[T any] struct {
 	// was there (the default, or an earlier value of a repeated key).
 	decode func(d *decoder, key string, v any, old T) T
 	// null is a null value: what it leaves, and whether the key counts as
-	// set by the file (for the directory merge and --strict's checks).
+	// set by the file (for --strict's checks).
 	null func(d *decoder, key string, old T) (T, bool)
-	// merge is the directory merge: the values of the files that set the
-	// key, in file name order (at least one), merged.
-	merge func(set []T) T
+	// merge combines the values of the files of a config directory that
+	// set the key: for this agent's own keys only (the rest merge as
+	// Azure's agent merges them, or are not read there: azure.go).
+	merge func([]T) T
 }
 
 // key is a keyOf of any type: what the package does with one key.
@@ -115,10 +117,10 @@ type key interface {
 	list() bool // a CIDR list
 	setDefault(c *Config, f Flags)
 	decodeInto(d *decoder, c *Config, key string, v any) (set bool)
-	mergeInto(c *Config, set []*Config)
 	equal(a, b *Config) bool
 	write(b *strings.Builder, c *Config)
 	diff(old, c *Config) string // "" when the same
+	mergeInto(c *Config, set []*Config)
 }
 
 func (k *keyOf[T]) Name() string     { return k.name }
@@ -300,7 +302,7 @@ func nullDuration(d *decoder, key string, old time.Duration) (time.Duration, boo
 	return old, false
 }
 
-// The merge rules of a directory (see Loader.Load).
+// The merge rules of this agent's own keys in a directory (azure.go).
 
 // union: the prefixes of each file that no earlier file has (a file's own
 // duplicates are kept, as Parse keeps them).
@@ -408,21 +410,6 @@ func badIfname(s string) string {
 	return ""
 }
 
-// anyTrue: true if any file sets it to true.
-func anyTrue(set []bool) bool { return slices.Contains(set, true) }
-
-// smallest: the shortest interval.
-func smallest(set []time.Duration) time.Duration { return slices.Min(set) }
-
-// largestLimit: the largest limit; none above 0, the default. (merge then
-// raises it to the merged lists' lengths.)
-func largestLimit(set []int) int {
-	if m := slices.Max(set); m > 0 {
-		return m
-	}
-	return defaultCIDRLimit
-}
-
 // Flags are the command-line flags that change defaults and validation.
 type Flags struct {
 	NoMasqAllReservedRanges bool // --nomasq-all-reserved-ranges
@@ -431,6 +418,10 @@ type Flags struct {
 	// that sets none (Azure's ip-masq-agent-v2: --resync-interval=SECONDS;
 	// its config files have no resyncInterval key).
 	ResyncInterval time.Duration
+	// AzureDir: the file is one of a config directory's, read with the
+	// meaning Azure's ip-masq-agent-v2 gives it (azure.go), not the
+	// original agent's. Set by Loader and validate, not by a flag.
+	AzureDir bool
 }
 
 // Config is a validated configuration.

@@ -83,30 +83,24 @@ func IsPartial(err error) bool {
 }
 
 // Load reads path, as the kind of source it was at the first Load of path
-// (see SourceKind). A file (or a missing path) is read as Load reads it. A
-// directory's files whose names start with "ip-masq" (IsConfigName; the
-// kubelet's "..data" and other dot entries are not read, symlinks are
-// followed) are each parsed and validated alone, then merged:
+// (see SourceKind). A file (or a missing path) is read as Load reads it,
+// with the original agent's meaning. A directory's files whose names start
+// with "ip-masq" (IsConfigName; the kubelet's "..data" and other dot
+// entries are not read, symlinks are followed) are each parsed and
+// validated alone, then merged, with the meaning Azure's ip-masq-agent-v2
+// gives them (azure.go): only nonMasqueradeCIDRs (the union; none at all
+// when no file sets any) and masqLinkLocal, masqLinkLocalIPv6 (OR'd) are
+// read; a directory without such files gives the defaults, with a warning.
 //
-//   - nonMasqueradeCIDRs: the union of the lists of the files that set it,
-//     in file name order; the defaults if no file sets it;
-//   - masqueradeCIDRs: the union;
-//   - masqLinkLocal, masqLinkLocalIPv6, masqOutBound, masqOutBoundIPv6:
-//     true if any file that sets the key sets it to true; the default if
-//     no file sets it;
-//   - resyncInterval: the smallest that a file sets;
-//   - cidrMatch: mostSpecific if any file sets it (with a warning when
-//     another file has lists and does not), listOrder otherwise;
-//   - cidrLimit: applies to each file's lists; the merge is not limited
-//     (its CIDRLimit is the largest of the files', at least the merged
-//     lists' lengths).
-//
-// A directory without such files gives the defaults, with a warning. A
-// bad file is reported in a *DirError, by name: if every bad file has a
-// last good content (from an earlier Load of the same directory), that is
-// merged instead and the merged config is returned with the error
-// (IsPartial); otherwise no config is returned, as for a bad single file.
-// Warnings are prefixed with the file's path.
+// Where Azure's agent exits, this one goes on, with a warning or an error
+// naming the entry: a bad file is reported in a *DirError, by name: if
+// every bad file has a last good content (from an earlier Load of the same
+// directory), that is merged instead and the merged config is returned
+// with the error (IsPartial); otherwise no config is returned, as for a
+// bad single file. A symlink to a missing file keeps its last good
+// content in force, if it had one, and is skipped otherwise, with a
+// warning either way; a subdirectory is skipped with a warning. Warnings are prefixed with the
+// file's path.
 func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -138,27 +132,51 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 	case serr == nil && !fi.IsDir():
 		return Config{}, nil, fmt.Errorf("%s: is a file now, but was a directory when the agent started: not read; restart the agent to read it as a file", path)
 	}
+	c, warns, notes, err := l.loadDir(path, f)
+	return c, append(warns, notes...), err
+}
+
+// loadDir reads a directory (see Load): the merged config, the files'
+// warnings (prefixed with their paths), the directory's own warnings
+// (DirNotes), and a *DirError.
+func (l *Loader) loadDir(path string, f Flags) (Config, []string, []string, error) {
 	entries, err := dirFiles(path)
 	if err != nil {
-		return Config{}, nil, fmt.Errorf("%s: %w", path, unwrapPath(err))
+		return Config{}, nil, nil, fmt.Errorf("%s: %w", path, unwrapPath(err))
 	}
 	if l.last == nil {
 		l.last = make(map[string]part)
 	}
+	f.AzureDir = true
 	var (
 		parts []part
 		names []string // parts' files
 		warns []string
+		notes []string
 		de    DirError
 		seen  = make(map[string]bool)
 	)
 	for _, e := range entries {
 		file := e.path
 		if e.dir {
-			warns = append(warns, file+": a directory, not read")
+			notes = append(notes, file+": a directory, not read (Azure's ip-masq-agent-v2 exits on it; this agent goes on without it)")
 			continue
 		} else if errors.Is(e.err, fs.ErrNotExist) {
-			continue // a dangling symlink, or gone since the listing
+			target, ok := danglingTarget(file)
+			if !ok {
+				continue // gone since the listing
+			}
+			// Azure exits on it. A kubelet's update leaves one for a
+			// moment (a key removed: its link goes after ..data moved).
+			if last, ok := l.last[file]; ok {
+				seen[file] = true
+				notes = append(notes, fmt.Sprintf("%s: a symlink to %q, which does not exist: its last good content stays in force until the link goes (Azure's ip-masq-agent-v2 exits on it)", file, target))
+				parts = append(parts, last)
+				names = append(names, file)
+				continue
+			}
+			notes = append(notes, fmt.Sprintf("%s: a symlink to %q, which does not exist: not read (Azure's ip-masq-agent-v2 exits on it; this agent goes on without it)", file, target))
+			continue
 		}
 		seen[file] = true
 		data, err := readFile(file)
@@ -191,8 +209,12 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 			delete(l.last, file) // the file is gone: so is its part
 		}
 	}
-	if len(seen) == 0 {
-		warns = append(warns, path+": no file whose name starts with \"ip-masq\"; using the defaults")
+	c := mergeAzure(f, parts)
+	switch {
+	case len(seen) == 0:
+		notes = append(notes, path+": "+msgNoFiles)
+	case len(parts) > 0 && len(c.NonMasqueradeCIDRs) == 0:
+		notes = append(notes, path+": "+msgEmptyUnion(f))
 	}
 	if len(de.Files) > 0 {
 		de.Partial = true
@@ -200,13 +222,11 @@ func (l *Loader) Load(path string, f Flags) (Config, []string, error) {
 			de.Partial = de.Partial && fe.LastGood
 		}
 		if !de.Partial {
-			return Config{}, warns, &de
+			return Config{}, warns, notes, &de
 		}
-		c := merge(f, parts)
-		return c, append(warns, mergedGaps(path, c, f)...), &de
+		return c, append(warns, mergedGaps(path, c, f)...), notes, &de
 	}
-	c := merge(f, parts)
-	return c, append(warns, mergedGaps(path, c, f)...), nil
+	return c, append(warns, mergedGaps(path, c, f)...), notes, nil
 }
 
 // isFamilyGap reports whether a file's warning is a familyGaps one.
@@ -244,28 +264,4 @@ func cidrMatchNote(parts []part, names []string) []string {
 	}
 	return []string{fmt.Sprintf("%s: cidrMatch: mostSpecific applies to the merged lists, so also to those of %s, which does not set it: "+
 		"there, a CIDR of either list inside a wider one of the other decides", strings.Join(most, ", "), strings.Join(other, ", "))}
-}
-
-// merge combines the configs of a directory's files (see Loader.Load):
-// each key by its merge rule (keys) over the files that set it.
-func merge(f Flags, parts []part) Config {
-	c := Default(f)
-	for _, k := range keys {
-		var set []*Config
-		for i := range parts {
-			if parts[i].present[k.Name()] {
-				set = append(set, &parts[i].c)
-			}
-		}
-		if len(set) > 0 {
-			k.mergeInto(&c, set)
-		}
-	}
-	// The limit applied to each file; the merge is not limited.
-	for _, k := range keys {
-		if ps := k.cidrs(&c); ps != nil {
-			c.CIDRLimit = max(c.CIDRLimit, len(*ps))
-		}
-	}
-	return c
 }

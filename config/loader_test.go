@@ -1,12 +1,12 @@
 package config
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 )
 
 func writeFiles(t *testing.T, dir string, files map[string]string) {
@@ -18,7 +18,10 @@ func writeFiles(t *testing.T, dir string, files map[string]string) {
 	}
 }
 
+// TestMerge: a directory's files merge as Azure's ip-masq-agent-v2
+// merges them (azure.go).
 func TestMerge(t *testing.T) {
+	az := func(f Flags) Flags { f.AzureDir = true; return f }
 	tests := []struct {
 		name  string
 		files []string
@@ -26,63 +29,73 @@ func TestMerge(t *testing.T) {
 		want  Config
 	}{
 		{"no files: defaults", nil, v4Only, Default(v4Only)},
-		{"one file is that file", []string{"nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/8]\nmasqOutBound: false\ncidrLimit: 5\n"}, v4Only,
-			with(v4Only, func(c *Config) {
-				c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8", "10.0.0.0/8")
-				c.MasqOutBound = false
-				c.CIDRLimit = 5
-			})},
+		{"no files, reserved ranges: defaults", nil, Flags{NoMasqAllReservedRanges: true}, Default(Flags{NoMasqAllReservedRanges: true})},
+		{"one file is that file", []string{"nonMasqueradeCIDRs: [10.0.0.0/8, 10.0.0.0/8]\n"}, v4Only,
+			with(v4Only, func(c *Config) { c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8") })},
+		{"an empty file: nothing exempt, not the defaults", []string{""}, v4Only,
+			with(v4Only, func(c *Config) { c.NonMasqueradeCIDRs = nil })},
+		{"an empty file with --nomasq-all-reserved-ranges: nothing exempt", []string{""}, Flags{NoMasqAllReservedRanges: true},
+			with(Flags{NoMasqAllReservedRanges: true}, func(c *Config) { c.NonMasqueradeCIDRs = nil })},
 		{"lists are unioned, in file order, repeats across files dropped", []string{
-			"nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\nmasqueradeCIDRs: [10.10.10.10/32]\n",
+			"nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\n",
 			"nonMasqueradeCIDRs: [100.64.0.0/10, 192.168.0.0/16]\n",
-			"masqLinkLocal: false\n",
+			"nonMasqueradeCIDRs: null\nmasqLinkLocal: false\n",
 		}, v4Only, with(v4Only, func(c *Config) {
 			c.NonMasqueradeCIDRs = prefixes("10.0.0.0/8", "100.64.0.0/10", "192.168.0.0/16")
-			c.MasqueradeCIDRs = prefixes("10.10.10.10/32")
 		})},
-		{"a list absent everywhere keeps its default; present anywhere replaces it", []string{
-			"masqueradeCIDRs: [1.1.1.1/32]\n", "nonMasqueradeCIDRs: []\n",
-		}, v4Only, with(v4Only, func(c *Config) {
-			c.NonMasqueradeCIDRs = nil
-			c.MasqueradeCIDRs = prefixes("1.1.1.1/32")
-		})},
-		{"booleans are OR'd over the files that set them", []string{
-			"masqOutBound: false\nmasqLinkLocal: true\n", "masqLinkLocal: false\nmasqOutBoundIPv6: false\n", "resyncInterval: 10s\n",
+		{"booleans are OR'd", []string{
+			"masqLinkLocal: true\n", "masqLinkLocal: false\nmasqLinkLocalIPv6: true\n",
 		}, v6, with(v6, func(c *Config) {
-			c.MasqOutBound = false
+			c.NonMasqueradeCIDRs = nil
 			c.MasqLinkLocal = true
-			c.MasqOutBoundIPv6 = false
-			c.ResyncInterval = 10 * time.Second
+			c.MasqLinkLocalIPv6 = true
 		})},
-		{"the smallest resyncInterval; the limit covers the union", []string{
-			"resyncInterval: 30s\ncidrLimit: 2\nnonMasqueradeCIDRs: [1.0.0.0/8, 2.0.0.0/8]\n",
-			"resyncInterval: 5m\ncidrLimit: 1\nnonMasqueradeCIDRs: [3.0.0.0/8]\n",
+		{"keys Azure does not read are ignored", []string{
+			"resyncInterval: 10s\ncidrLimit: 1\nnonMasqueradeCIDRs: [1.0.0.0/8, 2.0.0.0/8]\nmasqueradeCIDRs: [1.1.1.1/32]\nmasqOutBound: false\nmasqOutBoundIPv6: false\n",
+			"resyncInterval: soon\ncidrLimit: many\nmasqOutBound: maybe\n",
+		}, v6, with(v6, func(c *Config) {
+			c.NonMasqueradeCIDRs = prefixes("1.0.0.0/8", "2.0.0.0/8")
+		})},
+		{"the limit is Azure's 64 per file; the union is not limited", []string{
+			cidrFile(0, 64), cidrFile(100, 64),
 		}, v4Only, with(v4Only, func(c *Config) {
-			c.ResyncInterval = 30 * time.Second
-			c.CIDRLimit = 3
-			c.NonMasqueradeCIDRs = prefixes("1.0.0.0/8", "2.0.0.0/8", "3.0.0.0/8")
+			c.NonMasqueradeCIDRs = append(prefixes16(0, 64), prefixes16(100, 64)...)
+			c.CIDRLimit = 128
 		})},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var parts []part
 			for _, f := range tt.files {
-				c, present, _, err := parseKeys([]byte(f), tt.f)
+				c, present, _, err := parseKeys([]byte(f), az(tt.f))
 				if err != nil {
 					t.Fatal(err)
 				}
 				parts = append(parts, part{c, present})
 			}
-			got := merge(tt.f, parts)
+			got := mergeAzure(tt.f, parts)
 			if !got.Equal(tt.want) {
 				t.Errorf("merge =\n%s\nwant\n%s", got, tt.want)
 			}
-			// The merge is a valid config: it parses back to itself.
-			if again, _, err := Parse([]byte(got.String()), tt.f); err != nil || !again.Equal(got) {
-				t.Errorf("the merge does not parse back: %v\n%s", err, again)
-			}
 		})
 	}
+}
+
+func cidrFile(from, n int) string {
+	var b strings.Builder
+	b.WriteString("nonMasqueradeCIDRs:\n")
+	for _, p := range prefixes16(from, n) {
+		b.WriteString("  - " + p.String() + "\n")
+	}
+	return b.String()
+}
+
+func prefixes16(from, n int) []netip.Prefix {
+	var out []netip.Prefix
+	for i := from; i < from+n; i++ {
+		out = append(out, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i), 0, 0}), 16))
+	}
+	return out
 }
 
 func TestLoaderDirectory(t *testing.T) {
@@ -135,7 +148,7 @@ func TestLoaderDirectory(t *testing.T) {
 	}
 
 	// A new file that has never been good: nothing to apply.
-	writeFiles(t, dir, map[string]string{"ip-masq-extra": "cidrLimit: 0\n"})
+	writeFiles(t, dir, map[string]string{"ip-masq-extra": "masqLinkLocal: maybe\n"})
 	if _, _, err = load(); err == nil || IsPartial(err) || !strings.Contains(err.Error(), "no good content yet") {
 		t.Fatalf("a file bad from the start: %v, want a plain error", err)
 	}
@@ -165,7 +178,7 @@ func TestLoaderKubeletLayout(t *testing.T) {
 	if err := os.Mkdir(ts, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	writeFiles(t, ts, map[string]string{"ip-masq-agent": "masqOutBound: false\n", "ip-masq-agent-reconciled": "masqueradeCIDRs: [1.2.3.4/32]\n"})
+	writeFiles(t, ts, map[string]string{"ip-masq-agent": "masqLinkLocal: true\n", "ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [1.2.3.0/24]\n"})
 	for _, l := range []struct{ name, to string }{
 		{"..data", filepath.Base(ts)}, {"ip-masq-agent", "..data/ip-masq-agent"}, {"ip-masq-agent-reconciled", "..data/ip-masq-agent-reconciled"},
 	} {
@@ -178,11 +191,10 @@ func TestLoaderKubeletLayout(t *testing.T) {
 	}
 	var l Loader
 	c, warns, err := l.Load(dir, v4Only)
-	want := with(v4Only, func(c *Config) { c.MasqOutBound = false; c.MasqueradeCIDRs = prefixes("1.2.3.4/32") })
+	want := with(v4Only, func(c *Config) { c.MasqLinkLocal = true; c.NonMasqueradeCIDRs = prefixes("1.2.3.0/24") })
 	if err != nil || !c.Equal(want) {
 		t.Fatalf("Load = %s, %v; want %s", c, err, want)
 	}
-	warns = slices.DeleteFunc(warns, func(w string) bool { return strings.Contains(w, msgExtension) })
 	if len(warns) != 1 || !strings.Contains(warns[0], "ip-masq-subdir: a directory") {
 		t.Errorf("warnings %q, want one about the subdirectory", warns)
 	}

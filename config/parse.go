@@ -78,6 +78,9 @@ func parse(data []byte, f Flags) (Config, *decoder, error) {
 // fastYAML (see fast.go) instead of the YAML library, with the same result.
 func parseWith(data []byte, f Flags, fast bool) (Config, *decoder, error) {
 	if len(data) == 0 {
+		if f.AzureDir {
+			return azureEmpty(f), &decoder{f: f, present: map[string]bool{}}, nil
+		}
 		return Default(f), &decoder{f: f, present: map[string]bool{}}, nil
 	}
 	var entries []entry

@@ -227,10 +227,10 @@ func TestToolsConfigDirectory(t *testing.T) {
 	topo := newTopology(t)
 	addDestinations(t, topo, internet1, internet2, internet3, private1)
 	cm := newProjectedDir(t, map[string]string{
-		"ip-masq-agent":            "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8]\n",
+		"ip-masq-agent":            "nonMasqueradeCIDRs: [10.0.0.0/8]\n",
 		"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [203.0.113.0/24]\n",
 	})
-	d := startDaemon(t, topo, "--config", cm.Dir, "--http-address=127.0.0.1:0")
+	d := startDaemon(t, topo, "--config", cm.Dir, "--http-address=127.0.0.1:0", "--resync-interval=3600")
 	eventually(t, "the merged config", sourcesAre(topo, map[string]bool{private1: false, internet1: false, internet2: true, internet3: true}))
 	if code, out, stderr := runTool(t, topo, "diff", "--config", cm.Dir); code != 0 || out != "in sync\n" {
 		t.Errorf("diff --config DIR: exit %d %q %s", code, out, stderr)
@@ -247,7 +247,7 @@ func TestToolsConfigDirectory(t *testing.T) {
 
 	// The platform's file changes meanwhile: applied, with the user's
 	// last good CIDRs.
-	cm.updateFiles(map[string]string{"ip-masq-agent": "resyncInterval: 1h\nnonMasqueradeCIDRs: [10.0.0.0/8, 198.51.100.0/24]\n"})
+	cm.updateFiles(map[string]string{"ip-masq-agent": "nonMasqueradeCIDRs: [10.0.0.0/8, 198.51.100.0/24]\n"})
 	eventually(t, "the platform's change", sourcesAre(topo, map[string]bool{internet2: false}))
 	expectSources(t, topo, map[string]bool{private1: false, internet1: false, internet2: false, internet3: true})
 

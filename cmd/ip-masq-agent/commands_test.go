@@ -291,3 +291,28 @@ func TestValidateFlags(t *testing.T) {
 		t.Errorf("--masq-chain IP-MASQ: %d %q", code, out)
 	}
 }
+
+// validate DIR: the files with Azure's meaning (the keys it does not read
+// warned about, not refused), and the directory's own warnings: a dangling
+// ip-masq* link, an empty union.
+func TestValidateAzureDirectory(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "ip-masq-agent"), []byte("resyncInterval: soon\n"), 0o644)
+	os.Symlink("..data/ip-masq-gone", filepath.Join(dir, "ip-masq-reconciled"))
+	code, out, errOut := runCmd(t, "validate", dir)
+	file := filepath.Join(dir, "ip-masq-agent")
+	if code != 0 ||
+		!strings.Contains(out, filepath.Join(dir, "ip-masq-reconciled")+`: a symlink to "..data/ip-masq-gone", which does not exist`) ||
+		!strings.Contains(out, dir+": no file named ip-masq* sets a non-empty nonMasqueradeCIDRs") ||
+		!strings.Contains(out, file+":1: resyncInterval: not read in a config directory") ||
+		!strings.Contains(errOut, "1 file checked: 0 errors, 3 warnings") {
+		t.Errorf("validate DIR: %d %q %q", code, out, errOut)
+	}
+	if code, _, _ := runCmd(t, "validate", "--strict", dir); code != 1 {
+		t.Errorf("validate --strict DIR: %d, want 1", code)
+	}
+	// The same file alone has the original's meaning: refused.
+	if code, _, _ := runCmd(t, "validate", file); code != 1 {
+		t.Errorf("validate FILE: %d, want 1", code)
+	}
+}

@@ -23,8 +23,13 @@ named ip-masq...) is checked, with lines pointing into the manifest; a
 ConfigMap without the key "config", the only one the shipped DaemonSet
 mounts, is a warning. Manifests of other objects (a DaemonSet, a
 kustomization) are passed over with a note, so a whole directory of
-manifests can be given. A directory stands for its files named ip-masq*,
-as with --config DIR. "-" reads standard input.
+manifests can be given. A directory stands for its files named
+ip-masq*, read as with --config DIR, with the meaning Azure's
+ip-masq-agent-v2 gives them (only nonMasqueradeCIDRs, masqLinkLocal and
+masqLinkLocalIPv6 are read, up to 64 CIDRs a file); what the agent warns
+about the directory itself is reported too: a symlink to a missing file, a
+subdirectory named ip-masq*, no ip-masq* file, and files that together
+exempt no destination. "-" reads standard input.
 
 Exit status: 0 when every file is valid (warnings alone are fine), 1 when
 any file has an error or when no FILE held a config (nothing was checked),
@@ -90,6 +95,22 @@ func runValidate(c *command, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "%s: %s (warning)\n", arg, warn)
 			nWarnings++
 		}
+		// A directory's files mean what Azure's ip-masq-agent-v2 makes of
+		// them (as with --config DIR); its entries it cannot read and an
+		// empty union are said once for the directory.
+		flags := r.flags
+		if config.KindOf(arg) == config.SourceDir && arg != "-" {
+			flags.AzureDir = true
+			for _, n := range config.DirNotes(arg, r.flags) {
+				if *strict {
+					fmt.Fprintln(stdout, n)
+					nErrors++
+					continue
+				}
+				fmt.Fprintln(stdout, n+" (warning)")
+				nWarnings++
+			}
+		}
 		for _, path := range paths {
 			nFiles++
 			data, err := config.ReadInput(path, os.Stdin)
@@ -103,7 +124,7 @@ func runValidate(c *command, args []string, stdout, stderr io.Writer) int {
 				nFiles--
 				continue
 			}
-			for _, p := range config.Check(data, r.flags, *strict) {
+			for _, p := range config.Check(data, flags, *strict) {
 				line := fmt.Sprintf("%s:%d: ", path, p.Line)
 				if p.Key != "" {
 					line += p.Key + ": "
