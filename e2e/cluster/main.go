@@ -267,6 +267,10 @@ func (s *suite) run() error {
 	if err := s.configChange(); err != nil {
 		return err
 	}
+	// Issue 33's source keys on the node, with packets.
+	if err := s.sourceSelection(); err != nil {
+		return err
+	}
 	// README's Verify, Configure and Troubleshoot, and docs/runbook.md, as
 	// printed, on the agent's pod on the node.
 	if err := s.docCommandsOnNode(); err != nil {
