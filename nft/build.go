@@ -300,7 +300,7 @@ func SNATLinks(c config.Config, o Options) []SNATLink {
 // there: a packet that leaves through another interface (to a pod of this
 // node, into an overlay, out of a second NIC) is masqueraded to that
 // interface's address as before, so that its replies come back the way
-// they did (docs/configuration.md, "snatAddress").
+// they did (snatAddress in docs/configuration.md).
 func snatRules(l SNATLink, o Options) []Rule {
 	rules := masqRules(o)
 	for i := range rules {
