@@ -97,6 +97,8 @@ func TestBadConfigAtJoin(t *testing.T) {
 	cm := newConfigMapDir(t, badConfigBad)
 	d := startDaemon(t, topo, "--config", cm.path())
 	eventually(t, "the refusal", func() bool { return strings.Contains(d.output(), `msg="config not applied`) })
+	// The HTTP server may start after the refusal is logged.
+	eventually(t, "the HTTP server", func() bool { return strings.Contains(d.output(), `msg="serving /metrics, /healthz and /readyz"`) })
 	if code, body := httpGet(topo, "/readyz"); code != 503 || !strings.HasPrefix(body, "no config applied yet: ") || !strings.Contains(body, `"10.0.0.0/88"`) {
 		t.Errorf("/readyz: %d %q", code, body)
 	}
