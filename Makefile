@@ -112,8 +112,8 @@ soak: deps build
 	grep -E '^(ok|FAIL|PASS)|^ *--- |_test.go:[0-9]+: ' bin/soak.out | cut -c1-600; exit $$status
 
 ## bench: benchmarks against nft -f and iptables; writes BENCHMARKS.md (root)
-## (control plane, kernel side, data plane, live operation and conntrack
-## cleanup, in namespaces; about 12 minutes). BENCH_QUICK=1: a smoke run of seconds that prints the report instead
+## (control plane, kernel side, data plane, every selector, live operation and conntrack
+## cleanup, in namespaces; about 13 minutes). BENCH_QUICK=1: a smoke run of seconds that prints the report instead
 bench: build
 	$(GO) run ./bench/cmd/bench -agent bin/ip-masq-agent $(if $(filter-out 0,$(BENCH_QUICK)),-quick,-out BENCHMARKS.md)
 

@@ -46,7 +46,7 @@ type Config struct {
 	Agent string    // the agent binary (bin/ip-masq-agent); needed for RSS and live operation
 	Quick bool      // tiny sizes, one or two repetitions: a smoke run of seconds
 	Log   io.Writer // progress lines; nil: discarded
-	// Parts to run: any of "control", "kernel", "data", "live",
+	// Parts to run: any of "control", "kernel", "data", "selectors", "live",
 	// "conntrack", "busy", "neighbour"; empty means all.
 	Parts []string
 }
@@ -72,6 +72,8 @@ type Results struct {
 	ControlErr   error
 	Data         *DataResults
 	DataErr      error
+	Selectors    *SelectorResults
+	SelectorsErr error
 	Live         *LiveResults
 	LiveErr      error
 	Kernel       *KernelResults
@@ -86,7 +88,7 @@ type Results struct {
 
 // Err is the first error of any part, or nil.
 func (r *Results) Err() error {
-	return errors.Join(r.ControlErr, r.KernelErr, r.DataErr, r.LiveErr, r.ConntrackErr, r.BusyErr, r.NeighbourErr)
+	return errors.Join(r.ControlErr, r.KernelErr, r.DataErr, r.SelectorsErr, r.LiveErr, r.ConntrackErr, r.BusyErr, r.NeighbourErr)
 }
 
 // Run runs the parts the config asks for, one after the other, and returns
@@ -111,6 +113,10 @@ func Run(ctx context.Context, cfg Config) *Results {
 	if cfg.wants("data") && ctx.Err() == nil {
 		r.Load["data"] = readTrim("/proc/loadavg")
 		r.Data, r.DataErr = RunData(ctx, cfg)
+	}
+	if cfg.wants("selectors") && ctx.Err() == nil {
+		r.Load["selectors"] = readTrim("/proc/loadavg")
+		r.Selectors, r.SelectorsErr = RunSelectors(ctx, cfg)
 	}
 	if cfg.wants("live") && ctx.Err() == nil {
 		r.Load["live"] = readTrim("/proc/loadavg")

@@ -84,6 +84,23 @@ func TestQuickRun(t *testing.T) {
 		}
 	}
 
+	if s := r.Selectors; s == nil {
+		t.Error("no figures with every selector")
+	} else {
+		for _, p := range s.Data.Points {
+			if !p.Measured() || p.wrongNAT() > 0 {
+				t.Errorf("every selector: %s: measured %v, %d connections with the wrong source address (%s)", p.Label(), p.Measured(), p.wrongNAT(), seenCell(p))
+			}
+		}
+		if !s.Constant() {
+			t.Errorf("every selector: the rules grow with the lists: %+v", s.Rules)
+		}
+		// The kernel holds Build's rules and the base chain's one.
+		if got, want := s.KernelRules[KindAgentSelectors], s.Rules[0].Decision+s.Rules[0].Masq+1; got != want {
+			t.Errorf("every selector: %d rules in the kernel, want %d", got, want)
+		}
+	}
+
 	if r.Live == nil || len(r.Live.Rows) == 0 {
 		t.Fatal("no live operation figures")
 	}
@@ -145,7 +162,7 @@ func TestQuickRun(t *testing.T) {
 	}
 
 	md := Markdown(r)
-	for _, want := range []string{"## Machine", "## Targets", "## Control plane", "## Kernel side", "## Data plane", "## Live operation", "## Conntrack cleanup", "## Rerun"} {
+	for _, want := range []string{"## Machine", "## Targets", "## Control plane", "## Kernel side", "## Data plane", "## Data plane with every selector", "## Live operation", "## Conntrack cleanup", "## Rerun"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the report lacks %q", want)
 		}

@@ -33,8 +33,11 @@ const (
 	// its masquerade rules do not set the conntrack label, the data-plane
 	// cost of which is the difference to KindAgent.
 	KindAgentNoMark = "agent, --conntrack-label=none"
-	KindIPTNFT      = "iptables-nft chain"
-	KindIPTLegacy   = "iptables-legacy chain"
+	// KindAgentSelectors is the agent's table with every selector of
+	// issue 33 in use (selectorsConfig), traffic passing every rule.
+	KindAgentSelectors = "agent, every selector in use"
+	KindIPTNFT         = "iptables-nft chain"
+	KindIPTLegacy      = "iptables-legacy chain"
 )
 
 // dataDst is the destination of every connection: an "internet" host in
@@ -55,6 +58,7 @@ type DataPoint struct {
 	Errors  int64     // connections that failed
 	Masq    int64     // connections the server saw from the node's address
 	Direct  int64     // ... from the pod's address
+	Other   int64     // ... from any other address
 	Skipped string    // why the point was not measured
 
 	topo   *testnet.Topology
@@ -71,9 +75,14 @@ func (p *DataPoint) Label() string  { return fmt.Sprintf("%s, %d CIDRs", p.Kind,
 // wrongNAT counts the connections that arrived with the wrong source.
 func (p *DataPoint) wrongNAT() int64 {
 	if p.WantMasq() {
-		return p.Direct
+		return p.Direct + p.Other
 	}
-	return p.Masq
+	return p.Masq + p.Other
+}
+
+// agentKind says whether the point is one of the agent's tables.
+func (p *DataPoint) agentKind() bool {
+	return p.Kind == KindAgent || p.Kind == KindAgentNoMark || p.Kind == KindAgentSelectors
 }
 
 // DataResults are the data plane figures.
@@ -122,7 +131,7 @@ func (d *DataResults) Ns() []int {
 // of the ksoftirqd threads, over the connections made: other tenants'
 // load does not enter it. The system-wide busy time from /proc/stat is
 // reported next to it.
-func RunData(ctx context.Context, cfg Config) (_ *DataResults, err error) {
+func RunData(ctx context.Context, cfg Config) (*DataResults, error) {
 	res := &DataResults{Duration: 2 * time.Second, Reps: 5, Clients: 2 * runtime.NumCPU()}
 	ns := []int{1, 64, 1000, 10_000, 50_000}
 	if cfg.Quick {
@@ -137,9 +146,15 @@ func RunData(ctx context.Context, cfg Config) (_ *DataResults, err error) {
 	// The cost of the conntrack mark: the agent's table without it, at
 	// the smallest list (where the mark's share of the cost is largest).
 	res.Points = append(res.Points, &DataPoint{Kind: KindAgentNoMark, N: ns[0]})
+	return res, runPoints(ctx, cfg, "data plane", res, nil)
+}
+
+// runPoints sets up every point of res (then calls after, if not nil, on
+// each point set up), then measures them all, res.Reps times round.
+func runPoints(ctx context.Context, cfg Config, part string, res *DataResults, after func(*DataPoint) error) (err error) {
 	dir, err := os.MkdirTemp("", "ip-masq-agent-bench-")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer os.RemoveAll(dir)
 	defer func() {
@@ -155,18 +170,24 @@ func RunData(ctx context.Context, cfg Config) (_ *DataResults, err error) {
 
 	for _, p := range res.Points {
 		if err := ctx.Err(); err != nil {
-			return res, err
+			return err
 		}
-		cfg.logf("data plane: set up %s", p.Label())
+		cfg.logf("%s: set up %s", part, p.Label())
 		if err := setupPoint(ctx, dir, p); err != nil {
 			if ctx.Err() != nil {
-				return res, ctx.Err()
+				return ctx.Err()
 			}
-			if p.Kind == KindAgent || p.Kind == KindAgentNoMark || p.Kind == KindNone || p.Kind == KindConntrack {
-				return res, fmt.Errorf("%s: %w", p.Label(), err)
+			if p.agentKind() || p.Kind == KindNone || p.Kind == KindConntrack {
+				return fmt.Errorf("%s: %w", p.Label(), err)
 			}
 			p.Skipped = oneLine(err.Error())
-			cfg.logf("data plane: %s not measured: %s", p.Label(), p.Skipped)
+			cfg.logf("%s: %s not measured: %s", part, p.Label(), p.Skipped)
+			continue
+		}
+		if after != nil {
+			if err := after(p); err != nil {
+				return fmt.Errorf("%s: %w", p.Label(), err)
+			}
 		}
 	}
 	cpu := newCPUMeter()
@@ -179,20 +200,20 @@ func RunData(ctx context.Context, cfg Config) (_ *DataResults, err error) {
 				continue
 			}
 			if err := ctx.Err(); err != nil {
-				return res, err
+				return err
 			}
 			if err := measurePoint(ctx, p, res.Duration, res.Clients, cpu); err != nil {
-				return res, fmt.Errorf("%s: %w", p.Label(), err)
+				return fmt.Errorf("%s: %w", p.Label(), err)
 			}
 			last := len(p.Rates) - 1
-			cfg.logf("data plane: %-40s rep %d: %8.0f conn/s  %6.1f µs CPU/conn", p.Label(), rep+1, p.Rates[last], p.CPU[last]/1e3)
-			if p.Kind == KindIPTNFT || p.Kind == KindIPTLegacy || p.Kind == KindAgent || p.Kind == KindAgentNoMark {
+			cfg.logf("%s: %-40s rep %d: %8.0f conn/s  %6.1f µs CPU/conn", part, p.Label(), rep+1, p.Rates[last], p.CPU[last]/1e3)
+			if p.Kind == KindIPTNFT || p.Kind == KindIPTLegacy || p.agentKind() {
 				// Give conntrack's garbage collection room between points.
 				sleepCtx(ctx, 100*time.Millisecond)
 			}
 		}
 	}
-	return res, nil
+	return nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
@@ -213,6 +234,7 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 		return err
 	}
 	node := topo.NodeHandle()
+	masqAddr := topo.NodeUplink4 // the source a masqueraded connection carries
 	switch p.Kind {
 	case KindNone:
 	case KindConntrack:
@@ -226,11 +248,18 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 		c := config.Default(config.Flags{})
 		c.NonMasqueradeCIDRs = cidrList(4, 0, p.N)
 		c.CIDRLimit = max(p.N, 64)
-		o := nft.Options{Chain: nft.DefaultChain, RandomFully: true}
-		if p.Kind == KindAgent {
-			bit := uint8(nft.DefaultConntrackLabel) // the daemon's default: as it ships
-			o.CtLabel = &bit
+		rs := nft.Build(c, agentOptions(p.Kind == KindAgent))
+		if _, err := (&kernel.Netlink{NetNS: int(node), NoOwner: true}).Apply(rs); err != nil {
+			return err
 		}
+	case KindAgentSelectors:
+		// snatAddress is a second address of the uplink: the server
+		// counts a connection masqueraded only if the snat rule took it.
+		if err := topo.AddNodeAddress(testnet.NodeUplinkIf, netip.PrefixFrom(selectorsSNAT, 24)); err != nil {
+			return err
+		}
+		masqAddr = selectorsSNAT
+		c, o := selectorsConfig(p.N)
 		rs := nft.Build(c, o)
 		if _, err := (&kernel.Netlink{NetNS: int(node), NoOwner: true}).Apply(rs); err != nil {
 			return err
@@ -254,7 +283,7 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 			return err
 		}
 	}
-	p.server, err = newAcceptServer(topo, dataPort)
+	p.server, err = newAcceptServer(topo, dataPort, masqAddr)
 	if err != nil {
 		return err
 	}
@@ -269,7 +298,7 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 
 // measurePoint runs one repetition: clients connect for d.
 func measurePoint(ctx context.Context, p *DataPoint, d time.Duration, n int, cpu *cpuMeter) error {
-	m0, d0 := p.server.masq.Load(), p.server.direct.Load()
+	m0, d0, o0 := p.server.masq.Load(), p.server.direct.Load(), p.server.other.Load()
 	clients := startClients(p.topo, n, 50_000_000)
 	defer clients.stop()
 	if err := clients.ready(); err != nil {
@@ -296,11 +325,12 @@ func measurePoint(ctx context.Context, p *DataPoint, d time.Duration, n int, cpu
 	p.SysCPU = append(p.SysCPU, float64(after.system-before.system)/float64(conns))
 	// The server may still be accepting the last ones.
 	deadline := time.Now().Add(time.Second)
-	for time.Now().Before(deadline) && p.server.masq.Load()+p.server.direct.Load()-m0-d0 < conns {
+	for time.Now().Before(deadline) && p.server.masq.Load()+p.server.direct.Load()+p.server.other.Load()-m0-d0-o0 < conns {
 		time.Sleep(10 * time.Millisecond)
 	}
 	p.Masq += p.server.masq.Load() - m0
 	p.Direct += p.server.direct.Load() - d0
+	p.Other += p.server.other.Load() - o0
 	return nil
 }
 
@@ -409,12 +439,14 @@ type acceptServer struct {
 	fd            int
 	wg            sync.WaitGroup
 	masq, direct  atomic.Int64
+	other         atomic.Int64
 	closeOnce     sync.Once
 	nodeAddr, pod [4]byte
 }
 
-func newAcceptServer(topo *testnet.Topology, port int) (*acceptServer, error) {
-	s := &acceptServer{fd: -1, nodeAddr: topo.NodeUplink4.As4(), pod: topo.Pod4.As4()}
+// newAcceptServer counts a connection from masqAddr as masqueraded.
+func newAcceptServer(topo *testnet.Topology, port int, masqAddr netip.Addr) (*acceptServer, error) {
+	s := &acceptServer{fd: -1, nodeAddr: masqAddr.As4(), pod: topo.Pod4.As4()}
 	ext, err := netns.GetFromName(topo.ExtNS)
 	if err != nil {
 		return nil, err
@@ -477,6 +509,8 @@ func (s *acceptServer) serve() {
 				s.masq.Add(1)
 			case s.pod:
 				s.direct.Add(1)
+			default:
+				s.other.Add(1)
 			}
 		}
 		unix.Close(nfd)

@@ -153,6 +153,7 @@ func Targets(r *Results) []Target {
 	} else {
 		add("data plane targets", "", nil)
 	}
+	selectorsTarget(r, add)
 
 	// Live operation, at each list size measured.
 	if l := r.Live; l != nil && len(l.Rows) > 0 {
@@ -217,10 +218,10 @@ func Markdown(r *Results) string {
 	w("| kernel | `%s` |\n| CPU | %s, %d CPUs (`nproc`) |\n| memory | %s |\n| Go | %s |\n", m.Kernel, m.CPU, m.CPUs, m.MemTotal, m.Go)
 	w("| nft | %s |\n| iptables | %s; %s |\n", m.NFT, m.IPTablesNFT, m.IPTablesLegacy)
 	w("| iptables-legacy in a network namespace | %s |\n", legacyStatus(r))
-	w("| load average (`/proc/loadavg`) | at the start `%s`; control plane `%s`; kernel side `%s`; data plane `%s`; live operation `%s`; conntrack cleanup `%s`; busy node `%s`; at the end `%s` |\n\n",
-		m.LoadStart, orDash(r.Load["control"]), orDash(r.Load["kernel"]), orDash(r.Load["data"]), orDash(r.Load["live"]), orDash(r.Load["conntrack"]), orDash(r.Load["busy"]), r.LoadEnd)
+	w("| load average (`/proc/loadavg`) | at the start `%s`; control plane `%s`; kernel side `%s`; data plane `%s`; every selector `%s`; live operation `%s`; conntrack cleanup `%s`; busy node `%s`; at the end `%s` |\n\n",
+		m.LoadStart, orDash(r.Load["control"]), orDash(r.Load["kernel"]), orDash(r.Load["data"]), orDash(r.Load["selectors"]), orDash(r.Load["live"]), orDash(r.Load["conntrack"]), orDash(r.Load["busy"]), r.LoadEnd)
 
-	w("## Targets\n\nThe goals of the issues that asked for these benchmarks (6; 11 and 14 where marked), and this run's figures.\n\n")
+	w("## Targets\n\nThe goals of the issues that asked for these benchmarks (6; the others where marked), and this run's figures.\n\n")
 	w("| target | measured | |\n| --- | --- | --- |\n")
 	for _, t := range Targets(r) {
 		measured := t.Measured
@@ -234,6 +235,7 @@ func Markdown(r *Results) string {
 	controlMarkdown(&b, r)
 	kernelMarkdown(&b, r)
 	dataMarkdown(&b, r)
+	selectorsMarkdown(&b, r)
 	liveMarkdown(&b, r)
 	conntrackMarkdown(&b, r)
 	busyMarkdown(&b, r)
@@ -242,7 +244,7 @@ func Markdown(r *Results) string {
 	w("## Rerun\n\n```sh\n" +
 		"make bench                # everything, about 10 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
 		"BENCH_QUICK=1 make bench  # a smoke run of seconds; prints the report, writes nothing\n" +
-		"go run ./bench/cmd/bench -help   # -only control,kernel,data,live,conntrack,busy,neighbour; -out FILE; -timeout\n" +
+		"go run ./bench/cmd/bench -help   # -only control,kernel,data,selectors,live,conntrack,busy,neighbour; -out FILE; -timeout\n" +
 		"go test ./bench/          # the smoke run as a test (part of make test)\n" +
 		"```\n\n" +
 		"Needs root (it creates network namespaces; nothing is changed in the machine's own namespace), Linux with\n" +
@@ -461,10 +463,7 @@ func dataMarkdown(b *strings.Builder, r *Results) {
 			cost = fmt.Sprintf("%+.1f µs", (p.CPUns()-none.CPUns())/1e3)
 			vs = fmt.Sprintf("%.2f", p.Rate()/none.Rate())
 		}
-		seen := fmt.Sprintf("node %d, pod %d", p.Masq, p.Direct)
-		if p.wrongNAT() > 0 {
-			seen += " **(wrong)**"
-		}
+		seen := seenCell(p)
 		w("| %s | %s | %.0f | %.1f µs (%.0f–%.0f) | %s | %s | %.1f µs | %s | %d |\n", p.Kind, n, p.Rate(), p.CPUns()/1e3,
 			slices.Min(p.CPU)/1e3, slices.Max(p.CPU)/1e3, cost, vs, p.SysNs()/1e3, seen, p.Errors)
 	}
@@ -493,6 +492,19 @@ func dataMarkdown(b *strings.Builder, r *Results) {
 		}
 		w("%s.\n\n", strings.Join(parts, "; "))
 	}
+}
+
+// seenCell is the sources the server saw: the node's (or the snat
+// address) when masqueraded, the pod's otherwise.
+func seenCell(p *DataPoint) string {
+	seen := fmt.Sprintf("node %d, pod %d", p.Masq, p.Direct)
+	if p.Other > 0 {
+		seen += fmt.Sprintf(", other %d", p.Other)
+	}
+	if p.wrongNAT() > 0 {
+		seen += " **(wrong)**"
+	}
+	return seen
 }
 
 func liveMarkdown(b *strings.Builder, r *Results) {
