@@ -259,3 +259,36 @@ func BenchmarkCompare(b *testing.B) {
 		Compare(o, cfg, config.Flags{}, nft.Options{})
 	}
 }
+
+// A RETURN inserted by hand with a mask that is not a prefix
+// (iptables -I IP-MASQ -d 203.0.113.0/255.0.255.0 -j RETURN: every
+// 203.x.113.0/24) exempts 256 ranges the agent's default config
+// masquerades: each is a difference, and the comparison stays exact.
+func TestCompareNonPrefixMask(t *testing.T) {
+	o := Written{NonMasq: defaultList}.Rules()
+	f := &o.Families[0]
+	d := nft.Daddr(4)
+	ret := newXTRule(999, []expr.Any{&d,
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 0, 255, 0}, Xor: make([]byte, 4)},
+		&expr.Cmp{Register: 1, Op: expr.CmpOpEq, Data: []byte{203, 0, 113, 0}},
+		&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictReturn}}, nil)
+	f.Rules = append([]XTRule{ret}, f.Rules...)
+	c := Compare(o, config.Default(config.Flags{}), config.Flags{}, nft.Options{})
+	if c.Inexact {
+		t.Error("a non-prefix mask of 8 free bits: inexact")
+	}
+	if len(c.Differences) != 256 {
+		t.Fatalf("%d differences, want 256 (203.x.113.0/24):\n%s", len(c.Differences), strings.Join(c.Summary(5), "\n"))
+	}
+	for i, want := range map[int]string{0: "203.0.113.0/24", 1: "203.1.113.0/24", 255: "203.255.113.0/24"} {
+		if d := c.Differences[i]; d.RangeString() != want || d.Original != NotMasqueraded || d.Agent != Masqueraded {
+			t.Errorf("difference %d: %s, want %s not masqueraded -> masquerade", i, d, want)
+		}
+	}
+	// Too many pieces to list: inexact, never "no change".
+	ret.exprs[1].(*expr.Bitwise).Mask = []byte{255, 0, 0, 255}
+	f.Rules[0] = ret
+	if c := Compare(o, config.Default(config.Flags{}), config.Flags{}, nft.Options{}); !c.Inexact {
+		t.Errorf("a mask of 16 free bits before its last: not inexact (%d differences)", len(c.Differences))
+	}
+}
