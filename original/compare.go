@@ -112,11 +112,16 @@ func (c Comparison) Count(fam nft.Family) int {
 	return n
 }
 
-// Key identifies the differences, to report them once until they change.
+// Key identifies the differences, to report them once until they change
+// ("" only when the switch is known to change nothing).
 func (c Comparison) Key() string {
 	var b strings.Builder
 	for _, d := range c.Differences {
 		b.WriteString(d.String() + "\n")
+	}
+	if c.Inexact {
+		// Not "no change": ranges may be missing.
+		b.WriteString("inexact\n")
 	}
 	return b.String()
 }

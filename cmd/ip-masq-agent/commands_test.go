@@ -9,6 +9,7 @@ import (
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -289,5 +290,14 @@ func TestValidateFlags(t *testing.T) {
 	}
 	if code, out, _ = runCmd(t, "validate", "--masq-chain", "IP-MASQ", good); code != 0 || out != "" {
 		t.Errorf("--masq-chain IP-MASQ: %d %q", code, out)
+	}
+}
+
+// diff: an inexact comparison with no range found is not "changes none":
+// it counts (exit 1) and says so.
+func TestPrintComparisonInexact(t *testing.T) {
+	var b bytes.Buffer
+	if n := printComparison(&b, original.Comparison{Found: true, Inexact: true}); n == 0 || strings.Contains(b.String(), "changes none") {
+		t.Errorf("inexact comparison counted %d:\n%s", n, b.String())
 	}
 }

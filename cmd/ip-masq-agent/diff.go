@@ -34,7 +34,9 @@ original's, then a summary line:
     this agent: ...
   decisions: the switch from the original ip-masq-agent changes 8 ranges (ipv4 8, ipv6 0)
 
-or "decisions: the switch from the original ip-masq-agent changes none".
+or "decisions: the switch from the original ip-masq-agent changes none"
+(never when a hand-edited rule of the original's cannot be followed
+exactly: then a note says so and diff exits 1).
 The original's rules of a family this agent does not program stay
 ("kept ipv6: ..."), and so does a chain of the original's name that is not
 its rules ("left alone: ..."); neither changes a decision.
@@ -197,7 +199,8 @@ func printLegacy(w io.Writer, o original.Rules) {
 
 // printComparison prints what the switch from the original's rules
 // changes, a line a range, then a summary line; it returns the number of
-// ranges. Nothing when the original agent's rules are not there.
+// ranges (1 when none was found but the comparison is inexact). Nothing
+// when the original agent's rules are not there.
 func printComparison(w io.Writer, c original.Comparison) int {
 	if !c.Found {
 		return 0
@@ -214,6 +217,11 @@ func printComparison(w io.Writer, c original.Comparison) int {
 	}
 	if c.Inexact {
 		fmt.Fprintln(w, "note: a rule of the original's compares the destination in a way not followed here: ranges may be missing")
+	}
+	if len(c.Differences) == 0 && c.Inexact {
+		// Not proven unchanged: counted as a change (exit 1).
+		fmt.Fprintln(w, "decisions: the switch from the original ip-masq-agent changes no range found, but may change ranges not followed here (explain --live ADDRESS shows both decisions)")
+		return 1
 	}
 	if len(c.Differences) == 0 {
 		fmt.Fprintln(w, "decisions: the switch from the original ip-masq-agent changes none")
