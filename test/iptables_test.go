@@ -398,3 +398,26 @@ func TestIptablesIntervalShortened(t *testing.T) {
 	}
 	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
 }
+
+// TestDecisionsLegacyOriginal: the original run with iptables-legacy (the
+// iptables-wrapper of its image picks legacy on a node whose rules are
+// there) with the addon's --nomasq-all-reserved-ranges: its rules cannot
+// be seen over nftables, so the check before the switch cannot compare.
+// It must not pass (exit 0, "no switch to compare"): the switch does
+// change 100.64.0.10, proved with packets (the legacy chain RETURNs, then
+// this agent's table masquerades it).
+func TestDecisionsLegacyOriginal(t *testing.T) {
+	testnet.Require(t, "iptables-legacy", "iptables-legacy-restore")
+	const shared = "100.64.0.10"
+	topo := newTopology(t)
+	addDestinations(t, topo, shared)
+	writeOriginal(t, topo, "iptables-legacy", original.AddonChain, "10.0.0.0/8", "100.64.0.0/10")
+	expectSources(t, topo, map[string]bool{shared: false})
+	cfg := writeConfig(t, "")
+	code, out, stderr := runTool(t, topo, "diff", "--decisions", "--agent-pid", "none", "--config", cfg)
+	if code != 1 || !strings.Contains(out, "legacy iptables nat table") || strings.Contains(out, "no switch to compare") {
+		t.Errorf("diff --decisions with the original's rules in a legacy nat table: exit %d\n%s%s", code, out, stderr)
+	}
+	mustApply(t, topo, "")
+	expectSources(t, topo, map[string]bool{shared: true}) // what the check must not hide
+}

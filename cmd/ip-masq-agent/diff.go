@@ -56,7 +56,8 @@ program and no decision changes; 1 when it differs or is missing ("table
 inet ip-masq-agent missing"), when the original agent's rules that this
 agent takes over still decide first, or when the switch changes a
 decision; with --decisions, 0 when the switch changes no decision and 1
-when it changes some; 2 on errors; 3 when the config is bad.`,
+when it changes some, or when a legacy iptables nat table holds what
+cannot be compared; 2 on errors; 3 when the config is bad.`,
 	example: "ip-masq-agent diff --config /etc/config/ip-masq-agent\n" +
 		"  ip-masq-agent diff --decisions --agent-pid none --config /etc/config/ip-masq-agent --nomasq-all-reserved-ranges",
 	run: runDiff,
@@ -85,6 +86,13 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		printFound(stdout, o)
 		cmp := original.Compare(o, cfg, r.flags, r.nft)
+		if !cmp.Found && len(o.Legacy) > 0 {
+			// The original run with iptables-legacy: its rules, if there,
+			// cannot be seen; passing would hide every change.
+			fmt.Fprintf(stdout, "decisions: not compared: no rules of the original ip-masq-agent in table ip nat or ip6 nat, but a legacy %s nat table exists, where an original run with iptables-legacy keeps them unseen; "+
+				"list them with %s-legacy-save -t nat and compare by hand (explain ADDRESS says what this agent decides)\n", strings.Join(o.Legacy, " and "), o.Legacy[0])
+			return 1
+		}
 		if !cmp.Found {
 			fmt.Fprintln(stdout, "decisions: no rules of the original ip-masq-agent in table ip nat or ip6 nat: no switch to compare")
 			return 0
