@@ -292,3 +292,29 @@ func TestCompareNonPrefixMask(t *testing.T) {
 		t.Errorf("a mask of 16 free bits before its last: not inexact (%d differences)", len(c.Differences))
 	}
 }
+
+// An exemption in a chain that nat POSTROUTING jumps to before the
+// original's jump (-A POSTROUTING -j MY-EXEMPT; -A MY-EXEMPT -d
+// 198.51.100.0/24 -j ACCEPT) kept that range from the original's
+// masquerade as one in POSTROUTING does; this agent's table, after it,
+// masquerades it: a difference. A RETURN there only returns to
+// POSTROUTING: none.
+func TestCompareExemptionInSubchain(t *testing.T) {
+	o := Written{NonMasq: defaultList}.Rules()
+	f := o.Families[0]
+	toSub := newXTRule(50, []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: "MY-EXEMPT"}}, nil)
+	sub := []XTRule{
+		newXTRule(51, append(daddrPrefix(4, netip.MustParsePrefix("198.51.100.0/24")), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept}), nil),
+		newXTRule(52, append(daddrPrefix(4, netip.MustParsePrefix("192.0.2.0/24")), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictReturn}), nil),
+	}
+	fams := withJumps(4, "", []XTRule{toSub, f.Jumps[0]}, []Family{{Family: 4, Chain: f.Chain, ChainPresent: true, ChainHandle: f.ChainHandle, Rules: f.Rules}},
+		map[string][]XTRule{"MY-EXEMPT": sub})
+	o.Families = append(fams, o.Families[1:]...)
+	c := Compare(o, config.Default(config.Flags{}), config.Flags{}, nft.Options{})
+	if len(c.Differences) != 1 || c.Differences[0].RangeString() != "198.51.100.0/24" || !strings.HasPrefix(c.Differences[0].Fix, "nonMasqueradeCIDRs: add 198.51.100.0/24 (a rule in nat POSTROUTING") {
+		t.Errorf("an exemption in a chain jumped to before the original's jump:\n%s", c.Key())
+	}
+	if e, _ := o.ExplainOriginal(netip.MustParseAddr("198.51.100.10"), false); !strings.Contains(e.Reason, "MY-EXEMPT") {
+		t.Errorf("explain: %q", e.Reason)
+	}
+}

@@ -163,7 +163,7 @@ func (w Written) Rules() Rules {
 	var out Rules
 	for _, fam := range []nft.Family{4, 6} {
 		if fam == 6 && !w.EnableIPv6 {
-			out.Families = append(out.Families, withJumps(6, "", nil, nil)...)
+			out.Families = append(out.Families, withJumps(6, "", nil, nil, nil)...)
 			continue
 		}
 		cidrs := []string{config.LinkLocalIPv4.String()}
@@ -193,7 +193,7 @@ func (w Written) Rules() Rules {
 		jump := newXTRule(next(), []expr.Any{comment(JumpComment(chain)),
 			&expr.Match{Name: "addrtype", Rev: 1, Info: &xt.AddrTypeV1{Dest: uint16(xt.AddrTypeLocal), Flags: 0x2}},
 			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}, nil)
-		out.Families = append(out.Families, withJumps(fam, "", []XTRule{jump}, []Family{f})...)
+		out.Families = append(out.Families, withJumps(fam, "", []XTRule{jump}, []Family{f}, nil)...)
 	}
 	return out
 }
