@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -420,4 +421,32 @@ func TestDecisionsLegacyOriginal(t *testing.T) {
 	}
 	mustApply(t, topo, "")
 	expectSources(t, topo, map[string]bool{shared: true}) // what the check must not hide
+}
+
+// TestCleanupIptablesKeepsIPv6: cleanup-iptables run as docs/upgrade.md
+// says (in the agent's pod: it takes the running agent's flags), beside an
+// agent without --enable-ipv6, removes the original's IPv4 rules only: the
+// IPv6 ones are the masquerade this agent does not take over (the daemon
+// keeps them). --family ipv6 removes them deliberately. Without a running
+// agent (the uninstall) both go, as before.
+func TestCleanupIptablesKeepsIPv6(t *testing.T) {
+	testnet.Require(t, "iptables-nft", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-restore")
+	topo := newTopology(t)
+	writeOriginal(t, topo, "iptables-nft", original.AddonChain, "10.0.0.0/8")
+	writeOriginal(t, topo, "ip6tables-nft", original.AddonChain, "fd00::/8")
+	d := startDaemon(t, topo, "--config", writeConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\n"), "--http-address=127.0.0.1:0")
+	eventually(t, "the table", func() bool { return strings.Contains(d.output(), "applied config") })
+	pid := strconv.Itoa(d.Pid())
+	code, out, stderr := runTool(t, topo, "cleanup-iptables", "--watch", "0", "--agent-pid", pid)
+	if code != 0 || !strings.Contains(out, "removed from table ip nat") || strings.Contains(out, "removed from table ip6 nat") ||
+		!strings.Contains(stderr, "--family ipv6") {
+		t.Errorf("cleanup-iptables beside an agent without --enable-ipv6: %d\n%s%s", code, out, stderr)
+	}
+	if nat6 := natTable(t, topo, "ip6"); !strings.Contains(nat6, "jump "+original.AddonChain) {
+		t.Errorf("the original's IPv6 rules were removed:\n%s", nat6)
+	}
+	code, out, stderr = runTool(t, topo, "cleanup-iptables", "--watch", "0", "--agent-pid", pid, "--family", "ipv6")
+	if code != 0 || !strings.Contains(out, "removed from table ip6 nat") {
+		t.Errorf("cleanup-iptables --family ipv6: %d\n%s%s", code, out, stderr)
+	}
 }
