@@ -360,6 +360,33 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 	return c
 }
 
+// At is what the switch changes at one address a (not local), decided
+// at a alone: exact where Compare is not (Comparison.Inexact), for
+// explain --live. The difference's range is a alone; it has no fix.
+func At(o Rules, cfg config.Config, flags config.Flags, opts nft.Options, a netip.Addr) (Difference, bool) {
+	a = a.Unmap()
+	fam := familyOf(a)
+	found := false
+	for _, f := range o.Families {
+		found = found || o.Removable(f)
+	}
+	if !found || !o.Removes(fam) && !(fam == 6 && o.Removes(4)) {
+		return Difference{}, false
+	}
+	before := o.decide(a).d
+	now := o.afterSwitch(opts).decide(a)
+	if !now.decided {
+		now.d = NotMasqueraded
+		if m, _ := nft.Build(cfg.DestinationOnly(), opts).Decide(nft.Packet{Dst: a}); m {
+			now.d = Masqueraded
+		}
+	}
+	if before == now.d {
+		return Difference{}, false
+	}
+	return Difference{Family: fam, Range: netipx.IPRangeFrom(a, a), Original: before, Agent: now.d}, true
+}
+
 // Fix kinds: what explains a difference (fixText words them).
 const (
 	fixIPv6      = "--enable-ipv6"

@@ -318,3 +318,21 @@ func TestCompareExemptionInSubchain(t *testing.T) {
 		t.Errorf("explain: %q", e.Reason)
 	}
 }
+
+// At decides one address exactly where the comparison is inexact: the
+// hand edit's 8.113.0.1 (returned by the original, masqueraded by this
+// agent) is a change, 8.8.8.8 (masqueraded by both) is none.
+func TestCompareAt(t *testing.T) {
+	o := Written{NonMasq: defaultList, HandEdited: true}.Rules()
+	cfg := config.Default(config.Flags{})
+	if c := Compare(o, cfg, config.Flags{}, nft.Options{}); !c.Inexact {
+		t.Fatal("not inexact")
+	}
+	d, ok := At(o, cfg, config.Flags{}, nft.Options{}, netip.MustParseAddr("8.113.0.1"))
+	if !ok || d.Original != NotMasqueraded || d.Agent != Masqueraded || d.RangeString() != "8.113.0.1/32" {
+		t.Errorf("8.113.0.1: %v %s", ok, d)
+	}
+	if d, ok := At(o, cfg, config.Flags{}, nft.Options{}, netip.MustParseAddr("8.8.8.8")); ok {
+		t.Errorf("8.8.8.8: %s", d)
+	}
+}
