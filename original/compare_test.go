@@ -2,6 +2,7 @@ package original
 
 import (
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 )
 
 var (
@@ -334,5 +336,28 @@ func TestCompareAt(t *testing.T) {
 	}
 	if d, ok := At(o, cfg, config.Flags{}, nft.Options{}, netip.MustParseAddr("8.8.8.8")); ok {
 		t.Errorf("8.8.8.8: %s", d)
+	}
+}
+
+// The original's MASQUERADE --to-ports (kept off the NodePort range, say)
+// and --random-fully, when this agent's flags differ, are said: the switch
+// changes which source ports masqueraded traffic gets, not whether.
+func TestCompareMasqueradeOptions(t *testing.T) {
+	o := Written{NonMasq: defaultList}.Rules()
+	rs := o.Families[0].Rules
+	last := &rs[len(rs)-1]
+	last.exprs = []expr.Any{&expr.Counter{}, &expr.Target{Name: "MASQUERADE", Info: &xt.NatIPv4MultiRangeCompat{{
+		Flags: uint(xt.NatRangeProtoSpecified | xt.NatRangeProtoRandomFully), MinIP: net.IPv4zero, MaxIP: net.IPv4zero, MinPort: 1024, MaxPort: 29999}}}}
+	cfg := config.Default(config.Flags{})
+	c := Compare(o, cfg, config.Flags{}, nft.Options{RandomFully: true})
+	if len(c.Notes) != 1 || !strings.Contains(c.Notes[0], "--to-ports=1024-29999") || c.Key() == "" {
+		t.Errorf("--to-ports not carried over: %q", c.Notes)
+	}
+	if c := Compare(o, cfg, config.Flags{}, nft.Options{RandomFully: true, ToPorts: []nft.PortRange{{First: 1024, Last: 29999}}}); len(c.Notes) != 0 {
+		t.Errorf("carried over: %q", c.Notes)
+	}
+	c = Compare(o, cfg, config.Flags{}, nft.Options{ToPorts: []nft.PortRange{{First: 1024, Last: 29999}}})
+	if len(c.Notes) != 1 || !strings.Contains(c.Notes[0], "--random-fully") {
+		t.Errorf("--random-fully not carried over: %q", c.Notes)
 	}
 }

@@ -450,3 +450,27 @@ func TestCleanupIptablesKeepsIPv6(t *testing.T) {
 		t.Errorf("cleanup-iptables --family ipv6: %d\n%s%s", code, out, stderr)
 	}
 }
+
+// TestDecisionsToPorts: the original run with --to-ports (one MASQUERADE
+// per protocol and range, as the stand-in writes them) and this agent
+// without it: no range changes, but the source ports do; the check before
+// the switch says so and exits 1, and names the flag. Carried over (the
+// ranges in any order), it says none.
+func TestDecisionsToPorts(t *testing.T) {
+	testnet.Require(t, "iptables-nft", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-restore")
+	topo := newTopology(t)
+	runOnce := exec.Command("ip", "netns", "exec", topo.NodeNS, standIn(t), "--once", "--config", "/nonexistent", "--enable-ipv6", "--to-ports", "1024-29999,32768-65535")
+	if out, err := runOnce.CombinedOutput(); err != nil {
+		t.Fatalf("the stand-in original: %v\n%s", err, out)
+	}
+	cfg := writeConfig(t, "")
+	code, out, stderr := runTool(t, topo, "diff", "--decisions", "--agent-pid", "none", "--config", cfg, "--enable-ipv6")
+	if code != 1 || !strings.Contains(out, "change ipv4 masquerade source ports: the original's MASQUERADE used ports 1024-29999,32768-65535, this agent any port; to keep them: --to-ports=1024-29999,32768-65535") ||
+		!strings.Contains(out, "change ipv6 masquerade source ports") {
+		t.Errorf("--to-ports not carried over: exit %d\n%s%s", code, out, stderr)
+	}
+	code, out, stderr = runTool(t, topo, "diff", "--decisions", "--agent-pid", "none", "--config", cfg, "--enable-ipv6", "--to-ports", "32768-65535,1024-29999")
+	if code != 0 || !strings.Contains(out, "changes none") {
+		t.Errorf("--to-ports carried over: exit %d\n%s%s", code, out, stderr)
+	}
+}

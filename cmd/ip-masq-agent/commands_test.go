@@ -301,3 +301,11 @@ func TestPrintComparisonInexact(t *testing.T) {
 		t.Errorf("inexact comparison counted %d:\n%s", n, b.String())
 	}
 }
+
+// diff: a comparison with only notes (source ports) counts (exit 1).
+func TestPrintComparisonNotes(t *testing.T) {
+	var b bytes.Buffer
+	if n := printComparison(&b, original.Comparison{Found: true, Notes: []string{"ipv4 masquerade source ports: x"}}); n == 0 || !strings.Contains(b.String(), "change ipv4 masquerade source ports") {
+		t.Errorf("notes counted %d:\n%s", n, b.String())
+	}
+}

@@ -223,8 +223,15 @@ func printComparison(w io.Writer, c original.Comparison) int {
 			fmt.Fprintf(w, "  original: %s\n  this agent: %s\n", d.OriginalWhy, d.AgentWhy)
 		}
 	}
+	for _, n := range c.Notes {
+		fmt.Fprintf(w, "change %s\n", n)
+	}
 	if c.Inexact {
 		fmt.Fprintln(w, "note: a rule of the original's compares the destination in a way not followed here: ranges may be missing")
+	}
+	if len(c.Differences) == 0 && len(c.Notes) > 0 {
+		fmt.Fprintln(w, "decisions: the switch from the original ip-masq-agent changes no range, but the source ports of masqueraded traffic (above)")
+		return len(c.Notes)
 	}
 	if len(c.Differences) == 0 && c.Inexact {
 		// Not proven unchanged: counted as a change (exit 1).

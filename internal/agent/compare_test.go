@@ -128,3 +128,12 @@ func TestOriginalInexactSaid(t *testing.T) {
 		t.Errorf("no WARN that the comparison is inexact; log:\n%s", logs)
 	}
 }
+
+// The source ports the switch changes are said (original.Comparison.Notes
+// in the WARN): a comparison with only them is not "no change".
+func TestPrintComparisonNotesKey(t *testing.T) {
+	c := original.Comparison{Found: true, Notes: []string{"ipv4 masquerade source ports: ..."}}
+	if c.Key() == "" {
+		t.Error("notes only: an empty key (no WARN)")
+	}
+}
