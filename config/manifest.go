@@ -83,9 +83,24 @@ func object(m *yaml.Node, docs *[]embeddedConfig, kinds *[]string, depth int) bo
 		return true
 	}
 	name := "ConfigMap"
-	if meta := mapValue(m, "metadata"); meta != nil {
-		if n := mapValue(meta, "name"); n != nil && n.Kind == yaml.ScalarNode {
+	// elsewhere: the name or namespace the shipped DaemonSet does not
+	// mount ("" when they are its, or not given).
+	elsewhere, metaLine := "", kind.Line
+	if metaKey, meta := mapEntry(m, "metadata"); meta != nil {
+		metaLine = metaKey.Line
+		n, ns := mapValue(meta, "name"), mapValue(meta, "namespace")
+		if n != nil && n.Kind == yaml.ScalarNode {
 			name = fmt.Sprintf("ConfigMap %q", n.Value)
+			if n.Value != mountedName {
+				elsewhere = fmt.Sprintf("%q", n.Value)
+			}
+		}
+		if ns != nil && ns.Kind == yaml.ScalarNode && ns.Value != "" && ns.Value != mountedNamespace {
+			nm := mountedName
+			if n != nil && n.Kind == yaml.ScalarNode {
+				nm = n.Value
+			}
+			elsewhere = fmt.Sprintf("%q", ns.Value+"/"+nm)
 		}
 	}
 	dataKey, dataNode := mapEntry(m, "data")
@@ -115,6 +130,10 @@ func object(m *yaml.Node, docs *[]embeddedConfig, kinds *[]string, depth int) bo
 	case !found:
 		*docs = append(*docs, embeddedConfig{line: line, warning: true,
 			problem: name + ` has no data key "config" (or named ip-masq...): not an ip-masq-agent config`})
+	case mounted && elsewhere != "":
+		*docs = append(*docs, embeddedConfig{line: metaLine, warning: true, advisory: true,
+			problem: "ConfigMap " + elsewhere + " is not the one the shipped DaemonSet mounts (deploy/daemonset.yaml: " +
+				mountedNamespace + "/" + mountedName + ", optional): with it the agent would run the defaults"})
 	case !mounted:
 		// Azure ip-masq-agent-v2 mounts the whole ConfigMap as a
 		// directory; the shipped DaemonSet mounts only the key config.
@@ -124,6 +143,13 @@ func object(m *yaml.Node, docs *[]embeddedConfig, kinds *[]string, depth int) bo
 	}
 	return true
 }
+
+// mountedName and mountedNamespace are the ConfigMap the shipped
+// DaemonSet mounts (deploy/daemonset.yaml, optional: true).
+const (
+	mountedName      = "ip-masq-agent"
+	mountedNamespace = "kube-system"
+)
 
 // mapValue returns the value of key in a mapping node, or nil.
 func mapValue(m *yaml.Node, key string) *yaml.Node {

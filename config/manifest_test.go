@@ -48,3 +48,21 @@ func TestManifestMountedKey(t *testing.T) {
 	}
 	wantProblems(t, problems("apiVersion: v1\nkind: ConfigMap\ndata:\n  config: |\n    nonMasqueradeCIDRs: [10.0.0.0/8]\n", v4Only, true))
 }
+
+// TestManifestMountedName: the shipped DaemonSet mounts ConfigMap
+// kube-system/ip-masq-agent (optional): a ConfigMap with the key config
+// under another name or namespace leaves the agent on the defaults. A
+// warning (an error with strict); none without a name or namespace.
+func TestManifestMountedName(t *testing.T) {
+	cm := func(meta string) string {
+		return "apiVersion: v1\nkind: ConfigMap\nmetadata: " + meta + "\ndata:\n  config: |\n    nonMasqueradeCIDRs: [10.0.0.0/8]\n"
+	}
+	const msg = `3: ConfigMap %s is not the one the shipped DaemonSet mounts (deploy/daemonset.yaml: kube-system/ip-masq-agent, optional): with it the agent would run the defaults`
+	wantProblems(t, problems(cm("{name: ip-masq-agnet, namespace: kube-system}"), v4Only, false), fmtS(msg, `"ip-masq-agnet"`)+" (warning)")
+	wantProblems(t, problems(cm("{name: ip-masq-agnet}"), v4Only, true), fmtS(msg, `"ip-masq-agnet"`))
+	wantProblems(t, problems(cm("{name: ip-masq-agent, namespace: default}"), v4Only, true), fmtS(msg, `"default/ip-masq-agent"`))
+	wantProblems(t, problems(cm("{name: ip-masq-agent, namespace: kube-system}"), v4Only, true))
+	wantProblems(t, problems(cm("{name: ip-masq-agent}"), v4Only, true))
+}
+
+func fmtS(format, s string) string { return strings.Replace(format, "%s", s, 1) }

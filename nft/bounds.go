@@ -82,7 +82,13 @@ func DaddrBounds(exprs []expr.Any, fam Family) (out []netip.Addr, ok bool) {
 			if l.mask != nil {
 				n = prefixLen(l.mask)
 				if n < 0 {
-					ok = false
+					// Not a prefix (iptables -d A/255.0.255.0): the
+					// prefixes it matches, when they are few.
+					ps, few := maskPrefixes(e.Data, l.mask, size)
+					for _, p := range ps {
+						add(netipx.RangeOfPrefix(p))
+					}
+					ok = ok && few
 					continue
 				}
 			}
@@ -106,6 +112,49 @@ func DaddrBounds(exprs []expr.Any, fam Family) (out []netip.Addr, ok bool) {
 		}
 	}
 	return out, ok
+}
+
+// MaxMaskPieces bounds the prefixes a mask that is not a prefix is
+// split into (2^12): beyond, its bounds are not listed (not exact).
+const MaxMaskPieces = 1 << 12
+
+// maskPrefixes are the prefixes of addresses (size bytes) whose first
+// len(mask) bytes, masked, equal data's: one per value of the mask's
+// zero bits before its last one bit, each as long as that bit's place.
+// few is false (and none returned) when there are more than MaxMaskPieces.
+func maskPrefixes(data, mask []byte, size int) (out []netip.Prefix, few bool) {
+	if len(mask) != len(data) || len(mask) > size {
+		return nil, false
+	}
+	last := -1 // the place of the last one bit
+	var free []int
+	for i := range len(mask) * 8 {
+		if mask[i/8]&(0x80>>(i%8)) != 0 {
+			last = i
+		}
+	}
+	for i := range last {
+		if mask[i/8]&(0x80>>(i%8)) == 0 {
+			free = append(free, i)
+		}
+	}
+	if len(free) > bits.Len(MaxMaskPieces)-1 {
+		return nil, false
+	}
+	for v := range 1 << len(free) {
+		a := make([]byte, size)
+		for i := range mask {
+			a[i] = data[i] & mask[i]
+		}
+		for j, i := range free {
+			if v&(1<<(len(free)-1-j)) != 0 {
+				a[i/8] |= 0x80 >> (i % 8)
+			}
+		}
+		x, _ := netip.AddrFromSlice(a)
+		out = append(out, netip.PrefixFrom(x, last+1))
+	}
+	return out, true
 }
 
 // prefixLen is the length of a contiguous prefix mask, or -1.

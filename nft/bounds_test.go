@@ -13,6 +13,11 @@ import (
 // what has no finite bounds.
 func TestDaddrBounds(t *testing.T) {
 	load := func(fam Family, n uint32) *expr.Payload { d := Daddr(fam); d.Len = n; return &d }
+	// 172.x.0.0/16 for every x whose low 4 bits are 1: 16 prefixes.
+	var maskWant []string
+	for x := 1; x < 256; x += 16 {
+		maskWant = append(maskWant, netip.AddrFrom4([4]byte{172, byte(x), 0, 0}).String(), netip.AddrFrom4([4]byte{172, byte(x + 1), 0, 0}).String())
+	}
 	for _, tc := range []struct {
 		name  string
 		fam   Family
@@ -30,7 +35,9 @@ func TestDaddrBounds(t *testing.T) {
 			[]string{"192.0.2.10", "192.0.2.21"}, true},
 		{"the source", 4, []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}, &expr.Cmp{Register: 1, Data: []byte{10, 0, 0, 1}}}, nil, true},
 		{"a mask that is no prefix", 4, []expr.Any{load(4, 2), &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 2, Mask: []byte{255, 15}, Xor: []byte{0, 0}},
-			&expr.Cmp{Register: 1, Data: []byte{172, 1}}}, nil, false},
+			&expr.Cmp{Register: 1, Data: []byte{172, 1}}}, maskWant, true},
+		{"a mask that is no prefix, too many pieces", 4, []expr.Any{load(4, 4), &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 0, 0, 255}, Xor: make([]byte, 4)},
+			&expr.Cmp{Register: 1, Data: []byte{172, 0, 0, 1}}}, nil, false},
 		{"a load from the middle", 4, []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 17, Len: 1}, &expr.Cmp{Register: 1, Data: []byte{1}}}, nil, false},
 	} {
 		got, ok := DaddrBounds(tc.exprs, tc.fam)

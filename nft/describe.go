@@ -2,6 +2,7 @@ package nft
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"net/netip"
@@ -216,8 +217,28 @@ func xtText(name string, info xt.InfoAny, target bool) string {
 	if target {
 		switch name {
 		case "MASQUERADE":
+			// Its ports and flags, as iptables-nft encodes them (IPv4: the
+			// multi-range compat struct; IPv6: struct nf_nat_range, which
+			// google/nftables leaves undecoded).
+			var flags uint
+			var lo, hi uint16
+			switch r := info.(type) {
+			case *xt.NatRange:
+				flags, lo, hi = r.Flags, r.MinPort, r.MaxPort
+			case *xt.NatIPv4MultiRangeCompat:
+				if len(*r) == 1 {
+					flags, lo, hi = (*r)[0].Flags, (*r)[0].MinPort, (*r)[0].MaxPort
+				}
+			case *xt.Unknown:
+				if b := []byte(*r); len(b) == 40 {
+					flags, lo, hi = uint(binary.NativeEndian.Uint32(b[:4])), binary.BigEndian.Uint16(b[36:38]), binary.BigEndian.Uint16(b[38:40])
+				}
+			}
 			s := "-j MASQUERADE"
-			if r, ok := info.(*xt.NatRange); ok && r.Flags&uint(xt.NatRangeProtoRandomFully) != 0 {
+			if flags&uint(xt.NatRangeProtoSpecified) != 0 {
+				s += fmt.Sprintf(" --to-ports %d-%d", lo, hi)
+			}
+			if flags&uint(xt.NatRangeProtoRandomFully) != 0 {
 				s += " --random-fully"
 			}
 			return s

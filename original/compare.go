@@ -17,6 +17,7 @@ package original
 // compared.
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -25,6 +26,8 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 	"go4.org/netipx"
 )
 
@@ -99,6 +102,9 @@ type Comparison struct {
 	// does not program (IPv6 without --enable-ipv6): they stay in place,
 	// deciding as before (Rules.TakenOver).
 	Kept []Family
+	// Notes say what else the switch changes of what is masqueraded: the
+	// source ports (the original's --to-ports, --random-fully).
+	Notes []string
 }
 
 // Count is the number of differing ranges of a family.
@@ -112,11 +118,19 @@ func (c Comparison) Count(fam nft.Family) int {
 	return n
 }
 
-// Key identifies the differences, to report them once until they change.
+// Key identifies the differences, to report them once until they change
+// ("" only when the switch is known to change nothing).
 func (c Comparison) Key() string {
 	var b strings.Builder
 	for _, d := range c.Differences {
 		b.WriteString(d.String() + "\n")
+	}
+	for _, n := range c.Notes {
+		b.WriteString(n + "\n")
+	}
+	if c.Inexact {
+		// Not "no change": ranges may be missing.
+		b.WriteString("inexact\n")
 	}
 	return b.String()
 }
@@ -333,6 +347,11 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 			cur = &c.Differences[len(c.Differences)-1]
 		}
 	}
+	for _, fam := range []nft.Family{4, 6} {
+		if Programs(fam, opts) {
+			c.Notes = append(c.Notes, o.masqNotes(fam, opts)...)
+		}
+	}
 	explain := want.Explainer(cfg, opts)
 	for i := range c.Differences {
 		d := &c.Differences[i]
@@ -353,6 +372,116 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 		}
 	}
 	return c
+}
+
+// At is what the switch changes at one address a (not local), decided
+// at a alone: exact where Compare is not (Comparison.Inexact), for
+// explain --live. The difference's range is a alone; it has no fix.
+func At(o Rules, cfg config.Config, flags config.Flags, opts nft.Options, a netip.Addr) (Difference, bool) {
+	a = a.Unmap()
+	fam := familyOf(a)
+	found := false
+	for _, f := range o.Families {
+		found = found || o.Removable(f)
+	}
+	if !found || !o.Removes(fam) && !(fam == 6 && o.Removes(4)) {
+		return Difference{}, false
+	}
+	before := o.decide(a).d
+	now := o.afterSwitch(opts).decide(a)
+	if !now.decided {
+		now.d = NotMasqueraded
+		if m, _ := nft.Build(cfg.DestinationOnly(), opts).Decide(nft.Packet{Dst: a}); m {
+			now.d = Masqueraded
+		}
+	}
+	if before == now.d {
+		return Difference{}, false
+	}
+	return Difference{Family: fam, Range: netipx.IPRangeFrom(a, a), Original: before, Agent: now.d}, true
+}
+
+// masqNotes compare the source ports of the original's MASQUERADE in
+// family fam (its --to-ports and --random-fully) with this agent's.
+func (o Rules) masqNotes(fam nft.Family, opts nft.Options) []string {
+	ports, random, ok := o.masqOptions(fam)
+	if !ok {
+		return nil
+	}
+	name := Family{Family: fam}.MetricFamily()
+	var out []string
+	theirs := slices.Clone(opts.ToPorts)
+	slices.SortFunc(theirs, func(a, b nft.PortRange) int { return int(a.First) - int(b.First) })
+	if !slices.Equal(theirs, ports) {
+		want := "no --to-ports"
+		if len(ports) > 0 {
+			want = "--to-ports=" + strings.TrimPrefix(portsWord(ports), "ports ")
+		}
+		out = append(out, fmt.Sprintf("%s masquerade source ports: the original's MASQUERADE used %s, this agent %s; to keep them: %s",
+			name, portsWord(ports), portsWord(opts.ToPorts), want))
+	}
+	if random != opts.RandomFully {
+		out = append(out, fmt.Sprintf("%s masquerade source ports: the original's MASQUERADE ran with --random-fully=%v, this agent with --random-fully=%v; to keep it: --random-fully=%v",
+			name, random, opts.RandomFully, random))
+	}
+	return out
+}
+
+func portsWord(ps []nft.PortRange) string {
+	if len(ps) == 0 {
+		return "any port"
+	}
+	var w []string
+	for _, p := range ps {
+		w = append(w, p.String())
+	}
+	return "ports " + strings.Join(w, ",")
+}
+
+// masqOptions are the source ports of the MASQUERADE targets of the
+// first of the original's chains of family fam (its --to-ports: one rule
+// per protocol and range, each range once, sorted) and the fully-random
+// flag of its last MASQUERADE (the catch-all); ok is false when there is
+// none, or an encoding is not known here.
+func (o Rules) masqOptions(fam nft.Family) (ports []nft.PortRange, random, ok bool) {
+	for _, f := range o.Jumped(fam) {
+		if !o.Removable(*f) {
+			continue
+		}
+		for _, r := range f.Rules {
+			for _, e := range r.exprs {
+				t, isT := e.(*expr.Target)
+				if !isT || t.Name != "MASQUERADE" {
+					continue
+				}
+				var flags uint
+				var lo, hi uint16
+				switch i := t.Info.(type) {
+				case *xt.NatIPv4MultiRangeCompat: // IPv4: struct nf_nat_ipv4_multi_range_compat
+					if len(*i) != 1 {
+						return nil, false, false
+					}
+					flags, lo, hi = (*i)[0].Flags, (*i)[0].MinPort, (*i)[0].MaxPort
+				case *xt.Unknown: // IPv6: struct nf_nat_range (flags, 2 addresses, 2 ports)
+					if len(*i) != 40 {
+						return nil, false, false
+					}
+					b := []byte(*i)
+					flags = uint(binary.NativeEndian.Uint32(b[:4]))
+					lo, hi = binary.BigEndian.Uint16(b[36:38]), binary.BigEndian.Uint16(b[38:40])
+				default:
+					return nil, false, false
+				}
+				ok, random = true, flags&uint(xt.NatRangeProtoRandomFully) != 0
+				if p := (nft.PortRange{First: lo, Last: hi}); flags&uint(xt.NatRangeProtoSpecified) != 0 && !slices.Contains(ports, p) {
+					ports = append(ports, p)
+				}
+			}
+		}
+		break
+	}
+	slices.SortFunc(ports, func(a, b nft.PortRange) int { return int(a.First) - int(b.First) })
+	return ports, random, ok
 }
 
 // Fix kinds: what explains a difference (fixText words them).

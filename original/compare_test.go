@@ -2,6 +2,7 @@ package original
 
 import (
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 )
 
 var (
@@ -257,5 +259,105 @@ func BenchmarkCompare(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		Compare(o, cfg, config.Flags{}, nft.Options{})
+	}
+}
+
+// A RETURN inserted by hand with a mask that is not a prefix
+// (iptables -I IP-MASQ -d 203.0.113.0/255.0.255.0 -j RETURN: every
+// 203.x.113.0/24) exempts 256 ranges the agent's default config
+// masquerades: each is a difference, and the comparison stays exact.
+func TestCompareNonPrefixMask(t *testing.T) {
+	o := Written{NonMasq: defaultList}.Rules()
+	f := &o.Families[0]
+	d := nft.Daddr(4)
+	ret := newXTRule(999, []expr.Any{&d,
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 0, 255, 0}, Xor: make([]byte, 4)},
+		&expr.Cmp{Register: 1, Op: expr.CmpOpEq, Data: []byte{203, 0, 113, 0}},
+		&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictReturn}}, nil)
+	f.Rules = append([]XTRule{ret}, f.Rules...)
+	c := Compare(o, config.Default(config.Flags{}), config.Flags{}, nft.Options{})
+	if c.Inexact {
+		t.Error("a non-prefix mask of 8 free bits: inexact")
+	}
+	if len(c.Differences) != 256 {
+		t.Fatalf("%d differences, want 256 (203.x.113.0/24):\n%s", len(c.Differences), strings.Join(c.Summary(5), "\n"))
+	}
+	for i, want := range map[int]string{0: "203.0.113.0/24", 1: "203.1.113.0/24", 255: "203.255.113.0/24"} {
+		if d := c.Differences[i]; d.RangeString() != want || d.Original != NotMasqueraded || d.Agent != Masqueraded {
+			t.Errorf("difference %d: %s, want %s not masqueraded -> masquerade", i, d, want)
+		}
+	}
+	// Too many pieces to list: inexact, never "no change".
+	ret.exprs[1].(*expr.Bitwise).Mask = []byte{255, 0, 0, 255}
+	f.Rules[0] = ret
+	if c := Compare(o, config.Default(config.Flags{}), config.Flags{}, nft.Options{}); !c.Inexact {
+		t.Errorf("a mask of 16 free bits before its last: not inexact (%d differences)", len(c.Differences))
+	}
+}
+
+// An exemption in a chain that nat POSTROUTING jumps to before the
+// original's jump (-A POSTROUTING -j MY-EXEMPT; -A MY-EXEMPT -d
+// 198.51.100.0/24 -j ACCEPT) kept that range from the original's
+// masquerade as one in POSTROUTING does; this agent's table, after it,
+// masquerades it: a difference. A RETURN there only returns to
+// POSTROUTING: none.
+func TestCompareExemptionInSubchain(t *testing.T) {
+	o := Written{NonMasq: defaultList}.Rules()
+	f := o.Families[0]
+	toSub := newXTRule(50, []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: "MY-EXEMPT"}}, nil)
+	sub := []XTRule{
+		newXTRule(51, append(daddrPrefix(4, netip.MustParsePrefix("198.51.100.0/24")), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept}), nil),
+		newXTRule(52, append(daddrPrefix(4, netip.MustParsePrefix("192.0.2.0/24")), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictReturn}), nil),
+	}
+	fams := withJumps(4, "", []XTRule{toSub, f.Jumps[0]}, []Family{{Family: 4, Chain: f.Chain, ChainPresent: true, ChainHandle: f.ChainHandle, Rules: f.Rules}},
+		map[string][]XTRule{"MY-EXEMPT": sub})
+	o.Families = append(fams, o.Families[1:]...)
+	c := Compare(o, config.Default(config.Flags{}), config.Flags{}, nft.Options{})
+	if len(c.Differences) != 1 || c.Differences[0].RangeString() != "198.51.100.0/24" || !strings.HasPrefix(c.Differences[0].Fix, "nonMasqueradeCIDRs: add 198.51.100.0/24 (a rule in nat POSTROUTING") {
+		t.Errorf("an exemption in a chain jumped to before the original's jump:\n%s", c.Key())
+	}
+	if e, _ := o.ExplainOriginal(netip.MustParseAddr("198.51.100.10"), false); !strings.Contains(e.Reason, "MY-EXEMPT") {
+		t.Errorf("explain: %q", e.Reason)
+	}
+}
+
+// At decides one address exactly where the comparison is inexact: the
+// hand edit's 8.113.0.1 (returned by the original, masqueraded by this
+// agent) is a change, 8.8.8.8 (masqueraded by both) is none.
+func TestCompareAt(t *testing.T) {
+	o := Written{NonMasq: defaultList, HandEdited: true}.Rules()
+	cfg := config.Default(config.Flags{})
+	if c := Compare(o, cfg, config.Flags{}, nft.Options{}); !c.Inexact {
+		t.Fatal("not inexact")
+	}
+	d, ok := At(o, cfg, config.Flags{}, nft.Options{}, netip.MustParseAddr("8.113.0.1"))
+	if !ok || d.Original != NotMasqueraded || d.Agent != Masqueraded || d.RangeString() != "8.113.0.1/32" {
+		t.Errorf("8.113.0.1: %v %s", ok, d)
+	}
+	if d, ok := At(o, cfg, config.Flags{}, nft.Options{}, netip.MustParseAddr("8.8.8.8")); ok {
+		t.Errorf("8.8.8.8: %s", d)
+	}
+}
+
+// The original's MASQUERADE --to-ports (kept off the NodePort range, say)
+// and --random-fully, when this agent's flags differ, are said: the switch
+// changes which source ports masqueraded traffic gets, not whether.
+func TestCompareMasqueradeOptions(t *testing.T) {
+	o := Written{NonMasq: defaultList}.Rules()
+	rs := o.Families[0].Rules
+	last := &rs[len(rs)-1]
+	last.exprs = []expr.Any{&expr.Counter{}, &expr.Target{Name: "MASQUERADE", Info: &xt.NatIPv4MultiRangeCompat{{
+		Flags: uint(xt.NatRangeProtoSpecified | xt.NatRangeProtoRandomFully), MinIP: net.IPv4zero, MaxIP: net.IPv4zero, MinPort: 1024, MaxPort: 29999}}}}
+	cfg := config.Default(config.Flags{})
+	c := Compare(o, cfg, config.Flags{}, nft.Options{RandomFully: true})
+	if len(c.Notes) != 1 || !strings.Contains(c.Notes[0], "--to-ports=1024-29999") || c.Key() == "" {
+		t.Errorf("--to-ports not carried over: %q", c.Notes)
+	}
+	if c := Compare(o, cfg, config.Flags{}, nft.Options{RandomFully: true, ToPorts: []nft.PortRange{{First: 1024, Last: 29999}}}); len(c.Notes) != 0 {
+		t.Errorf("carried over: %q", c.Notes)
+	}
+	c = Compare(o, cfg, config.Flags{}, nft.Options{ToPorts: []nft.PortRange{{First: 1024, Last: 29999}}})
+	if len(c.Notes) != 1 || !strings.Contains(c.Notes[0], "--random-fully") {
+		t.Errorf("--random-fully not carried over: %q", c.Notes)
 	}
 }

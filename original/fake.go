@@ -145,6 +145,10 @@ type Written struct {
 	EnableIPv6                       bool
 	MasqLinkLocal, MasqLinkLocalIPv6 bool
 	NonMasq                          []string // nonMasqueradeCIDRs as the original resolved them
+	// HandEdited inserts, first in the IPv4 chain, a RETURN for every
+	// destination whose second byte is 113 (a load from the middle of
+	// the address: bounds not known, the comparison inexact).
+	HandEdited bool
 }
 
 // Rules are the rules, both families (IPv6 empty without EnableIPv6).
@@ -159,7 +163,7 @@ func (w Written) Rules() Rules {
 	var out Rules
 	for _, fam := range []nft.Family{4, 6} {
 		if fam == 6 && !w.EnableIPv6 {
-			out.Families = append(out.Families, withJumps(6, "", nil, nil)...)
+			out.Families = append(out.Families, withJumps(6, "", nil, nil, nil)...)
 			continue
 		}
 		cidrs := []string{config.LinkLocalIPv4.String()}
@@ -180,12 +184,16 @@ func (w Written) Rules() Rules {
 			f.Rules = append(f.Rules, newXTRule(next(), append(daddrPrefix(fam, netip.MustParsePrefix(c)),
 				comment("ip-masq-agent: local traffic is not subject to MASQUERADE"), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictReturn}), nil))
 		}
+		if w.HandEdited && fam == 4 {
+			f.Rules = append([]XTRule{newXTRule(next(), []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 17, Len: 1},
+				&expr.Cmp{Register: 1, Op: expr.CmpOpEq, Data: []byte{113}}, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictReturn}}, nil)}, f.Rules...)
+		}
 		f.Rules = append(f.Rules, newXTRule(next(), []expr.Any{comment("ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"),
 			&expr.Counter{}, &expr.Target{Name: "MASQUERADE"}}, nil))
 		jump := newXTRule(next(), []expr.Any{comment(JumpComment(chain)),
 			&expr.Match{Name: "addrtype", Rev: 1, Info: &xt.AddrTypeV1{Dest: uint16(xt.AddrTypeLocal), Flags: 0x2}},
 			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}, nil)
-		out.Families = append(out.Families, withJumps(fam, "", []XTRule{jump}, []Family{f})...)
+		out.Families = append(out.Families, withJumps(fam, "", []XTRule{jump}, []Family{f}, nil)...)
 	}
 	return out
 }

@@ -393,7 +393,21 @@ func readOriginalFamily(s kernel.Session, fam nft.Family, chain string) ([]Famil
 			out = append(out, f)
 		}
 	}
-	return withJumps(fam, chain, post, out), nil
+	// The other chains POSTROUTING jumps to: an accept there is an
+	// exemption too (withJumps).
+	subs := map[string][]XTRule{}
+	for _, r := range post {
+		t := r.target
+		if _, read := subs[t]; read || t == "" || t == postrouting || slices.Contains(candidates, t) || nft.RuleVerdict(r.exprs) != "jump "+t {
+			continue
+		}
+		rs, err := readXTRules(s, proto, t)
+		if err != nil {
+			return nil, fmt.Errorf("list chain %s: %w", t, err)
+		}
+		subs[t] = rs
+	}
+	return withJumps(fam, chain, post, out, subs), nil
 }
 
 // readOriginalChain reads chain f.Chain of the nat table, if there.
@@ -412,7 +426,11 @@ func readOriginalChain(s kernel.Session, proto uint8, f *Family) (err error) {
 // first entry gets the exemptions: the accept and return rules before the
 // first jump to any of them. A family with no entry left gets one that
 // is not present, named chain (or the default), with the exemptions.
-func withJumps(fam nft.Family, chain string, post []XTRule, found []Family) []Family {
+//
+// An accept in a chain that a rule before the first jump jumps to (subs:
+// the rules of such chains) ends nat POSTROUTING too: it is an exemption,
+// the jump's matches and its own.
+func withJumps(fam nft.Family, chain string, post []XTRule, found []Family, subs map[string][]XTRule) []Family {
 	var out []Family
 	firstJump := len(post)
 	for _, f := range found {
@@ -438,6 +456,22 @@ func withJumps(fam nft.Family, chain string, post []XTRule, found []Family) []Fa
 	for _, r := range post[:firstJump] {
 		if nft.RulePasses(r.exprs) {
 			exemptions = append(exemptions, r)
+		}
+		if r.target == "" || nft.RuleVerdict(r.exprs) != "jump "+r.target {
+			continue
+		}
+		for _, x := range subs[r.target] {
+			if x.Verdict != "accept" {
+				continue // a return there returns to POSTROUTING
+			}
+			var matches []expr.Any
+			for _, e := range r.exprs {
+				if _, v := e.(*expr.Verdict); !v {
+					matches = append(matches, e)
+				}
+			}
+			exemptions = append(exemptions, XTRule{Handle: x.Handle, Comment: x.Comment, Verdict: x.Verdict,
+				Text: r.Text + " -> chain " + r.target + ": " + x.Text, exprs: append(matches, x.exprs...)})
 		}
 	}
 	if len(out) == 0 {

@@ -34,8 +34,8 @@ func originalForTest() Rules {
 			newXTRule(5, []expr.Any{comment("ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"),
 				&expr.Counter{}, &expr.Target{Name: "MASQUERADE"}}, nil),
 		},
-	}})
-	return Rules{Families: append(fams, withJumps(6, "", nil, nil)...)}
+	}}, nil)
+	return Rules{Families: append(fams, withJumps(6, "", nil, nil, nil)...)}
 }
 
 // The jump's comment is recognised whatever chain it names, with the
@@ -74,8 +74,8 @@ func TestOriginalByIdentity(t *testing.T) {
 		{Family: 4, Chain: AddonChain, ChainPresent: true, ChainHandle: 8, Rules: []XTRule{masq}},
 		{Family: 4, Chain: "custom-masq", ChainPresent: true, ChainHandle: 9, Rules: []XTRule{ret10}},
 		{Family: 4, Chain: nft.DefaultChain, ChainPresent: true, ChainHandle: 10, Rules: []XTRule{{Handle: 30, Verdict: "accept", Text: "accept"}}},
-	})
-	o := Rules{Families: append(fams, withJumps(6, "", nil, nil)...)}
+	}, nil)
+	o := Rules{Families: append(fams, withJumps(6, "", nil, nil, nil)...)}
 	if got := strings.Join(o.Chains(), ","); got != "IP-MASQ,custom-masq,IP-MASQ-AGENT" {
 		t.Errorf("chains %s", got)
 	}

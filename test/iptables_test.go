@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -397,4 +398,79 @@ func TestIptablesIntervalShortened(t *testing.T) {
 		t.Errorf("%d removal lines, want 1", n)
 	}
 	expectSources(t, topo, map[string]bool{internet1: true, private1: false})
+}
+
+// TestDecisionsLegacyOriginal: the original run with iptables-legacy (the
+// iptables-wrapper of its image picks legacy on a node whose rules are
+// there) with the addon's --nomasq-all-reserved-ranges: its rules cannot
+// be seen over nftables, so the check before the switch cannot compare.
+// It must not pass (exit 0, "no switch to compare"): the switch does
+// change 100.64.0.10, proved with packets (the legacy chain RETURNs, then
+// this agent's table masquerades it).
+func TestDecisionsLegacyOriginal(t *testing.T) {
+	testnet.Require(t, "iptables-legacy", "iptables-legacy-restore")
+	const shared = "100.64.0.10"
+	topo := newTopology(t)
+	addDestinations(t, topo, shared)
+	writeOriginal(t, topo, "iptables-legacy", original.AddonChain, "10.0.0.0/8", "100.64.0.0/10")
+	expectSources(t, topo, map[string]bool{shared: false})
+	cfg := writeConfig(t, "")
+	code, out, stderr := runTool(t, topo, "diff", "--decisions", "--agent-pid", "none", "--config", cfg)
+	if code != 1 || !strings.Contains(out, "legacy iptables nat table") || strings.Contains(out, "no switch to compare") {
+		t.Errorf("diff --decisions with the original's rules in a legacy nat table: exit %d\n%s%s", code, out, stderr)
+	}
+	mustApply(t, topo, "")
+	expectSources(t, topo, map[string]bool{shared: true}) // what the check must not hide
+}
+
+// TestCleanupIptablesKeepsIPv6: cleanup-iptables run as docs/upgrade.md
+// says (in the agent's pod: it takes the running agent's flags), beside an
+// agent without --enable-ipv6, removes the original's IPv4 rules only: the
+// IPv6 ones are the masquerade this agent does not take over (the daemon
+// keeps them). --family ipv6 removes them deliberately. Without a running
+// agent (the uninstall) both go, as before.
+func TestCleanupIptablesKeepsIPv6(t *testing.T) {
+	testnet.Require(t, "iptables-nft", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-restore")
+	topo := newTopology(t)
+	writeOriginal(t, topo, "iptables-nft", original.AddonChain, "10.0.0.0/8")
+	writeOriginal(t, topo, "ip6tables-nft", original.AddonChain, "fd00::/8")
+	d := startDaemon(t, topo, "--config", writeConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8]\n"), "--http-address=127.0.0.1:0")
+	eventually(t, "the table", func() bool { return strings.Contains(d.output(), "applied config") })
+	pid := strconv.Itoa(d.Pid())
+	code, out, stderr := runTool(t, topo, "cleanup-iptables", "--watch", "0", "--agent-pid", pid)
+	if code != 0 || !strings.Contains(out, "removed from table ip nat") || strings.Contains(out, "removed from table ip6 nat") ||
+		!strings.Contains(stderr, "--family ipv6") {
+		t.Errorf("cleanup-iptables beside an agent without --enable-ipv6: %d\n%s%s", code, out, stderr)
+	}
+	if nat6 := natTable(t, topo, "ip6"); !strings.Contains(nat6, "jump "+original.AddonChain) {
+		t.Errorf("the original's IPv6 rules were removed:\n%s", nat6)
+	}
+	code, out, stderr = runTool(t, topo, "cleanup-iptables", "--watch", "0", "--agent-pid", pid, "--family", "ipv6")
+	if code != 0 || !strings.Contains(out, "removed from table ip6 nat") {
+		t.Errorf("cleanup-iptables --family ipv6: %d\n%s%s", code, out, stderr)
+	}
+}
+
+// TestDecisionsToPorts: the original run with --to-ports (one MASQUERADE
+// per protocol and range, as the stand-in writes them) and this agent
+// without it: no range changes, but the source ports do; the check before
+// the switch says so and exits 1, and names the flag. Carried over (the
+// ranges in any order), it says none.
+func TestDecisionsToPorts(t *testing.T) {
+	testnet.Require(t, "iptables-nft", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-restore")
+	topo := newTopology(t)
+	runOnce := exec.Command("ip", "netns", "exec", topo.NodeNS, standIn(t), "--once", "--config", "/nonexistent", "--enable-ipv6", "--to-ports", "1024-29999,32768-65535")
+	if out, err := runOnce.CombinedOutput(); err != nil {
+		t.Fatalf("the stand-in original: %v\n%s", err, out)
+	}
+	cfg := writeConfig(t, "")
+	code, out, stderr := runTool(t, topo, "diff", "--decisions", "--agent-pid", "none", "--config", cfg, "--enable-ipv6")
+	if code != 1 || !strings.Contains(out, "change ipv4 masquerade source ports: the original's MASQUERADE used ports 1024-29999,32768-65535, this agent any port; to keep them: --to-ports=1024-29999,32768-65535") ||
+		!strings.Contains(out, "change ipv6 masquerade source ports") {
+		t.Errorf("--to-ports not carried over: exit %d\n%s%s", code, out, stderr)
+	}
+	code, out, stderr = runTool(t, topo, "diff", "--decisions", "--agent-pid", "none", "--config", cfg, "--enable-ipv6", "--to-ports", "32768-65535,1024-29999")
+	if code != 0 || !strings.Contains(out, "changes none") {
+		t.Errorf("--to-ports carried over: exit %d\n%s%s", code, out, stderr)
+	}
 }

@@ -33,7 +33,9 @@ holds (a --masq-chain taken from the running agent only names the chain
 of the legacy commands). --family ipv4 or ipv6 removes that family's only:
 the daemon never removes the original's IPv6 rules when it runs without
 --enable-ipv6 (removing them would stop masquerading IPv6); this does it
-deliberately. Nothing else is touched. The daemon does the same by
+deliberately; without --family, beside a running agent without
+--enable-ipv6 (the flags taken from --agent-pid), only IPv4's go.
+Nothing else is touched. The daemon does the same by
 itself once the original agent is gone (its chains unchanged for twice
 the longest resync interval in force plus 5s); this command does it now.
 Needs CAP_NET_ADMIN: run it on the node.
@@ -73,6 +75,8 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	if err := adoptAgentFlags(fs, *agentPID, stderr); err != nil {
 		return usageError(c, stderr, "%v", err)
 	}
+	familyGiven := false
+	fs.Visit(func(f *flag.Flag) { familyGiven = familyGiven || f.Name == "family" })
 	var fams []nft.Family
 	switch *family {
 	case "ipv4":
@@ -85,6 +89,14 @@ func runCleanupIptables(c *command, args []string, stdout, stderr io.Writer) int
 	}
 	if len(pos) > 0 {
 		return usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " "))
+	}
+	// Beside a running agent that does not program IPv6, the original's
+	// IPv6 rules are the masquerade nothing takes over (the daemon keeps
+	// them): removed only when asked for with --family.
+	if d, _, found, _ := runningAgent(*agentPID); found && !familyGiven && !d.flags.EnableIPv6 {
+		fams = []nft.Family{4}
+		fmt.Fprintln(stderr, "note: the original's IPv6 rules (table ip6 nat), if any, stay: the running agent has no --enable-ipv6 and does not take IPv6 over; "+
+			"removing them would stop masquerading that traffic (--family ipv6 or all removes them deliberately)")
 	}
 	if *watch < 0 {
 		return usageError(c, stderr, "--watch %s: want 0 or more", *watch)

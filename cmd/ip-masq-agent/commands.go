@@ -181,36 +181,9 @@ var procCmdline = func(pid int) ([]string, error) {
 // stderr. spec is --agent-pid: "auto" (process 1 if it is the agent daemon,
 // else nothing), "none", or a PID (which must be the agent daemon).
 func adoptAgentFlags(fs *flag.FlagSet, spec string, stderr io.Writer) error {
-	pid := 1
-	switch spec {
-	case "none":
-		return nil
-	case "auto":
-		if os.Getpid() == 1 {
-			return nil
-		}
-	default:
-		n, err := strconv.Atoi(spec)
-		if err != nil || n <= 0 {
-			return fmt.Errorf("--agent-pid %q: want auto, none or a process ID", spec)
-		}
-		pid = n
-	}
-	argv, err := procCmdline(pid)
-	isAgent := err == nil && len(argv) > 0 && filepath.Base(argv[0]) == "ip-masq-agent" &&
-		(len(argv) == 1 || strings.HasPrefix(argv[1], "-"))
-	if !isAgent {
-		if spec == "auto" {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("--agent-pid %d: %v", pid, err)
-		}
-		return fmt.Errorf("--agent-pid %d: not the ip-masq-agent daemon: %q", pid, argv)
-	}
-	d, _, done := parseDaemonFlags(argv[1:], io.Discard, io.Discard)
-	if done {
-		return fmt.Errorf("cannot read the running agent's flags (pid %d): %q", pid, argv[1:])
+	d, pid, found, err := runningAgent(spec)
+	if err != nil || !found {
+		return err
 	}
 	var names rulesetFlags
 	ruleset := flag.NewFlagSet("", flag.ContinueOnError)
@@ -231,6 +204,44 @@ func adoptAgentFlags(fs *flag.FlagSet, spec string, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "note: with the running agent's flags (pid %d): %s\n", pid, strings.Join(adopted, " "))
 	return nil
+}
+
+// runningAgent is the running agent daemon's command line, as
+// adoptAgentFlags finds it (spec: --agent-pid); found is false when there
+// is none to take it from.
+func runningAgent(spec string) (d daemonFlags, pid int, found bool, err error) {
+	pid = 1
+	switch spec {
+	case "none":
+		return d, 0, false, nil
+	case "auto":
+		if os.Getpid() == 1 {
+			return d, 0, false, nil
+		}
+	default:
+		n, err := strconv.Atoi(spec)
+		if err != nil || n <= 0 {
+			return d, 0, false, fmt.Errorf("--agent-pid %q: want auto, none or a process ID", spec)
+		}
+		pid = n
+	}
+	argv, err := procCmdline(pid)
+	isAgent := err == nil && len(argv) > 0 && filepath.Base(argv[0]) == "ip-masq-agent" &&
+		(len(argv) == 1 || strings.HasPrefix(argv[1], "-"))
+	if !isAgent {
+		if spec == "auto" {
+			return d, pid, false, nil
+		}
+		if err != nil {
+			return d, pid, false, fmt.Errorf("--agent-pid %d: %v", pid, err)
+		}
+		return d, pid, false, fmt.Errorf("--agent-pid %d: not the ip-masq-agent daemon: %q", pid, argv)
+	}
+	d, _, done := parseDaemonFlags(argv[1:], io.Discard, io.Discard)
+	if done {
+		return d, pid, false, fmt.Errorf("cannot read the running agent's flags (pid %d): %q", pid, argv[1:])
+	}
+	return d, pid, true, nil
 }
 
 // readOriginal reads the original agent's rules once: found by what they

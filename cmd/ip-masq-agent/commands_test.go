@@ -9,6 +9,7 @@ import (
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/original"
 )
 
 func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -314,5 +315,22 @@ func TestValidateAzureDirectory(t *testing.T) {
 	// The same file alone has the original's meaning: refused.
 	if code, _, _ := runCmd(t, "validate", file); code != 1 {
 		t.Errorf("validate FILE: %d, want 1", code)
+	}
+}
+
+// diff: an inexact comparison with no range found is not "changes none":
+// it counts (exit 1) and says so.
+func TestPrintComparisonInexact(t *testing.T) {
+	var b bytes.Buffer
+	if n := printComparison(&b, original.Comparison{Found: true, Inexact: true}); n == 0 || strings.Contains(b.String(), "changes none") {
+		t.Errorf("inexact comparison counted %d:\n%s", n, b.String())
+	}
+}
+
+// diff: a comparison with only notes (source ports) counts (exit 1).
+func TestPrintComparisonNotes(t *testing.T) {
+	var b bytes.Buffer
+	if n := printComparison(&b, original.Comparison{Found: true, Notes: []string{"ipv4 masquerade source ports: x"}}); n == 0 || !strings.Contains(b.String(), "change ipv4 masquerade source ports") {
+		t.Errorf("notes counted %d:\n%s", n, b.String())
 	}
 }

@@ -34,7 +34,9 @@ original's, then a summary line:
     this agent: ...
   decisions: the switch from the original ip-masq-agent changes 8 ranges (ipv4 8, ipv6 0)
 
-or "decisions: the switch from the original ip-masq-agent changes none".
+or "decisions: the switch from the original ip-masq-agent changes none"
+(never when a hand-edited rule of the original's cannot be followed
+exactly: then a note says so and diff exits 1).
 The original's rules of a family this agent does not program stay
 ("kept ipv6: ..."), and so does a chain of the original's name that is not
 its rules ("left alone: ..."); neither changes a decision.
@@ -54,7 +56,8 @@ program and no decision changes; 1 when it differs or is missing ("table
 inet ip-masq-agent missing"), when the original agent's rules that this
 agent takes over still decide first, or when the switch changes a
 decision; with --decisions, 0 when the switch changes no decision and 1
-when it changes some; 2 on errors; 3 when the config is bad.`,
+when it changes some, or when a legacy iptables nat table holds what
+cannot be compared; 2 on errors; 3 when the config is bad.`,
 	example: "ip-masq-agent diff --config /etc/config/ip-masq-agent\n" +
 		"  ip-masq-agent diff --decisions --agent-pid none --config /etc/config/ip-masq-agent --nomasq-all-reserved-ranges",
 	run: runDiff,
@@ -83,6 +86,13 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		printFound(stdout, o)
 		cmp := original.Compare(o, cfg, r.flags, r.nft)
+		if !cmp.Found && len(o.Legacy) > 0 {
+			// The original run with iptables-legacy: its rules, if there,
+			// cannot be seen; passing would hide every change.
+			fmt.Fprintf(stdout, "decisions: not compared: no rules of the original ip-masq-agent in table ip nat or ip6 nat, but a legacy %s nat table exists, where an original run with iptables-legacy keeps them unseen; "+
+				"list them with %s-legacy-save -t nat and compare by hand (explain ADDRESS says what this agent decides)\n", strings.Join(o.Legacy, " and "), o.Legacy[0])
+			return 1
+		}
 		if !cmp.Found {
 			fmt.Fprintln(stdout, "decisions: no rules of the original ip-masq-agent in table ip nat or ip6 nat: no switch to compare")
 			return 0
@@ -197,7 +207,8 @@ func printLegacy(w io.Writer, o original.Rules) {
 
 // printComparison prints what the switch from the original's rules
 // changes, a line a range, then a summary line; it returns the number of
-// ranges. Nothing when the original agent's rules are not there.
+// ranges (1 when none was found but the comparison is inexact). Nothing
+// when the original agent's rules are not there.
 func printComparison(w io.Writer, c original.Comparison) int {
 	if !c.Found {
 		return 0
@@ -212,8 +223,20 @@ func printComparison(w io.Writer, c original.Comparison) int {
 			fmt.Fprintf(w, "  original: %s\n  this agent: %s\n", d.OriginalWhy, d.AgentWhy)
 		}
 	}
+	for _, n := range c.Notes {
+		fmt.Fprintf(w, "change %s\n", n)
+	}
 	if c.Inexact {
 		fmt.Fprintln(w, "note: a rule of the original's compares the destination in a way not followed here: ranges may be missing")
+	}
+	if len(c.Differences) == 0 && len(c.Notes) > 0 {
+		fmt.Fprintln(w, "decisions: the switch from the original ip-masq-agent changes no range, but the source ports of masqueraded traffic (above)")
+		return len(c.Notes)
+	}
+	if len(c.Differences) == 0 && c.Inexact {
+		// Not proven unchanged: counted as a change (exit 1).
+		fmt.Fprintln(w, "decisions: the switch from the original ip-masq-agent changes no range found, but may change ranges not followed here (explain --live ADDRESS shows both decisions)")
+		return 1
 	}
 	if len(c.Differences) == 0 {
 		fmt.Fprintln(w, "decisions: the switch from the original ip-masq-agent changes none")

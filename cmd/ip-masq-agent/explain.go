@@ -146,7 +146,12 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		// Both decisions of the switch from the original, where it changes one.
 		flagged := false
-		if d, ok := switchChanges(cmp, a); ok && !local(a) {
+		d, ok := switchChanges(cmp, a)
+		if !ok && cmp.Inexact {
+			// A range the comparison may have missed: decided here alone.
+			d, ok = original.At(orig, cfg, r.flags, r.nft, a)
+		}
+		if ok && !local(a) {
 			why := first.Reason
 			if !decided {
 				why = "not masqueraded by the original's rules"

@@ -21,7 +21,8 @@ A FILE that is a ConfigMap manifest (kind: ConfigMap, or a kind: List that
 holds one) is recognised: the value of its data key "config" (or of keys
 named ip-masq...) is checked, with lines pointing into the manifest; a
 ConfigMap without the key "config", the only one the shipped DaemonSet
-mounts, is a warning. Manifests of other objects (a DaemonSet, a
+mounts, is a warning, and so is one named other than the ConfigMap it
+mounts (kube-system/ip-masq-agent). Manifests of other objects (a DaemonSet, a
 kustomization) are passed over with a note, so a whole directory of
 manifests can be given. A directory stands for its files named
 ip-masq*, read as with --config DIR, with the meaning Azure's
@@ -35,7 +36,7 @@ Exit status: 0 when every file is valid (warnings alone are fine), 1 when
 any file has an error or when no FILE held a config (nothing was checked),
 2 on bad usage. --strict also fails on warnings (unknown keys, i.e. typos;
 keys in another case; IPv4-mapped CIDRs; a resyncInterval below 1s; a
-ConfigMap without the key "config"; a directory without files named
+ConfigMap without the key "config", or not named kube-system/ip-masq-agent; a directory without files named
 ip-masq*) and on CIDRs that have no effect: contained in, or equal to,
 another of the same list, or a nonMasqueradeCIDRs entry inside a
 masqueradeCIDRs entry (with cidrMatch: mostSpecific: an entry inside one of

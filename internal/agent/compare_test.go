@@ -113,3 +113,27 @@ func TestOriginalFamilyKept(t *testing.T) {
 }
 
 var _ = nft.DefaultChain
+
+// A hand edit the comparison cannot follow (a RETURN on the address's
+// second byte: 8.113.0.1 is returned by the original and masqueraded by
+// this agent) is never "no change": the WARN says the comparison is
+// inexact even when it found no range.
+func TestOriginalInexactSaid(t *testing.T) {
+	h := newHarness(t, nil)
+	h.write("resyncInterval: 10s\n")
+	h.orig.SetOriginal(original.Written{NonMasq: []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}, HandEdited: true}.Rules())
+	h.sync(at(0))
+	logs := h.logs.String()
+	if !strings.Contains(logs, switchWarning) || !strings.Contains(logs, "inexact") {
+		t.Errorf("no WARN that the comparison is inexact; log:\n%s", logs)
+	}
+}
+
+// The source ports the switch changes are said (original.Comparison.Notes
+// in the WARN): a comparison with only them is not "no change".
+func TestPrintComparisonNotesKey(t *testing.T) {
+	c := original.Comparison{Found: true, Notes: []string{"ipv4 masquerade source ports: ..."}}
+	if c.Key() == "" {
+		t.Error("notes only: an empty key (no WARN)")
+	}
+}

@@ -275,6 +275,9 @@ func (a *Agent) compareOriginal(o original.Rules) {
 		}
 		attrs = append(attrs, d.FamilyName()+" "+d.RangeString(), v)
 	}
+	for i, n := range c.Notes {
+		attrs = append(attrs, fmt.Sprintf("ports%d", i+1), n)
+	}
 	if c.Inexact {
 		attrs = append(attrs, "inexact", "a rule of the original's compares the destination in a way not followed here: ranges may be missing")
 	}
