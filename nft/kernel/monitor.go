@@ -221,10 +221,9 @@ func (m *monitor) close() {
 // any table's may be), so it changes nothing and notifies no one. Every
 // kernel from 4.19 on takes the lock before it looks at the messages.
 func fence(conn transport) error {
-	b := &batch{msgs: []netlink.Message{{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_DELTABLE), Flags: netlink.Request},
-		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), attrBytes(unix.NFTA_TABLE_NAME, cstring(fenceName))...),
-	}}, op: []int{0}}
+	b := &batch{msgs: []netlink.Message{
+		message(unix.NFPROTO_INET, unix.NFT_MSG_DELTABLE, netlink.Request, attr(unix.NFTA_TABLE_NAME, cstring(fenceName))),
+	}, op: []int{0}}
 	failed, err := b.send(conn, 0)
 	switch {
 	case err == nil:
@@ -242,5 +241,3 @@ var (
 	aLongTimeAgo = time.Unix(1, 0)
 	noDeadline   time.Time
 )
-
-func attrBytes(typ uint16, payload []byte) []byte { return appendAttr(nil, typ, payload) }

@@ -66,6 +66,9 @@ type Netlink struct {
 	// transaction of another process has touched it since (the monitor).
 	last   *nft.Table
 	lastAt time.Time
+	// Our last commit to the table this socket owns, not yet read back
+	// (verify.go); nil: none, or the next read reads the table whole.
+	change *change
 
 	afterDump func()     // tests: a commit by another process during a read
 	lostRead  *nft.Table // the last read thrown away for lost notifications only
@@ -179,7 +182,7 @@ func (n *Netlink) broken() {
 		n.conn.Close()
 		n.conn = nil
 	}
-	n.last = nil
+	n.last, n.change = nil, nil
 }
 
 // brokenReader drops the read socket after a failed read.
@@ -188,7 +191,7 @@ func (n *Netlink) brokenReader() {
 		n.rconn.Close()
 		n.rconn = nil
 	}
-	n.last = nil
+	n.last, n.change = nil, nil
 }
 
 // Send sends a plan as one transaction. With gen not 0 the kernel refuses
@@ -213,9 +216,18 @@ func (n *Netlink) Send(p nft.Plan, gen uint32) (nft.Sent, error) {
 		m.leave()
 		defer m.rejoin()
 	}
-	n.last = nil // whatever happens, the next read reads the table whole
+	// Whatever happens, the next read reads the table whole, unless the
+	// kernel took the plan on a table nobody else can change: then it
+	// reads back what the plan changed.
+	prev, prevAt := n.last, n.lastAt
+	n.last, n.change = nil, nil
 	sent := nft.Sent{Messages: len(b.msgs), Bytes: b.size()}
 	failed, err := b.send(conn, gen)
+	if err == nil && prev != nil && prev.Owner == nft.OwnedByUs && !p.Recreate {
+		if next, err := nft.ExecPlan(prev, p); err == nil {
+			n.change = &change{table: next, plan: p, readAt: prevAt}
+		}
+	}
 	switch {
 	case errors.Is(err, unix.ERESTART):
 		return sent, fmt.Errorf("%w: %w", nft.ErrStale, err)

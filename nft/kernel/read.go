@@ -73,6 +73,8 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 		return nil, 0, err
 	}
 	fresh := n.last != nil && time.Since(n.lastAt) < maxReuse
+	c := n.change // verified now, or never
+	n.change = nil
 	switch {
 	case head == nil:
 		// The plan creates it exclusively: refused (ErrStale) if the
@@ -84,6 +86,19 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 		// are synchronous. No fence, no generation.
 		if fresh && n.last.Owner == nft.OwnedByUs && n.last.Dormant == head.Dormant {
 			return n.last, 0, nil
+		}
+		if c != nil && time.Since(c.readAt) < maxReuse {
+			// Our own commit: read back what it changed. The table was
+			// read whole when c was made from it; that read's age
+			// schedules the next whole one.
+			ok, err := verifyChange(conn, head, c)
+			if err != nil {
+				return nil, 0, err
+			}
+			if ok {
+				n.last, n.lastAt = c.table, c.readAt
+				return c.table, 0, nil
+			}
 		}
 		t, err := readContents(conn, head)
 		if err != nil {
@@ -250,72 +265,82 @@ func readSets(conn transport, t *nft.Table) error {
 		return fmt.Errorf("list sets: %w", err)
 	}
 	for _, m := range msgs {
-		var s nft.Set
-		var flags, keyType, keyLen uint32
-		var odd []string
-		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
-			switch ad.Type() &^ unix.NLA_F_NESTED {
-			case unix.NFTA_SET_TABLE:
-				if ad.String() != nft.TableName {
-					odd = append(odd, "other table")
-				}
-			case unix.NFTA_SET_NAME:
-				s.Name = ad.String()
-			case unix.NFTA_SET_FLAGS:
-				flags = ad.Uint32()
-			case unix.NFTA_SET_KEY_TYPE:
-				keyType = ad.Uint32()
-			case unix.NFTA_SET_KEY_LEN:
-				keyLen = ad.Uint32()
-			case unix.NFTA_SET_USERDATA:
-				s.Comment, _ = userdata.GetString(ad.Bytes(), userdata.NFTNL_UDATA_SET_COMMENT)
-			case unix.NFTA_SET_DATA_TYPE:
-				odd = append(odd, "a map")
-			case unix.NFTA_SET_OBJ_TYPE:
-				odd = append(odd, "an object map")
-			case unix.NFTA_SET_TIMEOUT, unix.NFTA_SET_GC_INTERVAL:
-				odd = append(odd, "a timeout")
-			case setAttrExpr, setAttrExpressions:
-				odd = append(odd, "set expressions")
-			case unix.NFTA_SET_DESC:
-				ad.Nested(func(d *netlink.AttributeDecoder) error {
-					for d.Next() {
-						if d.Type() == unix.NFTA_SET_DESC_SIZE && d.Uint32() != 0 {
-							odd = append(odd, fmt.Sprintf("size %d", d.Uint32()))
-						}
-					}
-					return nil
-				})
-			}
-		})
+		s, err := decodeSet(conn, m)
 		if err != nil {
 			return err
 		}
-		for k, t := range setKeyTypes {
-			if keyType == t.GetNFTMagic() && keyLen == t.Bytes && k.Family() != 0 { // the agent's sets hold addresses for now
-				s.Key = k
-			}
-		}
-		if s.Key == 0 {
-			odd = append(odd, fmt.Sprintf("key type %d of %d bytes", keyType, keyLen))
-		}
-		if flags != unix.NFT_SET_INTERVAL {
-			odd = append(odd, fmt.Sprintf("flags %#x", flags))
-		}
-		var oddElems []string
-		if nft.AgentSet(s.Name) {
-			if oddElems, err = readElements(conn, &s); err != nil {
-				return fmt.Errorf("list set %s: %w", s.Name, err)
-			}
-		} else {
-			// The plan deletes a set the agent does not make, whatever
-			// it holds: its elements (possibly millions) are not read.
-			oddElems = []string{"not the agent's (its elements were not read)"}
-		}
-		s.Odd = joinUnique(append(odd, oddElems...))
 		t.Sets = append(t.Sets, s)
 	}
 	return nil
+}
+
+// decodeSet decodes a set message, and reads the set's elements when it
+// is one of the agent's.
+func decodeSet(conn transport, m netlink.Message) (nft.Set, error) {
+	var s nft.Set
+	var flags, keyType, keyLen uint32
+	var odd []string
+	err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+		switch ad.Type() &^ unix.NLA_F_NESTED {
+		case unix.NFTA_SET_TABLE:
+			if ad.String() != nft.TableName {
+				odd = append(odd, "other table")
+			}
+		case unix.NFTA_SET_NAME:
+			s.Name = ad.String()
+		case unix.NFTA_SET_FLAGS:
+			flags = ad.Uint32()
+		case unix.NFTA_SET_KEY_TYPE:
+			keyType = ad.Uint32()
+		case unix.NFTA_SET_KEY_LEN:
+			keyLen = ad.Uint32()
+		case unix.NFTA_SET_USERDATA:
+			s.Comment, _ = userdata.GetString(ad.Bytes(), userdata.NFTNL_UDATA_SET_COMMENT)
+		case unix.NFTA_SET_DATA_TYPE:
+			odd = append(odd, "a map")
+		case unix.NFTA_SET_OBJ_TYPE:
+			odd = append(odd, "an object map")
+		case unix.NFTA_SET_TIMEOUT, unix.NFTA_SET_GC_INTERVAL:
+			odd = append(odd, "a timeout")
+		case setAttrExpr, setAttrExpressions:
+			odd = append(odd, "set expressions")
+		case unix.NFTA_SET_DESC:
+			ad.Nested(func(d *netlink.AttributeDecoder) error {
+				for d.Next() {
+					if d.Type() == unix.NFTA_SET_DESC_SIZE && d.Uint32() != 0 {
+						odd = append(odd, fmt.Sprintf("size %d", d.Uint32()))
+					}
+				}
+				return nil
+			})
+		}
+	})
+	if err != nil {
+		return nft.Set{}, err
+	}
+	for k, t := range setKeyTypes {
+		if keyType == t.GetNFTMagic() && keyLen == t.Bytes && k.Family() != 0 { // the agent's sets hold addresses for now
+			s.Key = k
+		}
+	}
+	if s.Key == 0 {
+		odd = append(odd, fmt.Sprintf("key type %d of %d bytes", keyType, keyLen))
+	}
+	if flags != unix.NFT_SET_INTERVAL {
+		odd = append(odd, fmt.Sprintf("flags %#x", flags))
+	}
+	var oddElems []string
+	if nft.AgentSet(s.Name) {
+		if oddElems, err = readElements(conn, &s); err != nil {
+			return nft.Set{}, fmt.Errorf("list set %s: %w", s.Name, err)
+		}
+	} else {
+		// The plan deletes a set the agent does not make, whatever
+		// it holds: its elements (possibly millions) are not read.
+		oddElems = []string{"not the agent's (its elements were not read)"}
+	}
+	s.Odd = joinUnique(append(odd, oddElems...))
+	return s, nil
 }
 
 // readElements reads a set's elements as ranges, and what is odd about
@@ -408,64 +433,13 @@ func readChains(conn transport, t *nft.Table) error {
 		return fmt.Errorf("list chains: %w", err)
 	}
 	for _, m := range msgs {
-		var c nft.Chain
-		var table string
-		var hook *nft.Hook
-		var odd []string
-		hooknum := uint32(0)
-		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
-			switch ad.Type() &^ unix.NLA_F_NESTED {
-			case unix.NFTA_CHAIN_TABLE:
-				table = ad.String()
-			case unix.NFTA_CHAIN_NAME:
-				c.Name = ad.String()
-			case unix.NFTA_CHAIN_HOOK:
-				if hook == nil {
-					hook = &nft.Hook{Policy: "accept"}
-				}
-				ad.Nested(func(h *netlink.AttributeDecoder) error {
-					for h.Next() {
-						switch h.Type() &^ unix.NLA_F_NESTED {
-						case unix.NFTA_HOOK_HOOKNUM:
-							hooknum = h.Uint32()
-						case unix.NFTA_HOOK_PRIORITY:
-							hook.Priority = int(int32(h.Uint32()))
-						case unix.NFTA_HOOK_DEV, hookAttrDevs:
-							odd = append(odd, "devices")
-						}
-					}
-					return nil
-				})
-			case unix.NFTA_CHAIN_TYPE:
-				if hook == nil {
-					hook = &nft.Hook{Policy: "accept"}
-				}
-				hook.Type = ad.String()
-			case unix.NFTA_CHAIN_POLICY:
-				if hook == nil {
-					hook = &nft.Hook{Policy: "accept"}
-				}
-				if ad.Uint32() == 0 { // NF_DROP
-					hook.Policy = "drop"
-				}
-			case chainAttrFlags:
-				if f := ad.Uint32() &^ chainFlagBase; f != 0 {
-					odd = append(odd, fmt.Sprintf("flags %#x", f))
-				}
-			}
-		})
+		c, table, err := decodeChain(m)
 		if err != nil {
 			return err
 		}
-		if table != nft.TableName {
-			continue
+		if table == nft.TableName {
+			t.Chains = append(t.Chains, c)
 		}
-		if hook != nil {
-			hook.Hook = hookName(hooknum)
-			c.Hook = hook
-		}
-		c.Odd = joinUnique(odd)
-		t.Chains = append(t.Chains, c)
 	}
 	rules, err := readRules(conn)
 	if err != nil {
@@ -475,6 +449,66 @@ func readChains(conn transport, t *nft.Table) error {
 		t.Chains[i].Rules = rules[t.Chains[i].Name]
 	}
 	return nil
+}
+
+// decodeChain decodes a chain message (without its rules) and the name
+// of its table.
+func decodeChain(m netlink.Message) (nft.Chain, string, error) {
+	var c nft.Chain
+	var table string
+	var hook *nft.Hook
+	var odd []string
+	hooknum := uint32(0)
+	err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+		switch ad.Type() &^ unix.NLA_F_NESTED {
+		case unix.NFTA_CHAIN_TABLE:
+			table = ad.String()
+		case unix.NFTA_CHAIN_NAME:
+			c.Name = ad.String()
+		case unix.NFTA_CHAIN_HOOK:
+			if hook == nil {
+				hook = &nft.Hook{Policy: "accept"}
+			}
+			ad.Nested(func(h *netlink.AttributeDecoder) error {
+				for h.Next() {
+					switch h.Type() &^ unix.NLA_F_NESTED {
+					case unix.NFTA_HOOK_HOOKNUM:
+						hooknum = h.Uint32()
+					case unix.NFTA_HOOK_PRIORITY:
+						hook.Priority = int(int32(h.Uint32()))
+					case unix.NFTA_HOOK_DEV, hookAttrDevs:
+						odd = append(odd, "devices")
+					}
+				}
+				return nil
+			})
+		case unix.NFTA_CHAIN_TYPE:
+			if hook == nil {
+				hook = &nft.Hook{Policy: "accept"}
+			}
+			hook.Type = ad.String()
+		case unix.NFTA_CHAIN_POLICY:
+			if hook == nil {
+				hook = &nft.Hook{Policy: "accept"}
+			}
+			if ad.Uint32() == 0 { // NF_DROP
+				hook.Policy = "drop"
+			}
+		case chainAttrFlags:
+			if f := ad.Uint32() &^ chainFlagBase; f != 0 {
+				odd = append(odd, fmt.Sprintf("flags %#x", f))
+			}
+		}
+	})
+	if err != nil {
+		return nft.Chain{}, "", err
+	}
+	if hook != nil {
+		hook.Hook = hookName(hooknum)
+		c.Hook = hook
+	}
+	c.Odd = joinUnique(odd)
+	return c, table, nil
 }
 
 func hookName(n uint32) string {

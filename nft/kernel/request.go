@@ -4,12 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 	"syscall"
 	"time"
 
-	"github.com/google/nftables/binaryutil"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
@@ -86,18 +84,11 @@ func requestWhole(conn transport, typ int, keep func([]byte) bool, attrs ...netl
 // requestIntr is requestKeep that also says whether the kernel flagged
 // the dump as interrupted by a commit.
 func requestIntr(conn transport, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, bool, error) {
-	data, err := netlink.MarshalAttributes(attrs)
-	if err != nil {
-		return nil, false, err
-	}
 	flags := netlink.Request
 	if dump {
 		flags |= netlink.Dump
 	}
-	req, err := conn.Send(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
-		Data:   append(nfgenmsg(family, 0), data...),
-	})
+	req, err := conn.Send(message(family, typ, flags, attrs...))
 	if err != nil {
 		return nil, false, err
 	}
@@ -244,56 +235,6 @@ func setBuffer(conn syscall.Conn, force, plain, size int) error {
 	return serr
 }
 
-func attr(typ uint16, data []byte) netlink.Attribute { return netlink.Attribute{Type: typ, Data: data} }
-
-// decode walks the attributes of a message's payload (after nfgenmsg).
-func decode(data []byte, f func(ad *netlink.AttributeDecoder)) error {
-	ad, err := netlink.NewAttributeDecoder(data[4:])
-	if err != nil {
-		return err
-	}
-	ad.ByteOrder = binary.BigEndian
-	for ad.Next() {
-		f(ad)
-	}
-	return ad.Err()
-}
-
-// dataValue reads NFTA_DATA_VALUE from an nft_data attribute as an address.
-func dataValue(b []byte) (a netip.Addr) {
-	walkAttrs(b, func(typ uint16, v []byte) bool {
-		if typ == unix.NFTA_DATA_VALUE {
-			a, _ = netip.AddrFromSlice(v)
-		}
-		return true
-	})
-	return a
-}
-
-// walkAttrs calls f with the type (flags cleared) and payload of each
-// netlink attribute in b, until f returns false; it returns false when f
-// did or when b is malformed. It allocates nothing.
-func walkAttrs(b []byte, f func(typ uint16, payload []byte) bool) bool {
-	return walkAttrsFlags(b, func(typ uint16, _ bool, payload []byte) bool { return f(typ, payload) })
-}
-
-// walkAttrsFlags is walkAttrs that also says whether an attribute is
-// flagged as nested.
-func walkAttrsFlags(b []byte, f func(typ uint16, nested bool, payload []byte) bool) bool {
-	for len(b) >= 4 {
-		n := int(binary.NativeEndian.Uint16(b))
-		if n < 4 || n > len(b) {
-			return false
-		}
-		typ := binary.NativeEndian.Uint16(b[2:])
-		if !f(typ&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), typ&unix.NLA_F_NESTED != 0, b[4:n]) {
-			return false
-		}
-		b = b[min((n+3)&^3, len(b)):]
-	}
-	return len(b) == 0
-}
-
 // generation returns the kernel's nftables generation id.
 func generation(conn transport) (uint32, error) {
 	// Through requestFamily's receive, which takes only the kernel's
@@ -322,11 +263,4 @@ func genID(data []byte) (uint32, bool) {
 		}
 	})
 	return id, ok
-}
-
-func cstring(s string) []byte { return append([]byte(s), 0) }
-
-// nfgenmsg is the header of every nftables message: family, version, resource id.
-func nfgenmsg(family uint8, resID uint16) []byte {
-	return append([]byte{family, unix.NFNETLINK_V0}, binaryutil.BigEndian.PutUint16(resID)...)
 }

@@ -126,11 +126,7 @@ func (s Session) Delete(gen uint32, ds []Deletion) error {
 	}
 	var msgs []netlink.Message
 	msg := func(family uint8, typ int, attrs ...netlink.Attribute) {
-		data, _ := netlink.MarshalAttributes(attrs)
-		msgs = append(msgs, netlink.Message{
-			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: netlink.Request},
-			Data:   append(nfgenmsg(family, 0), data...),
-		})
+		msgs = append(msgs, message(family, typ, netlink.Request, attrs...))
 	}
 	for _, d := range ds {
 		where := []netlink.Attribute{attr(unix.NFTA_RULE_TABLE, cstring(d.Table)), attr(unix.NFTA_RULE_CHAIN, cstring(d.Chain))}
