@@ -35,6 +35,7 @@ type monitor struct {
 	lastGen uint32      // the last transaction's generation; 0: unknown
 	skipped bool        // our own commit ran while paused: its generations were not seen
 	watched bool        // a Watch runs
+	ours    uint32      // the port id of our commit socket: its transactions are no touch
 	events  []nft.Event // for the Watch, delivered outside mu
 }
 
@@ -90,6 +91,15 @@ func (m *monitor) leave() {
 	_ = m.conn.LeaveGroup(unix.NFNLGRP_NFTABLES)
 }
 
+// stay keeps the group joined for our own commit of a few elements:
+// the monitor tells our transaction's notifications from others' by the
+// port id of the socket that sent it.
+func (m *monitor) stay(port uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ours = port
+}
+
 // rejoin joins the notification group again after our own commit.
 // Whatever happened meanwhile counts as a touch: the read after our
 // commit reads the whole table anyway.
@@ -139,6 +149,12 @@ func (m *monitor) message(msg syscall.NetlinkMessage) {
 	}
 	typ := int(msg.Header.Type & 0xff)
 	if typ != unix.NFT_MSG_NEWGEN {
+		// The kernel writes the port id of the socket that sent the
+		// transaction into each of its notifications; only the kernel's
+		// datagrams are taken (drain), so this is no one's claim.
+		if m.ours != 0 && msg.Header.Pid == m.ours {
+			return
+		}
 		if touchesTable(typ, msg.Data) {
 			m.what = append(m.what, messageNames[typ])
 			m.touched = true

@@ -183,6 +183,9 @@ func (n *Netlink) broken() {
 		n.conn = nil
 	}
 	n.last, n.change = nil, nil
+	if n.mon != nil {
+		n.mon.stay(0) // its port id may be another socket's from now on
+	}
 }
 
 // brokenReader drops the read socket after a failed read.
@@ -212,18 +215,25 @@ func (n *Netlink) Send(p nft.Plan, gen uint32) (nft.Sent, error) {
 	if err != nil {
 		return nft.Sent{}, err
 	}
-	if m := n.mon; m != nil {
-		m.leave()
-		defer m.rejoin()
-	}
 	// Whatever happens, the next read reads the table whole, unless the
-	// kernel took the plan on a table nobody else can change: then it
-	// reads back what the plan changed.
+	// kernel took the plan on a table nobody else can change (owned), or
+	// the monitor sees every transaction but ours while it commits (a
+	// small plan): then it reads back what the plan changed.
 	prev, prevAt := n.last, n.lastAt
 	n.last, n.change = nil, nil
+	owned := prev != nil && prev.Owner == nft.OwnedByUs
+	watched := n.mon != nil && prev != nil && prev.Owner == nft.NotOwned && small(p)
+	if m := n.mon; m != nil {
+		if watched {
+			m.stay(conn.PID())
+		} else {
+			m.leave()
+			defer m.rejoin()
+		}
+	}
 	sent := nft.Sent{Messages: len(b.msgs), Bytes: b.size()}
 	failed, err := b.send(conn, gen)
-	if err == nil && prev != nil && prev.Owner == nft.OwnedByUs && !p.Recreate {
+	if err == nil && (owned || watched) && !p.Recreate {
 		if next, err := nft.ExecPlan(prev, p); err == nil {
 			n.change = &change{table: next, plan: p, readAt: prevAt}
 		}

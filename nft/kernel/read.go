@@ -136,6 +136,27 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 		return n.last, gen, nil
 	}
 	n.last = nil
+	if !touched && !lost && c != nil && time.Since(c.readAt) < maxReuse {
+		// Our own commit, and nobody else's since the last read: read
+		// back what it changed, then make sure that no one touched the
+		// table meanwhile (the fence and the monitor, as for a whole read).
+		ok, err := verifyChange(conn, head, c)
+		if err != nil {
+			return nil, 0, err
+		}
+		if ok {
+			if err := fence(conn); err != nil {
+				return nil, 0, err
+			}
+			if touched, lost, err = mon.take(); err != nil {
+				return nil, 0, err
+			}
+			if !touched && !lost {
+				n.last, n.lastAt = c.table, c.readAt
+				return c.table, gen, nil
+			}
+		}
+	}
 	t, err := readTable(conn, ours)
 	if err != nil {
 		return nil, 0, err

@@ -91,6 +91,16 @@ func verifyChange(conn transport, head *nft.Table, c *change) (bool, error) {
 	return true, nil
 }
 
+// small reports whether a plan's elements are few enough to read back one
+// by one, and for the monitor to take one notification for each.
+func small(p nft.Plan) bool {
+	n := 0
+	for _, op := range p.Ops {
+		n += len(op.Elements)
+	}
+	return 2*n <= maxElementGets
+}
+
 func compact(names []string) []string {
 	names = slices.Clone(names)
 	slices.Sort(names)

@@ -108,3 +108,37 @@ func withoutComment(t nft.Table) nft.Table {
 	c.Chains[len(c.Chains)-1].Rules[0].Comment = "not the kernel's"
 	return *c
 }
+
+// TestVerifyChangeNotOwned: on a table anyone can change, our own small
+// commit is read back alone while the monitor saw no other transaction
+// touch the table; a foreign change after it is found by the next read.
+func TestVerifyChangeNotOwned(t *testing.T) {
+	n, topo := kernelNetlink(t)
+	n.NoOwner = true
+	if _, err := nft.Ensure(n, withCIDRs("198.51.100.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	readAt := n.lastAt
+	// A neighbour's commit to its own table meanwhile is no touch.
+	if out, err := topo.NFT("add", "table", "inet", "neighbour"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := withCIDRs("203.0.113.0/24")
+	if res, err := nft.Ensure(n, want); err != nil || res.Attempts != 1 || res.Undone != 0 {
+		t.Fatalf("change: %+v, %v", res, err)
+	}
+	if n.last == nil || !n.lastAt.Equal(readAt) {
+		t.Fatalf("the read after the change read the table whole (at %v; the first read at %v)", n.lastAt, readAt)
+	}
+	// A foreign change to the table: the next read reads it.
+	if out, err := topo.NFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 192.0.2.0/24 }"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	got, _, err := n.Read()
+	if err != nil || got == nil || len(got.Set(nft.SetNonMasqV4).Elements) != len(want.Set(nft.SetNonMasqV4).Elements)+1 {
+		t.Fatalf("read after a foreign change: %v, %v", got, err)
+	}
+	if res, err := nft.Ensure(n, want); err != nil || res.Unchanged {
+		t.Errorf("repair: %+v %v", res, err)
+	}
+}
