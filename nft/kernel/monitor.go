@@ -29,7 +29,7 @@ type monitor struct {
 	mu      sync.Mutex
 	conn    *netlink.Conn
 	buf     []byte
-	touched bool        // a foreign transaction touched the table
+	touched touch       // what foreign transactions did to the table (touch.go)
 	lost    bool        // notifications were lost: anything may have happened
 	what    []string    // what the transaction under way did to the table
 	lastGen uint32      // the last transaction's generation; 0: unknown
@@ -63,22 +63,28 @@ func openMonitor(netns int) (*monitor, error) {
 // was touched, and whether notifications were lost (so that it may have
 // been), since the last take.
 func (m *monitor) take() (touched, lost bool, err error) {
+	t, lost, err := m.takeTouch()
+	return t.any(), lost, err
+}
+
+// takeTouch is take that says what the foreign transactions did.
+func (m *monitor) takeTouch() (touched touch, lost bool, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	raw, err := m.conn.SyscallConn()
 	if err != nil {
-		return false, true, err
+		return touch{whole: true}, true, err
 	}
 	// Control, not Read: a running Watch may be parked in Read.
 	var derr error
 	if err := raw.Control(func(fd uintptr) { derr = m.drain(int(fd)) }); err != nil {
-		return false, true, err
+		return touch{whole: true}, true, err
 	}
 	// What a read finds first needs no event: the read it is part of
 	// compares the table with the wanted one.
 	m.events = nil
 	touched, lost = m.touched, m.lost
-	m.touched, m.lost = false, false
+	m.touched, m.lost = touch{}, false
 	return touched, lost, derr
 }
 
@@ -157,7 +163,7 @@ func (m *monitor) message(msg syscall.NetlinkMessage) {
 		}
 		if touchesTable(typ, msg.Data) {
 			m.what = append(m.what, messageNames[typ])
-			m.touched = true
+			m.touched.note(typ, msg.Data)
 		}
 		return
 	}

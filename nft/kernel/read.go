@@ -128,14 +128,40 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 	if err := fence(conn); err != nil {
 		return nil, 0, err
 	}
-	touched, lost, err := mon.take()
+	what, lost, err := mon.takeTouch()
 	if err != nil {
 		return nil, 0, err
 	}
+	touched := what.any()
 	if !touched && !lost && fresh {
 		return n.last, gen, nil
 	}
+	last := n.last
 	n.last = nil
+	if touched && !lost && fresh {
+		// Another process touched the table, and its notifications
+		// name what: read that again, then make sure that no one
+		// touched the table meanwhile, as for a whole read.
+		t, ok, err := reread(conn, ours, last, what)
+		if err != nil {
+			return nil, 0, err
+		}
+		if ok {
+			if err := fence(conn); err != nil {
+				return nil, 0, err
+			}
+			if what, lost, err = mon.takeTouch(); err != nil {
+				return nil, 0, err
+			}
+			if what.any() {
+				return nil, 0, fmt.Errorf("%w: another process changed table inet %s while it was read", nft.ErrStale, nft.TableName)
+			}
+			if !lost {
+				n.last = t // the whole read it was made from schedules the next
+				return t, gen, nil
+			}
+		}
+	}
 	if !touched && !lost && c != nil && time.Since(c.readAt) < maxReuse {
 		// Our own commit, and nobody else's since the last read: read
 		// back what it changed, then make sure that no one touched the

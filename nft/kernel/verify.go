@@ -112,49 +112,19 @@ func absent(err error) bool { return errors.Is(err, unix.ENOENT) || errors.Is(er
 
 // verifySet reads one set, with its elements (want nil: it must be gone).
 func verifySet(conn transport, name string, want *nft.Set) (bool, error) {
-	msgs, err := request(conn, unix.NFT_MSG_GETSET, false,
-		attr(unix.NFTA_SET_TABLE, cstring(nft.TableName)), attr(unix.NFTA_SET_NAME, cstring(name)))
-	switch {
-	case absent(err):
-		return want == nil, nil
-	case err != nil:
-		return false, err
-	case want == nil || len(msgs) != 1:
-		return false, nil
-	}
-	got, err := decodeSet(conn, msgs[0])
-	if err != nil {
-		return false, err
+	got, found, err := getSet(conn, name)
+	if err != nil || !found || want == nil {
+		return !found && want == nil, err
 	}
 	return nft.Table{Sets: []nft.Set{*want}}.Equal(nft.Table{Sets: []nft.Set{got}}), nil
 }
 
 // verifyChain reads one chain and its rules (want nil: it must be gone).
 func verifyChain(conn transport, name string, want *nft.Chain) (bool, error) {
-	msgs, err := request(conn, unix.NFT_MSG_GETCHAIN, false,
-		attr(unix.NFTA_CHAIN_TABLE, cstring(nft.TableName)), attr(unix.NFTA_CHAIN_NAME, cstring(name)))
-	switch {
-	case absent(err):
-		return want == nil, nil
-	case err != nil:
-		return false, err
-	case want == nil || len(msgs) != 1:
-		return false, nil
+	got, found, err := getChain(conn, name)
+	if err != nil || !found || want == nil {
+		return !found && want == nil, err
 	}
-	got, table, err := decodeChain(msgs[0])
-	if err != nil || table != nft.TableName {
-		return false, err
-	}
-	msgs, err = request(conn, unix.NFT_MSG_GETRULE, true,
-		attr(unix.NFTA_RULE_TABLE, cstring(nft.TableName)), attr(unix.NFTA_RULE_CHAIN, cstring(name)))
-	if err != nil {
-		return false, err
-	}
-	rules, err := decodeRules(msgs)
-	if err != nil {
-		return false, err
-	}
-	got.Rules = rules[name]
 	return nft.Table{Chains: []nft.Chain{*want}}.Equal(nft.Table{Chains: []nft.Chain{got}}), nil
 }
 
@@ -173,8 +143,8 @@ const elementGetsPerDatagram = 64
 func verifyElements(conn transport, want nft.Set, bs []nft.Bound) (bool, error) {
 	for len(bs) > 0 {
 		n := min(len(bs), elementGetsPerDatagram)
-		held, err := getElements(conn, want.Name, bs[:n])
-		if err != nil {
+		held, plain, err := getElements(conn, want.Name, bs[:n])
+		if err != nil || !plain {
 			return false, err
 		}
 		for i, b := range bs[:n] {
@@ -203,8 +173,10 @@ func holds(rs []netipx.IPRange, b nft.Bound) bool {
 }
 
 // getElements sends one GETSETELEM request per bound, in one datagram,
-// each acknowledged, and reports which of them the kernel holds exactly.
-func getElements(conn transport, set string, bs []nft.Bound) ([]bool, error) {
+// each acknowledged, and reports which of them the kernel holds exactly;
+// plain false: an answer was more than a bound (data, a timeout, a
+// comment, a range as one element).
+func getElements(conn transport, set string, bs []nft.Bound) (held []bool, plain bool, err error) {
 	seq := rand.Uint32()>>1 + 1
 	msgs := make([]netlink.Message, len(bs))
 	size := 0
@@ -214,19 +186,19 @@ func getElements(conn transport, set string, bs []nft.Bound) ([]bool, error) {
 		size += unix.NLMSG_HDRLEN + len(msgs[i].Data) + 4
 	}
 	if err := sendAll(conn, msgs, size); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := conn.SetReadDeadline(time.Now().Add(replyTimeout)); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer conn.SetReadDeadline(time.Time{})
-	held := make([]bool, len(bs))
+	held, plain = make([]bool, len(bs)), true
 	done := 0
 	buf, from := make([]byte, 64<<10), datagramsOf(conn)
 	for done < len(bs) {
 		answers, err := receive(from, buf)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		for _, m := range answers {
 			i := int(m.Header.Seq - seq)
@@ -236,19 +208,20 @@ func getElements(conn transport, set string, bs []nft.Bound) ([]bool, error) {
 			switch m.Header.Type {
 			case unix.NLMSG_ERROR:
 				if len(m.Data) < 4 {
-					return nil, errors.New("short netlink error message")
+					return nil, false, errors.New("short netlink error message")
 				}
 				if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 && !absent(syscall.Errno(-code)) {
-					return nil, syscall.Errno(-code)
+					return nil, false, syscall.Errno(-code)
 				}
 				done++
 			case unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSETELEM:
 				got, ok := answerBound(m.Data)
+				plain = plain && ok
 				held[i] = ok && got == bs[i]
 			}
 		}
 	}
-	return held, nil
+	return held, plain, nil
 }
 
 // answerBound reads the one element of a GETSETELEM answer as a bound;

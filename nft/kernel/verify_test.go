@@ -1,6 +1,11 @@
 package kernel
 
 import (
+	"fmt"
+	"strings"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 	"net/netip"
 	"slices"
 	"testing"
@@ -139,6 +144,72 @@ func TestVerifyChangeNotOwned(t *testing.T) {
 		t.Fatalf("read after a foreign change: %v, %v", got, err)
 	}
 	if res, err := nft.Ensure(n, want); err != nil || res.Unchanged {
+		t.Errorf("repair: %+v %v", res, err)
+	}
+}
+
+// TestRereadWhatWasTouched: not owned, after a foreign transaction the
+// read reads again what its notifications name (elements one by one, a
+// chain with its rules, a set) and finds what a whole read finds, down to
+// a lone interval start; the table is not read whole.
+func TestRereadWhatWasTouched(t *testing.T) {
+	n, topo := kernelNetlink(t)
+	n.NoOwner = true
+	if _, err := nft.Ensure(n, withCIDRs("20.0.0.1/32")); err != nil {
+		t.Fatal(err)
+	}
+	readAt := n.lastAt
+	foreign, err := dial(n.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+	runNFT := func(args ...string) func() error {
+		return func() error {
+			if out, err := topo.NFT(args...); err != nil {
+				return fmt.Errorf("nft %v: %w\n%s", args, err, out)
+			}
+			return nil
+		}
+	}
+	for _, step := range []struct {
+		name string
+		do   func() error
+	}{
+		{"an element added", runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 192.0.2.0/24 }")},
+		{"an interval end deleted", func() error {
+			end := []nft.Bound{{Addr: netip.MustParseAddr("20.0.0.2"), End: true}}
+			_, err := (&batch{msgs: []netlink.Message{rawMessage(unix.NFT_MSG_DELSETELEM, netlink.Request,
+				elementsPayload(nft.SetNonMasqV4, end))}, op: []int{0}}).send(foreign, 0)
+			return err
+		}},
+		{"a rule added", runNFT("add", "rule", "inet", nft.TableName, nft.MasqChainName, "counter")},
+		{"a set added", runNFT("add", "set", "inet", nft.TableName, "extra", "{ type ipv4_addr; }")},
+		{"elements of an IPv6 set added", runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV6, "{ 2001:db8::/32 }")},
+	} {
+		if err := step.do(); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		got, _, err := n.Read()
+		if err != nil || got == nil {
+			t.Fatalf("%s: read: %v", step.name, err)
+		}
+		conn, err := n.reader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, err := readTable(conn, 0)
+		if err != nil || !whole.Equal(*got) || !got.Equal(*whole) {
+			t.Fatalf("%s: read\n%s\nthe whole table:\n%s (%v)", step.name, nft.Render(*got), nft.Render(*whole), err)
+		}
+		if !n.lastAt.Equal(readAt) {
+			t.Errorf("%s: the table was read whole", step.name)
+		}
+	}
+	if s := n.last.Set(nft.SetNonMasqV4); !strings.Contains(s.Odd, "an interval start without an end") {
+		t.Errorf("the lone interval start is not odd: %q", s.Odd)
+	}
+	if res, err := nft.Ensure(n, withCIDRs("20.0.0.1/32")); err != nil || res.Unchanged {
 		t.Errorf("repair: %+v %v", res, err)
 	}
 }
