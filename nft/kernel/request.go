@@ -36,43 +36,57 @@ type datagrams interface {
 	growSendBuffer(size int) error
 }
 
-// request sends one nftables request for family inet and returns the
-// answers (every part of a dump). It reads the answers itself, with a
-// 64 KiB buffer: the kernel sizes each part of a dump by the largest read
-// the socket has seen (up to 32 KiB), and a set's dump restarts its walk of
-// the set for every part, so small reads (mdlayher/netlink peeks with one
-// page) make reading 100,000 elements several times slower in the kernel.
-func request(conn transport, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
-	return requestFamily(conn, unix.NFPROTO_INET, typ, dump, attrs...)
+// query is one nftables request and how its answers are taken; get and
+// dump make one for family inet, ask sends it.
+type query struct {
+	typ    int
+	family uint8
+	attrs  []netlink.Attribute
+	dump   bool // every part of a dump; else the one answer
+	// keep, if set, keeps only the answers it accepts (its argument: the
+	// payload after nfgenmsg), before they are copied: the chain dump
+	// holds every chain of the family, the agent's or not.
+	keep func([]byte) bool
+	// acrossTables: the kernel resumes this dump by an index over every
+	// table of the family (chains, objects, flowtables), and a
+	// neighbour's commit between two parts shifts that index: one of our
+	// objects would be skipped or listed twice. The kernel flags such a
+	// dump (NLM_F_DUMP_INTR); it is taken again, a few times, then stale.
+	acrossTables bool
 }
 
-// requestFamily is request for a table family other than inet (iptables-nft's
-// ip and ip6 tables, read for original/).
-func requestFamily(conn transport, family uint8, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
-	return requestKeep(conn, family, typ, dump, nil, attrs...)
+// get is a request for one object of table family inet.
+func get(typ int, attrs ...netlink.Attribute) query {
+	return query{typ: typ, family: unix.NFPROTO_INET, attrs: attrs}
 }
 
-// requestKeep is requestFamily that keeps only the answers keep accepts
-// (its argument: the payload after nfgenmsg), before copying them: the
-// chain dump holds every chain of the family, the agent's or not.
-func requestKeep(conn transport, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
-	msgs, _, err := requestIntr(conn, family, typ, dump, keep, attrs...)
-	return msgs, err
+// dump is a request for every object of a kind of table family inet.
+func dump(typ int, attrs ...netlink.Attribute) query {
+	return query{typ: typ, family: unix.NFPROTO_INET, attrs: attrs, dump: true}
 }
+
+// of is q for tables of another family (iptables-nft's ip and ip6
+// tables, read for original/).
+func (q query) of(family uint8) query { q.family = family; return q }
+
+// across is q for a dump across tables (see acrossTables) that keeps the
+// answers keep accepts (nil: all).
+func (q query) across(keep func([]byte) bool) query { q.acrossTables, q.keep = true, keep; return q }
 
 // errDumpInterrupted: a dump that walks other tables' objects too was
 // interrupted by a commit (NLM_F_DUMP_INTR).
 var errDumpInterrupted = fmt.Errorf("%w: a dump was interrupted by a commit", nft.ErrStale)
 
-// requestWhole is requestKeep for a dump the kernel resumes by an index
-// over every table of the family (chains, objects, flowtables): a
-// neighbour's commit between two parts shifts that index, and one of our
-// objects would be skipped or listed twice. The kernel flags such a dump
-// (NLM_F_DUMP_INTR); it is taken again, a few times, then stale.
-func requestWhole(conn transport, typ int, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+// ask sends the request and returns the answers (every part of a dump).
+// It reads the answers itself, with a 64 KiB buffer: the kernel sizes
+// each part of a dump by the largest read the socket has seen (up to 32
+// KiB), and a set's dump restarts its walk of the set for every part, so
+// small reads (mdlayher/netlink peeks with one page) make reading 100,000
+// elements several times slower in the kernel.
+func (q query) ask(conn transport) ([]netlink.Message, error) {
 	for try := 1; ; try++ {
-		msgs, intr, err := requestIntr(conn, unix.NFPROTO_INET, typ, true, keep, attrs...)
-		if err != nil || !intr {
+		msgs, intr, err := q.once(conn)
+		if err != nil || !intr || !q.acrossTables {
 			return msgs, err
 		}
 		if try == 10 {
@@ -81,14 +95,14 @@ func requestWhole(conn transport, typ int, keep func([]byte) bool, attrs ...netl
 	}
 }
 
-// requestIntr is requestKeep that also says whether the kernel flagged
-// the dump as interrupted by a commit.
-func requestIntr(conn transport, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, bool, error) {
+// once sends the request once, and says whether the kernel flagged the
+// dump as interrupted by a commit.
+func (q query) once(conn transport) ([]netlink.Message, bool, error) {
 	flags := netlink.Request
-	if dump {
+	if q.dump {
 		flags |= netlink.Dump
 	}
-	req, err := conn.Send(message(family, typ, flags, attrs...))
+	req, err := conn.Send(message(q.family, q.typ, flags, q.attrs...))
 	if err != nil {
 		return nil, false, err
 	}
@@ -120,14 +134,14 @@ func requestIntr(conn transport, family uint8, typ int, dump bool, keep func([]b
 				}
 				return out, intr, nil
 			}
-			if len(m.Data) >= 4 && (keep == nil || keep(m.Data[4:])) {
+			if len(m.Data) >= 4 && (q.keep == nil || q.keep(m.Data[4:])) {
 				out = append(out, netlink.Message{
 					Header: netlink.Header{Type: netlink.HeaderType(m.Header.Type), Flags: netlink.HeaderFlags(m.Header.Flags),
 						Sequence: m.Header.Seq, PID: m.Header.Pid},
 					Data: slices.Clone(m.Data),
 				})
 			}
-			if !dump {
+			if !q.dump {
 				return out, intr, nil
 			}
 		}
@@ -239,7 +253,7 @@ func setBuffer(conn syscall.Conn, force, plain, size int) error {
 func generation(conn transport) (uint32, error) {
 	// Through requestFamily's receive, which takes only the kernel's
 	// datagrams (mdlayher/netlink's Execute takes any process's).
-	msgs, err := requestFamily(conn, unix.AF_UNSPEC, unix.NFT_MSG_GETGEN, false)
+	msgs, err := query{typ: unix.NFT_MSG_GETGEN, family: unix.AF_UNSPEC}.ask(conn)
 	if err != nil {
 		return 0, err
 	}

@@ -49,8 +49,8 @@ func (s Session) Chain(family uint8, table, chain string) (handle uint64, found 
 	if err != nil {
 		return 0, false, err
 	}
-	msgs, err := requestFamily(conn, family, unix.NFT_MSG_GETCHAIN, false,
-		attr(unix.NFTA_CHAIN_TABLE, cstring(table)), attr(unix.NFTA_CHAIN_NAME, cstring(chain)))
+	msgs, err := get(unix.NFT_MSG_GETCHAIN,
+		attr(unix.NFTA_CHAIN_TABLE, cstring(table)), attr(unix.NFTA_CHAIN_NAME, cstring(chain))).of(family).ask(conn)
 	switch {
 	case errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist):
 		return 0, false, nil
@@ -84,8 +84,8 @@ func (s Session) Rules(family uint8, table, chain string) ([]RawRule, error) {
 	if err != nil {
 		return nil, err
 	}
-	msgs, err := requestFamily(conn, family, unix.NFT_MSG_GETRULE, true,
-		attr(unix.NFTA_RULE_TABLE, cstring(table)), attr(unix.NFTA_RULE_CHAIN, cstring(chain)))
+	msgs, err := dump(unix.NFT_MSG_GETRULE,
+		attr(unix.NFTA_RULE_TABLE, cstring(table)), attr(unix.NFTA_RULE_CHAIN, cstring(chain))).of(family).ask(conn)
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

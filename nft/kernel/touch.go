@@ -209,8 +209,8 @@ func compareBound(x, y nft.Bound) int {
 
 // getSet reads one set with its elements; found false: there is none.
 func getSet(conn transport, name string) (nft.Set, bool, error) {
-	msgs, err := request(conn, unix.NFT_MSG_GETSET, false,
-		attr(unix.NFTA_SET_TABLE, cstring(nft.TableName)), attr(unix.NFTA_SET_NAME, cstring(name)))
+	msgs, err := get(unix.NFT_MSG_GETSET,
+		attr(unix.NFTA_SET_TABLE, cstring(nft.TableName)), attr(unix.NFTA_SET_NAME, cstring(name))).ask(conn)
 	switch {
 	case absent(err):
 		return nft.Set{}, false, nil
@@ -225,8 +225,8 @@ func getSet(conn transport, name string) (nft.Set, bool, error) {
 
 // getChain reads one chain with its rules; found false: there is none.
 func getChain(conn transport, name string) (nft.Chain, bool, error) {
-	msgs, err := request(conn, unix.NFT_MSG_GETCHAIN, false,
-		attr(unix.NFTA_CHAIN_TABLE, cstring(nft.TableName)), attr(unix.NFTA_CHAIN_NAME, cstring(name)))
+	msgs, err := get(unix.NFT_MSG_GETCHAIN,
+		attr(unix.NFTA_CHAIN_TABLE, cstring(nft.TableName)), attr(unix.NFTA_CHAIN_NAME, cstring(name))).ask(conn)
 	switch {
 	case absent(err):
 		return nft.Chain{}, false, nil
@@ -242,8 +242,8 @@ func getChain(conn transport, name string) (nft.Chain, bool, error) {
 	if table != nft.TableName {
 		return nft.Chain{}, false, fmt.Errorf("get chain %s: the answer is of table %s", name, table)
 	}
-	msgs, err = request(conn, unix.NFT_MSG_GETRULE, true,
-		attr(unix.NFTA_RULE_TABLE, cstring(nft.TableName)), attr(unix.NFTA_RULE_CHAIN, cstring(name)))
+	msgs, err = dump(unix.NFT_MSG_GETRULE,
+		attr(unix.NFTA_RULE_TABLE, cstring(nft.TableName)), attr(unix.NFTA_RULE_CHAIN, cstring(name))).ask(conn)
 	if err != nil {
 		return nft.Chain{}, false, err
 	}
