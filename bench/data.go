@@ -232,7 +232,7 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 			o.CtLabel = &bit
 		}
 		rs := nft.Build(c, o)
-		if _, err := (&kernel.Netlink{NetNS: int(node), NoOwner: true}).Apply(rs); err != nil {
+		if _, err := nft.Ensure(&kernel.Netlink{NetNS: int(node), NoOwner: true}, rs); err != nil {
 			return err
 		}
 	case KindIPTNFT, KindIPTLegacy:

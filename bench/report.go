@@ -826,7 +826,7 @@ func conntrackMarkdown(b *strings.Builder, r *Results) {
 	if r.ConntrackErr != nil {
 		w("**Incomplete:** %s\n\n", oneLine(r.ConntrackErr.Error()))
 	}
-	w("`conntrack.Cleanup` in-process, with the setup of `BenchmarkCleanup` (conntrack/cleanup_bench_test.go, which\n" +
+	w("`conntrack.CleanupMarked` in-process, with the setup of `BenchmarkCleanup` (conntrack/cleanup_bench_test.go, which\n" +
 		"`go test -run '^$' -bench Cleanup -benchtime 1x ./conntrack/` runs alone): the table is filled with UDP entries by ctnetlink (not counted) in the\n" +
 		"node namespace of an `internal/testnet` topology; \"stale\" entries are masqueraded entries to\n" +
 		"203.0.113.0/24, which the new decider no longer masquerades; the others go to ranges whose decision did\n" +

@@ -41,7 +41,7 @@ func manyCIDRs(n int, extra ...string) string {
 
 func mustApplyRS(t *testing.T, a *kernel.Netlink, rs nft.Table) nft.Result {
 	t.Helper()
-	res, err := a.Apply(rs)
+	res, err := nft.Ensure(a, rs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestWatchRepairs(t *testing.T) {
 				close(subscribed)
 				return
 			}
-			res, err := a.Apply(rs)
+			res, err := nft.Ensure(a, rs)
 			if err != nil {
 				t.Errorf("repair: %v", err)
 			}

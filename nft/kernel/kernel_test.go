@@ -41,7 +41,7 @@ func defaultTable() nft.Table {
 // table, writable by anyone, until the next sync).
 func TestCountersFailureKeepsOwnership(t *testing.T) {
 	n, topo := kernelNetlink(t)
-	if _, err := n.Apply(defaultTable()); err != nil {
+	if _, err := nft.Ensure(n, defaultTable()); err != nil {
 		t.Fatal(err)
 	}
 	if !n.Owns() {
@@ -79,7 +79,7 @@ func TestCountersFailureKeepsOwnership(t *testing.T) {
 func TestFence(t *testing.T) {
 	n, topo := kernelNetlink(t)
 	n.NoOwner = true
-	if _, err := n.Apply(defaultTable()); err != nil {
+	if _, err := nft.Ensure(n, defaultTable()); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := n.socket()
@@ -127,7 +127,7 @@ func TestFence(t *testing.T) {
 	if err != nil || got == last || got.Set(nft.SetNonMasqV4) == nil || len(got.Set(nft.SetNonMasqV4).Elements) != 5 {
 		t.Errorf("read after a foreign change: %v, %v", got, err)
 	}
-	if res, err := n.Apply(defaultTable()); err != nil || res.Unchanged {
+	if res, err := nft.Ensure(n, defaultTable()); err != nil || res.Unchanged {
 		t.Errorf("repair: %+v %v", res, err)
 	}
 }
@@ -138,7 +138,7 @@ func TestFence(t *testing.T) {
 func TestReadStaleDuringForeignCommit(t *testing.T) {
 	n, topo := kernelNetlink(t)
 	n.NoOwner = true
-	if _, err := n.Apply(defaultTable()); err != nil {
+	if _, err := nft.Ensure(n, defaultTable()); err != nil {
 		t.Fatal(err)
 	}
 	runNFT := func(args ...string) {
@@ -166,7 +166,7 @@ func TestReadStaleDuringForeignCommit(t *testing.T) {
 		runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 192.0.2.0/24 }")
 	}
 	n.last = nil
-	res, err := n.Apply(defaultTable())
+	res, err := nft.Ensure(n, defaultTable())
 	if err != nil || res.Stale != 1 || res.Found == nil || len(res.Found.Set(nft.SetNonMasqV4).Elements) != 6 {
 		t.Errorf("Ensure with a commit during its first read: %+v, %v", res, err)
 	}

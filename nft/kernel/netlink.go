@@ -85,9 +85,6 @@ func (n *Netlink) Owns() bool {
 	return !n.NoOwner && !n.unsupported
 }
 
-// Apply makes the kernel hold t (see Ensure).
-func (n *Netlink) Apply(t nft.Table) (nft.Result, error) { return nft.Ensure(n, t) }
-
 // Close closes the sockets. An owned table stays in force, orphaned, for
 // the next agent to adopt.
 func (n *Netlink) Close() error {

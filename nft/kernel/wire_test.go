@@ -151,7 +151,7 @@ func TestWireRead(t *testing.T) {
 	if *record {
 		n, _ := kernelNetlink(t)
 		n.NoOwner = true
-		if _, err := n.Apply(want); err != nil {
+		if _, err := nft.Ensure(n, want); err != nil {
 			t.Fatal(err)
 		}
 		conn, err := n.reader()
