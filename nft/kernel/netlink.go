@@ -55,7 +55,7 @@ type Netlink struct {
 
 	mu          sync.Mutex
 	conn        *netlink.Conn // commits; it owns the table
-	rconn       *netlink.Conn // reads: a read that fails never closes the owner
+	rconn       readConn      // reads: a read that fails never closes the owner
 	unsupported bool          // the kernel refused owner+persist flags
 	mon         *monitor      // notifications: who touched the table (monitor.go)
 	cmu         sync.Mutex
@@ -70,8 +70,7 @@ type Netlink struct {
 	// (verify.go); nil: none, or the next read reads the table whole.
 	change *change
 
-	afterDump func()     // tests: a commit by another process during a read
-	lostRead  *nft.Table // the last read thrown away for lost notifications only
+	lostRead *nft.Table // the last read thrown away for lost notifications only
 }
 
 // maxReuse bounds how long a read may be answered from the last one: a
@@ -151,8 +150,15 @@ func (n *Netlink) monitor() (*monitor, error) {
 	return n.mon, nil
 }
 
+// readConn is the socket for reads: a *netlink.Conn (which tests wrap to
+// act between its requests).
+type readConn interface {
+	transport
+	Close() error
+}
+
 // reader returns the lasting socket for reads, dialing it first if needed.
-func (n *Netlink) reader() (*netlink.Conn, error) {
+func (n *Netlink) reader() (readConn, error) {
 	if n.rconn == nil {
 		c, err := dial(n.NetNS)
 		if err != nil {

@@ -184,9 +184,6 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	if n.afterDump != nil {
-		n.afterDump()
-	}
 	// Did a transaction that touched the table run during the read? The
 	// fence waits for any under way; the monitor says what they touched.
 	if err := fence(conn); err != nil {

@@ -304,7 +304,7 @@ func TestWireReplay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec := &recorder{conn: conn}
+		rec := &recorder{conn: conn.(*netlink.Conn)}
 		replayScenario(t, rec)
 		if t.Failed() {
 			t.FailNow()
