@@ -34,25 +34,39 @@ func startDaemonLimited(t *testing.T, topo *testnet.Topology, percent int, args 
 }
 
 // TestBusyNode: the agent under the DaemonSet's CPU limit (10% of a CPU),
-// a large table, and a neighbour committing to its own table 20 times a
-// second. A one-CIDR config change reaches the kernel, no sync fails, and
-// /healthz and /readyz answer 200 throughout: commits to other tables are
-// no reason to read the table again, and a busy node is no reason for the
-// kubelet to restart the agent. Owned (the table cannot change behind the
-// agent's back) and not owned (kernels before 6.9: the agent learns from
-// the kernel's notifications what touched its table).
+// a large table (100,000 CIDRs under `make soak`), and a neighbour
+// committing to its own table: over netlink 20 times a second, or running
+// the nft command as fast as it can (kube-proxy's nftables mode; nft reads
+// every element of the agent's sets before each of its batches). A
+// one-CIDR config change reaches the kernel, no sync fails, and /healthz
+// and /readyz answer 200 throughout: commits to other tables are no reason
+// to read the table again, and a busy node is no reason for the kubelet
+// to restart the agent. Owned (the table cannot change behind the agent's
+// back) and not owned (kernels before 6.9: the agent learns from the
+// kernel's notifications what touched its table).
 func TestBusyNode(t *testing.T) {
 	n := 10000
 	if soakMode() {
 		n = 100000
 	}
-	for _, own := range []bool{true, false} {
-		t.Run(fmt.Sprintf("own-table=%v", own), func(t *testing.T) {
+	for _, c := range []struct {
+		own bool
+		nft bool
+	}{{true, false}, {false, false}, {true, true}, {false, true}} {
+		own := c.own
+		name := fmt.Sprintf("own-table=%v", own)
+		if c.nft {
+			name += "/nft-neighbour"
+		}
+		t.Run(name, func(t *testing.T) {
 			topo := newTopology(t)
 			cm := newConfigMapDir(t, "resyncInterval: 2s\n"+manyCIDRs(n))
 			d := startDaemonLimited(t, topo, 10, "--config", cm.path(), fmt.Sprintf("--own-table=%v", own))
 			eventually(t, "the first apply", func() bool { return strings.Contains(d.output(), "msg=\"applied config\"") })
 			neighbour, err := testnet.NewNeighbour(topo.NodeHandle(), 50*time.Millisecond)
+			if c.nft {
+				neighbour, err = testnet.NewNFTNeighbour(topo.NodeNS)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
