@@ -88,14 +88,14 @@ type ControlRow struct {
 	FullChangeMessages int
 	// A one-CIDR change taken apart: one CIDR added, then removed again.
 	AddOne, RemoveOne Timing
-	// CPU time of the first apply: the agent's process (in-process Apply)
+	// CPU time of the first apply: the agent's process (in-process nft.Ensure)
 	// and the nft process, user and kernel.
 	AgentUser, AgentKernel, NFTUser, NFTKernel []time.Duration
 	// The agent's full change done as after a foreign change (Forget):
 	// the sets and chains flushed and refilled in place, in one transaction.
 	Rewrite Timing
-	// InForce[scenario]: from the agent's Apply call to the kernel's
-	// notification of its commit (the new rules in force). Apply returns
+	// InForce[scenario]: from the agent's nft.Ensure call to the kernel's
+	// notification of its commit (the new rules in force). nft.Ensure returns
 	// later: it closes its netlink socket, which waits for the kernel to
 	// free what the transaction replaced.
 	InForce [numScenarios]Timing

@@ -32,7 +32,7 @@ type ReadBackRow struct {
 	// generation (the whole table dumped); CachedRead: Read again at the
 	// same generation (answered from the last whole read).
 	Read, CachedRead Timing
-	// Resync: Apply of the same table after the generation moved (read
+	// Resync: nft.Ensure of the same table after the generation moved (read
 	// back whole, compared, nothing sent); CachedResync: at an unchanged
 	// generation.
 	Resync, CachedResync Timing
