@@ -210,3 +210,10 @@ func NewNFTNeighbour(ns string) (*Neighbour, error) {
 	})
 	return n, nil
 }
+
+// Commits returns how many commits the neighbour has made so far.
+func (n *Neighbour) Commits() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.commits
+}
