@@ -175,7 +175,7 @@ func holds(rs []netipx.IPRange, b nft.Bound) bool {
 // getElements sends one GETSETELEM request per bound, in one datagram,
 // each acknowledged, and reports which of them the kernel holds exactly;
 // plain false: an answer was more than a bound (data, a timeout, a
-// comment, a range as one element).
+// comment, a range as one element), or the kernel refused a get.
 func getElements(conn transport, set string, bs []nft.Bound) (held []bool, plain bool, err error) {
 	seq := rand.Uint32()>>1 + 1
 	msgs := make([]netlink.Message, len(bs))
@@ -211,7 +211,9 @@ func getElements(conn transport, set string, bs []nft.Bound) (held []bool, plain
 					return nil, false, errors.New("short netlink error message")
 				}
 				if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 && !absent(syscall.Errno(-code)) {
-					return nil, false, syscall.Errno(-code)
+					// A kernel that cannot get one element of such a set
+					// (EOPNOTSUPP): the caller reads the set whole.
+					plain = false
 				}
 				done++
 			case unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSETELEM:
