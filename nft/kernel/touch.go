@@ -19,7 +19,7 @@ type touch struct {
 	whole  bool                   // something no notification names closely (the table, an object): read it all
 	sets   map[string]bool        // sets added or deleted: read whole, with their elements
 	chains map[string]bool        // chains added or deleted, or their rules changed: read with their rules
-	bounds map[string][]nft.Bound // elements added or deleted, by set: read one by one
+	bounds map[string][]nft.Bound // elements added or deleted, by set: the set is read whole
 }
 
 // any reports whether anything was touched.
@@ -113,14 +113,31 @@ func reread(conn transport, ours uint32, last *nft.Table, t touch) (*nft.Table, 
 		return nil, false, nil
 	}
 	out := last.Clone()
-	for _, name := range slices.Sorted(maps.Keys(t.sets)) {
+	// A set whose elements were touched is read whole, as the whole read
+	// reads it: a get of one element of an interval set answers with what
+	// the kernel's walk finds near the key, which with a foreign lone
+	// start or end is not the element asked for, so the bounds a
+	// notification names cannot be read one by one.
+	sets := maps.Clone(t.sets)
+	if sets == nil {
+		sets = map[string]bool{}
+	}
+	for name := range t.bounds {
+		sets[name] = true
+	}
+	for _, name := range slices.Sorted(maps.Keys(sets)) {
 		s, found, err := getSet(conn, name)
 		if err != nil {
 			return nil, false, err
 		}
-		out.Sets = slices.DeleteFunc(out.Sets, func(s nft.Set) bool { return s.Name == name })
-		if found {
+		i := slices.IndexFunc(out.Sets, func(s nft.Set) bool { return s.Name == name })
+		switch {
+		case found && i >= 0:
+			out.Sets[i] = s
+		case found:
 			out.Sets = append(out.Sets, s)
+		case i >= 0:
+			out.Sets = slices.Delete(out.Sets, i, i+1)
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(t.chains)) {
@@ -138,19 +155,6 @@ func reread(conn transport, ours uint32, last *nft.Table, t touch) (*nft.Table, 
 			out.Chains = slices.Delete(out.Chains, i, i+1)
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(t.bounds)) {
-		if t.sets[name] {
-			continue // read whole above
-		}
-		s := out.Set(name)
-		if s == nil || s.Odd != "" || len(t.bounds[name]) > maxElementGets {
-			return nil, false, nil
-		}
-		ok, err := rereadBounds(conn, s, t.bounds[name])
-		if err != nil || !ok {
-			return nil, false, err
-		}
-	}
 	// The table's own count of what it holds says whether the parts make
 	// the whole.
 	head, err := readHead(conn, ours)
@@ -160,51 +164,6 @@ func reread(conn transport, ours uint32, last *nft.Table, t touch) (*nft.Table, 
 	}
 	out.Dormant, out.Persist, out.Use = head.Dormant, head.Persist, head.Use
 	return out, true, nil
-}
-
-// rereadBounds asks the kernel for each bound a notification named and
-// puts into s exactly the bounds it holds of them; false when an answer
-// is more than a bound (an element with data, a timeout, a comment).
-func rereadBounds(conn transport, s *nft.Set, bs []nft.Bound) (bool, error) {
-	slices.SortFunc(bs, compareBound)
-	bs = slices.Compact(bs)
-	held := map[nft.Bound]bool{}
-	for start := 0; start < len(bs); start += elementGetsPerDatagram {
-		part := bs[start:min(start+elementGetsPerDatagram, len(bs))]
-		h, plain, err := getElements(conn, s.Name, part)
-		if err != nil || !plain {
-			return false, err
-		}
-		for i, b := range part {
-			held[b] = h[i]
-		}
-	}
-	all := slices.DeleteFunc(nft.Bounds(s.Elements), func(b nft.Bound) bool {
-		_, touched := held[b]
-		return touched
-	})
-	for b, ok := range held {
-		if ok {
-			all = append(all, b)
-		}
-	}
-	var shape []string
-	s.Elements, shape = nft.RangesFromBounds(all)
-	s.Odd = joinUnique(shape)
-	return true, nil
-}
-
-func compareBound(x, y nft.Bound) int {
-	if c := x.Addr.Compare(y.Addr); c != 0 {
-		return c
-	}
-	switch {
-	case x.End == y.End:
-		return 0
-	case x.End:
-		return -1
-	}
-	return 1
 }
 
 // getSet reads one set with its elements; found false: there is none.

@@ -149,9 +149,9 @@ func TestVerifyChangeNotOwned(t *testing.T) {
 }
 
 // TestRereadWhatWasTouched: not owned, after a foreign transaction the
-// read reads again what its notifications name (elements one by one, a
-// chain with its rules, a set) and finds what a whole read finds, down to
-// a lone interval start; the table is not read whole.
+// read reads again what its notifications name (a set whose elements were
+// touched, a chain with its rules, a set added) and finds what a whole read
+// finds, down to a lone interval start; the table is not read whole.
 func TestRereadWhatWasTouched(t *testing.T) {
 	n, topo := kernelNetlink(t)
 	n.NoOwner = true
