@@ -105,7 +105,7 @@ fuzz-ci:
 ## soak: the fault, load and hostile-input tests at full length (root, ~40 min)
 ## (hundreds of flips and kills, the largest inputs; the full log in
 ## bin/soak.out); `make test` runs them shortened
-SOAK_TESTS ?= TestAtomicity|TestKillMidSync|TestHostileConfigs|TestNetlinkFaults|TestCoexistence|TestLeastPrivilege
+SOAK_TESTS ?= TestAtomicity|TestKillMidSync|TestHostileConfigs|TestNetlinkFaults|TestCoexistence|TestLeastPrivilege|TestBusyNode
 .PHONY: soak
 soak: deps build
 	SOAK=1 $(GO) test -count=1 -timeout=3h -v -run='$(SOAK_TESTS)' ./test/ >bin/soak.out 2>&1; status=$$?; \

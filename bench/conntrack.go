@@ -21,7 +21,7 @@ import (
 // The conntrack cleanup of issue 14, measured as conntrack's
 // BenchmarkCleanup does (conntrack/cleanup_bench_test.go): the node
 // namespace's table filled with UDP entries over ctnetlink, a fraction of
-// them stale, then conntrack.Cleanup timed; here with a UDP probe of the
+// them stale, then conntrack.CleanupMarked timed; here with a UDP probe of the
 // data plane running through the node during each cleanup.
 
 // CleanupRow is one table size and stale fraction.
@@ -30,7 +30,7 @@ type CleanupRow struct {
 	Stale   float64
 	Skipped string // why not measured
 	Fill    time.Duration
-	Took    []time.Duration // conntrack.Cleanup, per repetition
+	Took    []time.Duration // conntrack.CleanupMarked, per repetition
 	Result  conntrack.Result
 	Left    int    // nf_conntrack_count after the (last) cleanup, the probe's entry aside
 	Alloc   uint64 // bytes allocated during the (last) cleanup, the probe's few included
@@ -67,7 +67,7 @@ var ctChanged = netip.MustParsePrefix("203.0.113.0/24")
 // change, so its entry is not stale.
 var ctProbeDst = netip.MustParseAddr("198.51.100.200")
 
-// RunConntrack measures conntrack.Cleanup at growing table sizes.
+// RunConntrack measures conntrack.CleanupMarked at growing table sizes.
 func RunConntrack(ctx context.Context, cfg Config) (*CleanupResults, error) {
 	res := &CleanupResults{}
 	cases := []struct {
@@ -152,7 +152,7 @@ func cleanupRow(ctx context.Context, topo *testnet.Topology, h *netlink.Handle, 
 		var m0, m1 runtime.MemStats
 		runtime.ReadMemStats(&m0)
 		start := time.Now()
-		r, err := conntrack.Cleanup(topo.NodeHandle(), conntrack.ModeUDP, old, new)
+		r, err := conntrack.CleanupMarked(topo.NodeHandle(), conntrack.ModeUDP, old, new, -1)
 		took := time.Since(start)
 		runtime.ReadMemStats(&m1)
 		row.Alloc = m1.TotalAlloc - m0.TotalAlloc

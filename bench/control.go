@@ -88,14 +88,14 @@ type ControlRow struct {
 	FullChangeMessages int
 	// A one-CIDR change taken apart: one CIDR added, then removed again.
 	AddOne, RemoveOne Timing
-	// CPU time of the first apply: the agent's process (in-process Apply)
+	// CPU time of the first apply: the agent's process (in-process nft.Ensure)
 	// and the nft process, user and kernel.
 	AgentUser, AgentKernel, NFTUser, NFTKernel []time.Duration
 	// The agent's full change done as after a foreign change (Forget):
 	// the sets and chains flushed and refilled in place, in one transaction.
 	Rewrite Timing
-	// InForce[scenario]: from the agent's Apply call to the kernel's
-	// notification of its commit (the new rules in force). Apply returns
+	// InForce[scenario]: from the agent's nft.Ensure call to the kernel's
+	// notification of its commit (the new rules in force). nft.Ensure returns
 	// later: it closes its netlink socket, which waits for the kernel to
 	// free what the transaction replaced.
 	InForce [numScenarios]Timing
@@ -342,7 +342,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 	// one-CIDR changes are timed: with a listener, the kernel also builds
 	// a notification per element, which would slow the large applies.
 	var mon *genMonitor
-	// apply times a.Apply(rs) and, while mon is set, the commit's
+	// apply times nft.Ensure(a, rs) and, while mon is set, the commit's
 	// notification.
 	apply := func(a *kernel.Netlink, sc Scenario, rs nft.Table) (nft.Result, time.Duration, error) {
 		g0, err := generation(fd)
@@ -352,7 +352,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 		var ru0, ru1 syscall.Rusage
 		syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 		start := time.Now()
-		res, err := a.Apply(rs)
+		res, err := nft.Ensure(a, rs)
 		took := time.Since(start)
 		syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 		if err != nil || res.Unchanged {
@@ -392,7 +392,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 			return 0, err
 		}
 		start := time.Now()
-		res, err := a.Apply(l.rules[0])
+		res, err := nft.Ensure(a, l.rules[0])
 		took := time.Since(start)
 		if err != nil {
 			return 0, err
@@ -444,7 +444,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 		if err != nil {
 			return fmt.Errorf("agent, %s: %w", s.sc, err)
 		}
-		if _, err := a.Apply(l.rules[0]); err != nil { // back to the list
+		if _, err := nft.Ensure(a, l.rules[0]); err != nil { // back to the list
 			return err
 		}
 	}
@@ -457,7 +457,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 			t  *Timing
 		}{{3, &row.AddOne}, {0, &row.RemoveOne}} {
 			start := time.Now()
-			if _, err := a.Apply(l.rules[s.rs]); err != nil {
+			if _, err := nft.Ensure(a, l.rules[s.rs]); err != nil {
 				return fmt.Errorf("agent, one CIDR added or removed (%d): %w", i, err)
 			}
 			s.t.All = append(s.t.All, time.Since(start))

@@ -249,7 +249,7 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 		c.NonMasqueradeCIDRs = cidrList(4, 0, p.N)
 		c.CIDRLimit = max(p.N, 64)
 		rs := nft.Build(c, agentOptions(p.Kind == KindAgent))
-		if _, err := (&kernel.Netlink{NetNS: int(node), NoOwner: true}).Apply(rs); err != nil {
+		if _, err := nft.Ensure(&kernel.Netlink{NetNS: int(node), NoOwner: true}, rs); err != nil {
 			return err
 		}
 	case KindAgentSelectors:
@@ -261,7 +261,7 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 		masqAddr = selectorsSNAT
 		c, o := selectorsConfig(p.N)
 		rs := nft.Build(c, o)
-		if _, err := (&kernel.Netlink{NetNS: int(node), NoOwner: true}).Apply(rs); err != nil {
+		if _, err := nft.Ensure(&kernel.Netlink{NetNS: int(node), NoOwner: true}, rs); err != nil {
 			return err
 		}
 	case KindIPTNFT, KindIPTLegacy:

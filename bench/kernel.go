@@ -32,7 +32,7 @@ type ReadBackRow struct {
 	// generation (the whole table dumped); CachedRead: Read again at the
 	// same generation (answered from the last whole read).
 	Read, CachedRead Timing
-	// Resync: Apply of the same table after the generation moved (read
+	// Resync: nft.Ensure of the same table after the generation moved (read
 	// back whole, compared, nothing sent); CachedResync: at an unchanged
 	// generation.
 	Resync, CachedResync Timing
@@ -227,7 +227,7 @@ func readBack(ctx context.Context, topo *testnet.Topology, n, reps int, row *Rea
 	want := wantTable(n)
 	a := &kernel.Netlink{NetNS: fd, NoOwner: true}
 	defer a.Close()
-	if _, err := a.Apply(want); err != nil {
+	if _, err := nft.Ensure(a, want); err != nil {
 		return err
 	}
 	timed := func(f func() error) (time.Duration, error) {
@@ -241,7 +241,7 @@ func readBack(ctx context.Context, topo *testnet.Topology, n, reps int, row *Rea
 			return err
 		}
 		var res nft.Result
-		d, err := timed(func() (err error) { res, err = a.Apply(want); return })
+		d, err := timed(func() (err error) { res, err = nft.Ensure(a, want); return })
 		if err != nil {
 			return err
 		}

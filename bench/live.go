@@ -131,7 +131,7 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 		return errors.New("the agent made no first commit within 20s")
 	}
 	// Between trials, wait until the agent is done with the last one (it
-	// logs after its Apply returns), and a little more: in real use, updates
+	// logs after its nft.Ensure returns), and a little more: in real use, updates
 	// come seconds apart, not while the agent still works on the last one.
 	idle := func(marker string, n int) {
 		d.WaitCount(ctx, trialTimeout, marker, n)

@@ -76,7 +76,7 @@ func Targets(r *Results) []Target {
 			moves += x.UnchangedGenMoves
 		}
 		add("an unchanged resync under 1 ms with no kernel write (every list size)",
-			fmt.Sprintf("`Apply` at most %s (%s); messages sent: %d, nftables generation moves: %d. "+
+			fmt.Sprintf("`nft.Ensure` at most %s (%s); messages sent: %d, nftables generation moves: %d. "+
 				"The daemon's resync also re-reads the file: parsing up to %s and `nft.Build` up to %s (at the largest list)",
 				fmtDur(worst), worstRow, sent, moves, fmtDur(parse), fmtDur(build)),
 			ptr(worst < time.Millisecond && sent == 0 && moves == 0))
@@ -86,7 +86,7 @@ func Targets(r *Results) []Target {
 	if x := row(4, 10_000); x != nil {
 		d := x.Times[0][OneChanged].Median()
 		add("one CIDR changed out of 10,000 under 5 ms",
-			fmt.Sprintf("%s until Apply returns; the new rules are in force after %s (%d messages; adding one CIDR alone: %s, removing one: %s)",
+			fmt.Sprintf("%s until nft.Ensure returns; the new rules are in force after %s (%d messages; adding one CIDR alone: %s, removing one: %s)",
 				fmtDur(d), fmtDur(x.InForce[OneChanged].Median()), x.OneChangedMessages,
 				fmtDur(x.AddOne.Median()), fmtDur(x.RemoveOne.Median())),
 			ptr(d < 5*time.Millisecond))
@@ -271,7 +271,7 @@ func controlMarkdown(b *strings.Builder, r *Results) {
 		"repetitions (5; 3 at 100,000; `(n=…)` marks cells cut short after 20 s). The list is /29s from 100.64.0.0/10\n" +
 		"(IPv6: /48s from fd42::/16); \"one CIDR changed\" replaces its middle entry, \"full change\" swaps it for\n" +
 		"another list of the same size (from 240.0.0.0/4; IPv6 fd43::/16), and back.\n\n" +
-		"- **agent**: `kernel.Netlink.Apply` in-process on the namespace (the table not owned), one `kernel.Netlink`\n" +
+		"- **agent**: `nft.Ensure` on a `kernel.Netlink` in-process on the namespace (the table not owned), one `kernel.Netlink`\n" +
 		"  from the first apply on: each apply reads the table back, compares, sends the plan of the\n" +
 		"  differences and reads back again; an unchanged resync here finds the generation of its last whole\n" +
 		"  read, reuses it and sends nothing (the cost of a whole read-back is under \"Kernel side\").\n" +
@@ -318,8 +318,8 @@ func controlMarkdown(b *strings.Builder, r *Results) {
 		w("Not measured: %s.\n\n", strings.Join(skipped, "; "))
 	}
 
-	w("The agent in detail: what the daemon does besides `Apply` on each sync (parse the file, `nft.Build`),\n" +
-		"what it sends, CPU time of the first apply (the harness process around the in-process `Apply`, and\n" +
+	w("The agent in detail: what the daemon does besides `nft.Ensure` on each sync (parse the file, `nft.Build`),\n" +
+		"what it sends, CPU time of the first apply (the harness process around the in-process `nft.Ensure`, and\n" +
 		"the `nft -f` process; user + kernel, split by the kernel in proportion to 4 ms ticks, so small\n" +
 		"figures are rough), a full change written as after a foreign change (sets and\n" +
 		"chains flushed and refilled in place, one transaction), and the real binary: its peak RSS (VmHWM)\n" +
@@ -346,7 +346,7 @@ func controlMarkdown(b *strings.Builder, r *Results) {
 			w("- IPv%d %s: %s\n", x.Family, num(x.N), e)
 		}
 	}
-	w("\"Agent\" is the time until `Apply` returns. For one-CIDR changes, \"rules in force\" is the time until\n" +
+	w("\"Agent\" is the time until `nft.Ensure` returns. For one-CIDR changes, \"rules in force\" is the time until\n" +
 		"the kernel's notification of the agent's commit reaches a monitor socket (a netlink subscription to\n" +
 		"the namespace's nftables events, open only while those are timed: with a listener the kernel also\n" +
 		"builds a notification per element, which would slow the large applies): the new rules decide from\n" +
@@ -755,7 +755,7 @@ func kernelMarkdown(b *strings.Builder, r *Results) {
 		"  after an unrelated commit (an empty `table ip x` added and deleted) moved the generation: the table,\n" +
 		"  its sets with every element, its chains and rules dumped over netlink.\n" +
 		"- **unchanged generation**: the same Read once more, answered from the last whole read.\n" +
-		"- **unchanged resync**: `Apply` of the same table, after the generation moved and at an unchanged one:\n" +
+		"- **unchanged resync**: `nft.Ensure` of the same table, after the generation moved and at an unchanged one:\n" +
 		"  read, compare, nothing to send. Messages are those sent by all these resyncs; generation moves are\n" +
 		"  the commits across them (both want 0).\n\n")
 	w("| CIDRs | read back whole | read, unchanged generation | unchanged resync, read back whole | unchanged resync, unchanged generation | messages sent | generation moves |\n")
@@ -841,7 +841,7 @@ func conntrackMarkdown(b *strings.Builder, r *Results) {
 	if r.ConntrackErr != nil {
 		w("**Incomplete:** %s\n\n", oneLine(r.ConntrackErr.Error()))
 	}
-	w("`conntrack.Cleanup` in-process, with the setup of `BenchmarkCleanup` (conntrack/cleanup_bench_test.go, which\n" +
+	w("`conntrack.CleanupMarked` in-process, with the setup of `BenchmarkCleanup` (conntrack/cleanup_bench_test.go, which\n" +
 		"`go test -run '^$' -bench Cleanup -benchtime 1x ./conntrack/` runs alone): the table is filled with UDP entries by ctnetlink (not counted) in the\n" +
 		"node namespace of an `internal/testnet` topology; \"stale\" entries are masqueraded entries to\n" +
 		"203.0.113.0/24, which the new decider no longer masquerades; the others go to ranges whose decision did\n" +

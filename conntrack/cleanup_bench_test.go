@@ -67,7 +67,7 @@ func BenchmarkCleanup(b *testing.B) {
 				}
 				b.Logf("created %d entries in %s", c.n, time.Since(t0).Round(time.Millisecond))
 				b.StartTimer()
-				res, err = Cleanup(topo.NodeHandle(), ModeUDP, old, new)
+				res, err = CleanupMarked(topo.NodeHandle(), ModeUDP, old, new, -1)
 				if err != nil {
 					b.Fatal(err)
 				}

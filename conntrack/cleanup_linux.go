@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Cleanup deletes, in the network namespace ns (0 or -1: the caller's),
+// CleanupMarked deletes, in the network namespace ns (0 or -1: the caller's),
 // the conntrack entries whose masquerade decision changed from old to new
 // and whose NAT state disagrees with new: UDP entries with ModeUDP (and
 // the zero Mode), entries of every protocol with ModeAll, nothing with
@@ -28,7 +28,7 @@ import (
 // is source-NATed to an address that is not the node's (another table's
 // SNAT). An entry is source-NATed when its status has IPS_SRC_NAT or its
 // reply goes to another address than the original source. Without a mark
-// (see CleanupMarked), an entry masqueraded to a node address by another
+// (mark -1), an entry masqueraded to a node address by another
 // table (kube-proxy's) for a destination whose decision changed from
 // masquerade to not is taken for the agent's and deleted.
 //
@@ -41,15 +41,12 @@ import (
 // Result still counts what was done (a dump interrupted by concurrent
 // changes is reported as an error after the entries it returned are
 // handled).
-func Cleanup(ns netns.NsHandle, mode Mode, old, new Decider) (Result, error) {
-	return CleanupMarked(ns, mode, old, new, -1)
-}
-
-// CleanupMarked is Cleanup when the old table's masquerade rules marked
-// the connections they masqueraded with conntrack label bit mark (-1: they
-// did not, which is Cleanup): an entry the new rules do not masquerade is
-// deleted when it carries the mark, and only then; entries masqueraded by
-// another chain (kube-proxy's, a CNI's) never carry it.
+//
+// With mark 0-127, the old table's masquerade rules marked the
+// connections they masqueraded with that conntrack label bit (-1: they did
+// not): an entry the new rules do not masquerade is deleted when it
+// carries the mark, and only then; entries masqueraded by another chain
+// (kube-proxy's, a CNI's) never carry it.
 func CleanupMarked(ns netns.NsHandle, mode Mode, old, new Decider, mark int) (Result, error) {
 	var res Result
 	if mode == "" {

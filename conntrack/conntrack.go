@@ -4,7 +4,7 @@
 // The agent's rules decide once per connection, on its first packet, and
 // conntrack keeps that decision for the connection's life. A UDP flow that
 // never pauses (metrics, logs, RTP) keeps its entry, and so its old
-// decision, forever. After the new rules are applied, Cleanup dumps the
+// decision, forever. After the new rules are applied, CleanupMarked dumps the
 // conntrack table of the node's network namespace over netlink and deletes
 // the entries whose NAT state disagrees with the new decision for their
 // destination, when that decision changed; the next packet of the flow then
@@ -22,7 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Mode says which conntrack entries Cleanup may delete: the value of the
+// Mode says which conntrack entries CleanupMarked may delete: the value of the
 // flag --conntrack-cleanup.
 type Mode string
 
@@ -86,7 +86,7 @@ type Flow struct{ Src, Dst netip.Addr }
 // share a destination), so a cleanup asks it once per entry.
 type Decider func(Flow) (masquerade, handled bool)
 
-// Result is what one Cleanup did.
+// Result is what one CleanupMarked did.
 type Result struct {
 	Examined int           // entries dumped (of both families)
 	Deleted  int           // entries deleted (or gone by the time of their deletion)

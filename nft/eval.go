@@ -18,7 +18,7 @@ import (
 // Packet: source, destination, out interface), as the kernel evaluates
 // them, expression by expression, loading the bytes of the packet each
 // selector's expression asks for (selector.go):
-// Decide is it without reasons (the conntrack cleanup), Explain and
+// Decider is it without reasons (the conntrack cleanup), Explain and
 // ExplainTable are it with reasons (explain.go), EvalChain offers it for
 // one chain of any table, and MatchExprs, RuleVerdict, RuleTarget and
 // RulePasses for one rule (the original agent's iptables-nft rules,
@@ -26,7 +26,7 @@ import (
 
 // evaluation is what a table does with a new connection.
 type evaluation struct {
-	handled bool   // the table's decision chain has a rule for the address's family (Decide's handled)
+	handled bool   // the table's decision chain has a rule for the address's family (Decider's handled)
 	dormant bool   // the table is switched off: it decides nothing
 	noBase  bool   // no chain is hooked at nat postrouting
 	base    string // the last base chain evaluated
@@ -100,23 +100,18 @@ func familyOf(addr netip.Addr) Family {
 	return 4
 }
 
-// Decide says what the table does with a new connection p from a pod, as
-// the kernel evaluates it: masquerade or not, and whether the table
-// handles its destination's family at all (IPv6 without --enable-ipv6 is not;
-// neither is anything when there is no table). It is for the conntrack
-// cleanup, which asks it of the wanted table and of the table the kernel
-// held before: the base chains hooked at nat postrouting in priority
-// order (with their policy), the jumps, the rules, foreign ones included,
-// a dormant table (which decides nothing), as ExplainTable evaluates them
-// without the reasons; sets are looked up by binary search. A destination
-// whose outcome is undetermined (a foreign rule matches on more than
-// the packet says) is not handled: the cleanup then keeps its entries.
-func (t Table) Decide(p Packet) (masquerade, handled bool) {
-	masq, handled, _ := t.decide(p)
-	return masq, handled
-}
-
-// Decider returns Decide for many packets: the rules' expressions are
+// Decider returns what the table does with new connections from pods, as
+// the kernel evaluates them: for a packet p, masquerade or not, and
+// whether the table handles its destination's family at all (IPv6 without
+// --enable-ipv6 is not; neither is anything when there is no table). It
+// is for the conntrack cleanup, which asks it of the wanted table and of
+// the table the kernel held before: the base chains hooked at nat
+// postrouting in priority order (with their policy), the jumps, the
+// rules, foreign ones included, a dormant table (which decides nothing),
+// as ExplainTable evaluates them without the reasons; sets are looked up
+// by binary search. A destination whose outcome is undetermined (a
+// foreign rule matches on more than the packet says) is not handled: the
+// cleanup then keeps its entries. The rules' expressions are
 // encoded once (a table read back has them already), and the answers are
 // remembered (up to deciderMemo of them) by destination alone when the
 // evaluation read nothing else of the packet, else by the whole packet:
@@ -197,7 +192,7 @@ const (
 // MatchExprs evaluates the expressions of a rule of any table (the
 // original agent's iptables-nft rules, say) on a new connection p from a
 // pod (local: its destination is one of the node's own addresses), with
-// the evaluator of Decide and ExplainTable: whether its matches hold (set
+// the evaluator of Decider and ExplainTable: whether its matches hold (set
 // lookups are unknown). RuleVerdict says what the rule then does.
 func MatchExprs(exprs []expr.Any, p Packet, local bool) Match {
 	m, _ := (&evaluator{pkt: p.unmapped(), local: local}).matchExprs(exprs)
@@ -248,7 +243,7 @@ type ChainVerdict struct {
 // EvalChain evaluates the rules of one chain of any table (FoundRule of
 // the original agent's iptables-nft rules, say) on a new connection p
 // from a pod (local: its destination is one of the node's own addresses)
-// with the evaluator of Decide and ExplainTable. The chain is taken on
+// with the evaluator of Decider and ExplainTable. The chain is taken on
 // its own: its set lookups are unknown, and so is where a jump or goto
 // leads.
 func EvalChain(name string, rules []Rule, p Packet, local bool) ChainVerdict {
@@ -311,7 +306,7 @@ type evaluator struct {
 	t     *Table
 	pkt   Packet
 	local bool
-	quiet bool  // no rule texts, no steps (Decide)
+	quiet bool  // no rule texts, no steps (Decider)
 	reads uint8 // the selectors loaded, a bit each (1 << Selector): what the outcome depends on
 
 	regs    map[uint32][]byte // reused by match

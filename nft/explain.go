@@ -43,7 +43,7 @@ func (e Explanation) Verdict() string {
 // Explain says what the ruleset Build makes of cfg and o does with a new
 // connection p (a destination, and a source or out interface when known),
 // from the config alone: the rules are evaluated as the kernel
-// evaluates them (the evaluator of Decide and ExplainTable), and the
+// evaluates them (the evaluator of Decider and ExplainTable), and the
 // reason names the config entry behind the set element that matched. It
 // cannot know the node's own addresses, which the kernel never
 // masquerades (the base chain's `fib daddr type != local`).

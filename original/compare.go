@@ -391,7 +391,7 @@ func At(o Rules, cfg config.Config, flags config.Flags, opts nft.Options, a neti
 	now := o.afterSwitch(opts).decide(a)
 	if !now.decided {
 		now.d = NotMasqueraded
-		if m, _ := nft.Build(cfg.DestinationOnly(), opts).Decide(nft.Packet{Dst: a}); m {
+		if m, _ := nft.Build(cfg.DestinationOnly(), opts).Decider()(nft.Packet{Dst: a}); m {
 			now.d = Masqueraded
 		}
 	}

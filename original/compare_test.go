@@ -155,7 +155,7 @@ func TestCompareExact(t *testing.T) {
 		"255.255.255.255", "2001:db8::1", "2001:db8:8000::1", "fe80::1", "::1", "ffff::1"} {
 		a := netip.MustParseAddr(s)
 		e, decided := o.ExplainOriginal(a, false)
-		m, _ := want.Decide(nft.Packet{Dst: a})
+		m, _ := want.Decider()(nft.Packet{Dst: a})
 		differs := (decided && e.Masquerade) != m
 		reported := false
 		for _, d := range c.Differences {
@@ -225,7 +225,7 @@ func TestCompareRandom(t *testing.T) {
 			now := after.decide(a)
 			if !now.decided {
 				now.d = NotMasqueraded
-				if m, _ := want.Decide(nft.Packet{Dst: a}); m {
+				if m, _ := want.Decider()(nft.Packet{Dst: a}); m {
 					now.d = Masqueraded
 				}
 			}

@@ -80,7 +80,7 @@ func TestRenderMatchesKernel(t *testing.T) {
 			}
 			rs := nft.Build(cfg, tc.opts)
 			a := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
-			if _, err := a.Apply(rs); err != nil {
+			if _, err := nft.Ensure(a, rs); err != nil {
 				t.Fatal(err)
 			}
 			file := filepath.Join(t.TempDir(), "ruleset.nft")
@@ -267,14 +267,14 @@ func TestFailedBatchChangesNothing(t *testing.T) {
 	topo := newTopology(t)
 	a := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 	good := nft.Build(config.Default(config.Flags{}), nft.Options{Chain: nft.DefaultChain, RandomFully: true})
-	if _, err := a.Apply(good); err != nil {
+	if _, err := nft.Ensure(a, good); err != nil {
 		t.Fatal(err)
 	}
 	before := listTable(t, topo)
 
 	bad := nft.Build(config.Default(config.Flags{}), nft.Options{Chain: nft.DefaultChain, RandomFully: true})
 	bad.Sets[1].Elements = append(bad.Sets[1].Elements, netipx.RangeOfPrefix(netip.MustParsePrefix("10.1.0.0/16")))
-	_, err := a.Apply(bad)
+	_, err := nft.Ensure(a, bad)
 	if err == nil {
 		t.Fatal("the kernel accepted overlapping intervals")
 	}
@@ -285,7 +285,7 @@ func TestFailedBatchChangesNothing(t *testing.T) {
 	if after := listTable(t, topo); after != before {
 		t.Errorf("a refused batch changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
-	if _, err := a.Apply(good); err != nil {
+	if _, err := nft.Ensure(a, good); err != nil {
 		t.Errorf("apply after a refused batch: %v", err)
 	}
 }

@@ -44,7 +44,7 @@ func applyConntrackConfig(t *testing.T, topo *testnet.Topology, yaml string, ipv
 		t.Fatalf("config %q: %v", yaml, err)
 	}
 	opts := nft.Options{Chain: nft.DefaultChain, EnableIPv6: ipv6, RandomFully: true}
-	if _, err := (&kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}).Apply(nft.Build(cfg, opts)); err != nil {
+	if _, err := nft.Ensure(&kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}, nft.Build(cfg, opts)); err != nil {
 		t.Fatalf("apply config %q: %v", yaml, err)
 	}
 	return func(f conntrack.Flow) (bool, bool) {
@@ -188,7 +188,7 @@ func (s *udpStream) senderState() string {
 
 func cleanup(t *testing.T, topo *testnet.Topology, mode conntrack.Mode, old, new conntrack.Decider) conntrack.Result {
 	t.Helper()
-	res, err := conntrack.Cleanup(topo.NodeHandle(), mode, old, new)
+	res, err := conntrack.CleanupMarked(topo.NodeHandle(), mode, old, new, -1)
 	if err != nil {
 		t.Fatalf("Cleanup(%s): %v", mode, err)
 	}

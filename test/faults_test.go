@@ -342,7 +342,7 @@ func TestAtomicityUnderTraffic(t *testing.T) {
 	for n := 0; n < flips; n++ {
 		mark := ty.completed()
 		start := time.Now()
-		res, err := a.Apply(states[(n+1)%2])
+		res, err := nft.Ensure(a, states[(n+1)%2])
 		took = append(took, time.Since(start))
 		if err != nil {
 			t.Fatalf("flip %d: %v", n, err)

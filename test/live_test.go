@@ -22,15 +22,17 @@ func build(t *testing.T, yaml string) nft.Table {
 	return nft.Build(cfg, nft.Options{Chain: nft.DefaultChain, RandomFully: true})
 }
 
+// manyCIDRs is a nonMasqueradeCIDRs list of n CIDRs that stay n set
+// elements: /25s with a gap between any two (adjacent ones would merge).
 func manyCIDRs(n int, extra ...string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "cidrLimit: %d\nnonMasqueradeCIDRs:\n", n+len(extra))
 	for i := 0; i < n; i++ {
 		if i < 192*256 {
-			fmt.Fprintf(&b, "- 100.%d.%d.0/24\n", 64+i/256, i%256)
+			fmt.Fprintf(&b, "- 100.%d.%d.0/25\n", 64+i/256, i%256)
 		} else { // set elements only: no traffic goes there
 			j := i - 192*256
-			fmt.Fprintf(&b, "- 101.%d.%d.0/24\n", j/256, j%256)
+			fmt.Fprintf(&b, "- 101.%d.%d.0/25\n", j/256, j%256)
 		}
 	}
 	for _, e := range extra {
@@ -41,7 +43,7 @@ func manyCIDRs(n int, extra ...string) string {
 
 func mustApplyRS(t *testing.T, a *kernel.Netlink, rs nft.Table) nft.Result {
 	t.Helper()
-	res, err := a.Apply(rs)
+	res, err := nft.Ensure(a, rs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +73,7 @@ func TestNoChurn(t *testing.T) {
 
 	// One CIDR changed out of 10,001: one removal, one addition; the
 	// rules, untouched, keep their counters.
-	rs2 := build(t, strings.Replace(manyCIDRs(10_000, "10.0.0.0/8"), "- 100.64.0.0/24\n", "- 203.0.113.0/24\n", 1))
+	rs2 := build(t, strings.Replace(manyCIDRs(10_000, "10.0.0.0/8"), "- 100.64.0.0/25\n", "- 203.0.113.0/24\n", 1))
 	res := mustApplyRS(t, a, rs2)
 	if !res.Partial || res.Messages != 2 {
 		t.Errorf("one CIDR changed: %+v, want a partial apply of 2 messages", res)
@@ -80,8 +82,8 @@ func TestNoChurn(t *testing.T) {
 		t.Errorf("a set change touched the rules:\nbefore:\n%s\nafter:\n%s", withoutSets(counted), got)
 	}
 	expectSources(t, topo, map[string]bool{internet1: false, internet2: true, private1: false})
-	if out, _ := topo.NFT("get", "element", "inet", "ip-masq-agent", "nonmasq-v4", "{ 100.64.0.1 }"); strings.Contains(out, "100.64.0.0/24") {
-		t.Errorf("the removed CIDR 100.64.0.0/24 is still in the set: %s", out)
+	if out, _ := topo.NFT("get", "element", "inet", "ip-masq-agent", "nonmasq-v4", "{ 100.64.0.1 }"); strings.Contains(out, "100.64.0.0/25") {
+		t.Errorf("the removed CIDR 100.64.0.0/25 is still in the set: %s", out)
 	}
 
 	// Another process adds an element: the next resync reads the table
@@ -135,7 +137,7 @@ func TestWatchRepairs(t *testing.T) {
 				close(subscribed)
 				return
 			}
-			res, err := a.Apply(rs)
+			res, err := nft.Ensure(a, rs)
 			if err != nil {
 				t.Errorf("repair: %v", err)
 			}

@@ -54,7 +54,7 @@ func TestKernelProbeKeepsNotifications(t *testing.T) {
 			k := &kernel.Netlink{NetNS: int(topo.NodeHandle()), NoOwner: true}
 			defer k.Close()
 			want := nft.Build(config.Default(config.Flags{}), nft.Options{Chain: nft.DefaultChain, RandomFully: true})
-			if _, err := k.Apply(want); err != nil {
+			if _, err := nft.Ensure(k, want); err != nil {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithCancel(context.Background())

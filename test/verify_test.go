@@ -33,7 +33,7 @@ func TestOwnership(t *testing.T) {
 	owns := kernelOwns(t, topo)
 	a := &kernel.Netlink{NetNS: ns} // not probed: its first create asks
 	want := build(t, manyCIDRs(100, "10.0.0.0/8"))
-	res, err := a.Apply(want)
+	res, err := nft.Ensure(a, want)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestOwnership(t *testing.T) {
 		if out, err := topo.NFT("flush", "set", "inet", nft.TableName, nft.SetNonMasqV4); err != nil {
 			t.Fatalf("nft flush set on a table not owned: %v %s", err, out)
 		}
-		if res, err := a.Apply(want); err != nil || !res.Partial {
+		if res, err := nft.Ensure(a, want); err != nil || !res.Partial {
 			t.Fatalf("repair: %+v, %v; want changed in place", res, err)
 		}
 		a.Close()
@@ -65,7 +65,7 @@ func TestOwnership(t *testing.T) {
 	}
 	other := &kernel.Netlink{NetNS: ns}
 	defer other.Close()
-	if _, err := other.Apply(want); !errors.Is(err, nft.ErrOwnedByOther) {
+	if _, err := nft.Ensure(other, want); !errors.Is(err, nft.ErrOwnedByOther) {
 		t.Fatalf("a second agent's apply: %v, want ErrOwnedByOther", err)
 	}
 	if err := other.Delete(); !errors.Is(err, nft.ErrOwnedByOther) {
@@ -76,7 +76,7 @@ func TestOwnership(t *testing.T) {
 	if err != nil || !strings.Contains(listed, "10.0.0.0/8") {
 		t.Fatalf("after the owner exited the table is gone: %v\n%s", err, listed)
 	}
-	res, err = other.Apply(want)
+	res, err = nft.Ensure(other, want)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestStalePlanRefused(t *testing.T) {
 	if _, err := k.Send(p, gen); !errors.Is(err, syscall.EEXIST) || !errors.Is(err, nft.ErrStale) {
 		t.Fatalf("a plan for a table that was not there: %v, want EEXIST and ErrStale", err)
 	}
-	res, err := k.Apply(want)
+	res, err := nft.Ensure(k, want)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +332,7 @@ func TestRandomPlansKernel(t *testing.T) {
 				t.Logf("step %d: tamper %q refused: %v %s", i, tamper, err, out)
 			}
 		}
-		res, err := k.Apply(want)
+		res, err := nft.Ensure(k, want)
 		if err != nil {
 			t.Fatalf("step %d: apply: %v\nconfig:\n%s", i, err, cfg)
 		}

@@ -222,8 +222,19 @@ func (a *Agent) Sync(now time.Time) error {
 }
 
 func (a *Agent) sync(now time.Time) error {
+	cfg, partial, err := a.load()
+	if err != nil && !partial {
+		return a.keepLastGood(now, err)
+	}
+	return a.apply(now, cfg, partial)
+}
+
+// load loads the config, logs its warnings when they change, and counts
+// the load. partial: some files of a config directory are bad, and cfg
+// is the merge of the others with the bad ones' last good content.
+func (a *Agent) load() (cfg config.Config, partial bool, err error) {
 	cfg, warnings, err := a.loader.Load(a.opts.ConfigPath, a.opts.Flags)
-	partial := config.IsPartial(err)
+	partial = config.IsPartial(err)
 	a.configBad = err != nil && !partial
 	if a.configBad {
 		a.refused = true
@@ -237,39 +248,43 @@ func (a *Agent) sync(now time.Time) error {
 	a.notReady = ""
 	switch _, serr := os.Stat(a.opts.ConfigPath); {
 	case partial:
-		// Some files of a config directory are bad: the merge of the
-		// others with the bad ones' last good content is applied.
 		a.metrics.ConfigLoaded("error")
 		a.logError("config file not applied; its last good content stays in force with the other files", err)
 		a.notReady = "config not applied: " + err.Error() + "; its last good content stays in force with the other files"
 	case err != nil:
 		a.metrics.ConfigLoaded("error")
-		a.logError("config not applied; the rules in the kernel are unchanged", err)
-		a.failed(now, err)
-		if a.want == nil {
-			a.metrics.NotReady("no config applied yet: " + err.Error())
-			return err
-		}
-		// The last good table stays in force, and verified: a bad
-		// ConfigMap is no reason for the kubelet to restart the agent,
-		// but the kernel's table is not the config's: not ready.
-		a.notReady = "config not applied: " + err.Error() + "; the last good config's table stays in force"
-		start := time.Now()
-		if res, kerr := nft.EnsureBy(a.kernel, *a.want, a.retryBy(now)); kerr == nil {
-			a.metrics.SyncDone("success", time.Since(start))
-			a.metrics.NotReady(a.notReady)
-			if a.opts.Applied != nil && !res.Unchanged {
-				a.opts.Applied(found(res), *a.want)
-			}
-		} else {
-			a.kernelFailed(now, kerr, time.Since(start))
-		}
-		return err
 	case errors.Is(serr, fs.ErrNotExist):
 		a.metrics.ConfigLoaded("missing")
 	default:
 		a.metrics.ConfigLoaded("success")
 	}
+	return cfg, partial, err
+}
+
+// keepLastGood handles a bad config: the kernel keeps the last good
+// config's table, verified (a bad ConfigMap is no reason for the kubelet
+// to restart the agent), but the agent is not ready.
+func (a *Agent) keepLastGood(now time.Time, err error) error {
+	a.logError("config not applied; the rules in the kernel are unchanged", err)
+	a.failed(now, err)
+	if a.want == nil {
+		a.metrics.NotReady("no config applied yet: " + err.Error())
+		return err
+	}
+	a.notReady = "config not applied: " + err.Error() + "; the last good config's table stays in force"
+	start := time.Now()
+	if res, kerr := nft.EnsureBy(a.kernel, *a.want, a.retryBy(now)); kerr == nil {
+		a.metrics.SyncDone("success", time.Since(start))
+		a.metrics.NotReady(a.notReady)
+		a.wrote(res, *a.want)
+	} else {
+		a.kernelFailed(now, kerr, time.Since(start))
+	}
+	return err
+}
+
+// apply makes the kernel hold cfg's table, and says what it did.
+func (a *Agent) apply(now time.Time, cfg config.Config, partial bool) error {
 	// A resync of an unchanged config: 100,000 CIDRs take tens of ms to
 	// build, hash and count, and the DaemonSet may run under a CPU limit.
 	// The node's interfaces that hold the snat addresses are looked up
@@ -302,6 +317,16 @@ func (a *Agent) sync(now time.Time) error {
 	if !partial {
 		a.lastErr = ""
 	}
+	a.logApplied(now, cfg, want, res, took, partial)
+	a.wrote(res, want)
+	a.cfg, a.want, a.snat = &cfg, &want, snat
+	a.deadline = now.Add(cfg.ResyncInterval)
+	return nil
+}
+
+// logApplied says what a successful sync found and did.
+func (a *Agent) logApplied(now time.Time, cfg config.Config, want nft.Table, res nft.Result, took time.Duration, partial bool) {
+	same := a.cfg != nil && a.cfg.Equal(cfg)
 	attrs := []any{"took", took.Round(time.Microsecond), "messages", res.Messages, "bytes", res.Bytes}
 	for _, s := range want.Sets {
 		attrs = append(attrs, s.Name, len(s.Elements))
@@ -312,14 +337,14 @@ func (a *Agent) sync(now time.Time) error {
 		a.log.Info("the kernel holds the config's table already; took it over without changing its contents", append(attrs, "adopted", adopted)...)
 	case a.cfg == nil:
 		a.log.Info("applied config", append(attrs, "created", res.Created, "recreated", res.Recreated)...)
-	case !a.cfg.Equal(cfg):
+	case !same:
 		a.log.Info("applied new config", append(attrs, "changes", strings.Join(cfg.Diff(*a.cfg), "; "))...)
 	case res.Unchanged:
 		a.log.Debug("resync: the table read back is the wanted one; nothing sent")
 	default:
 		a.reportRepair(res, now, "resync")
 	}
-	if res.Undone > 0 && (a.cfg == nil || !a.cfg.Equal(cfg)) {
+	if res.Undone > 0 && !same {
 		// Another process changed the table between our commit and the
 		// read that verified it: its notifications were drained by that
 		// read, so no watch event will follow. Say so, as a repair.
@@ -344,12 +369,15 @@ func (a *Agent) sync(now time.Time) error {
 			a.log.Debug("table not rendered: too many elements (ip-masq-agent list prints it)", "elements", n)
 		}
 	}
+}
+
+// wrote calls the Applied hook (the conntrack cleanup) after an Ensure
+// that wrote: the decisions running flows were made with, those of the
+// table the kernel held before, may differ from want's.
+func (a *Agent) wrote(res nft.Result, want nft.Table) {
 	if a.opts.Applied != nil && !res.Unchanged {
 		a.opts.Applied(found(res), want)
 	}
-	a.cfg, a.want, a.snat = &cfg, &want, snat
-	a.deadline = now.Add(cfg.ResyncInterval)
-	return nil
 }
 
 // repair verifies the table against the last good config's, and puts it
@@ -386,9 +414,7 @@ func (a *Agent) repair(now time.Time) {
 		return
 	}
 	a.reportRepair(res, now, "repair")
-	if a.opts.Applied != nil {
-		a.opts.Applied(found(res), *a.want)
-	}
+	a.wrote(res, *a.want)
 }
 
 // found is what the kernel held before an Ensure: the decisions that

@@ -178,3 +178,42 @@ func (n *Neighbour) Stop() (int, error) {
 	defer n.mu.Unlock()
 	return n.commits, n.err
 }
+
+// NewNFTNeighbour starts running the nft command in the namespace named ns,
+// one batch after another as fast as it can, until Stop: each adds one
+// element to a set of its own table (inet nft-neighbour) and deletes the
+// one before, as kube-proxy's nftables mode (knftables, which runs nft)
+// does on most syncs. Before such a batch nft reads every element of
+// every interval set in the namespace, the agent's included.
+func NewNFTNeighbour(ns string) (*Neighbour, error) {
+	if out, err := Exec(ns, "nft", "add table inet nft-neighbour; add set inet nft-neighbour peers { type ipv4_addr; }"); err != nil {
+		return nil, fmt.Errorf("nft neighbour: create its table: %w: %s", err, out)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &Neighbour{cancel: cancel}
+	n.wg.Go(func() {
+		defer Exec(ns, "nft", "delete table inet nft-neighbour")
+		key := func(i int) string { return fmt.Sprintf("198.51.100.%d", i%250) }
+		for i := 0; ctx.Err() == nil; i++ {
+			batch := "add element inet nft-neighbour peers { " + key(i+1) + " }"
+			if i > 0 {
+				batch += "; delete element inet nft-neighbour peers { " + key(i) + " }"
+			}
+			_, err := Exec(ns, "nft", batch)
+			n.mu.Lock()
+			if err != nil && n.err == nil {
+				n.err = err
+			}
+			n.commits++
+			n.mu.Unlock()
+		}
+	})
+	return n, nil
+}
+
+// Commits returns how many commits the neighbour has made so far.
+func (n *Neighbour) Commits() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.commits
+}

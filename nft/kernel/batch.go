@@ -156,11 +156,7 @@ func tableMessage(op nft.Op) netlink.Message {
 			flags |= netlink.Excl
 		}
 	}
-	data, _ := netlink.MarshalAttributes(attrs)
-	return netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
-		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), data...),
-	}
+	return message(unix.NFPROTO_INET, typ, flags, attrs...)
 }
 
 // elementsMessage encodes NEWSETELEM or DELSETELEM for ranges of an
@@ -173,13 +169,19 @@ func elementsMessage(verb nft.Verb, set string, rs []netipx.IPRange) netlink.Mes
 	if verb == nft.Delete {
 		typ, flags = unix.NFT_MSG_DELSETELEM, netlink.Request
 	}
+	return rawMessage(typ, flags, elementsPayload(set, nft.Bounds(rs)))
+}
+
+// elementsPayload is the payload of an element message: the set's
+// elements bs.
+func elementsPayload(set string, bs []nft.Bound) []byte {
 	// An element takes at most 36 bytes (an IPv6 key with its flag).
-	b := append(make([]byte, 0, 64+len(set)+2*36*len(rs)), nfgenmsg(unix.NFPROTO_INET, 0)...)
+	b := append(make([]byte, 0, 64+len(set)+36*len(bs)), nfgenmsg(unix.NFPROTO_INET, 0)...)
 	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_TABLE, cstring(nft.TableName))
 	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_SET, cstring(set))
 	list := len(b)
 	b = appendAttr(b, unix.NLA_F_NESTED|unix.NFTA_SET_ELEM_LIST_ELEMENTS, nil)
-	for _, e := range nft.Bounds(rs) {
+	for _, e := range bs {
 		elem := len(b)
 		b = appendAttr(b, unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, nil)
 		if e.End {
@@ -191,29 +193,7 @@ func elementsMessage(verb nft.Verb, set string, rs []netipx.IPRange) netlink.Mes
 		b = endNested(b, key)
 		b = endNested(b, elem)
 	}
-	b = endNested(b, list)
-	return netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
-		Data:   b,
-	}
-}
-
-// appendAttr appends a netlink attribute, padded to 4 bytes.
-func appendAttr(b []byte, typ uint16, payload []byte) []byte {
-	b = binary.NativeEndian.AppendUint16(b, uint16(4+len(payload)))
-	b = binary.NativeEndian.AppendUint16(b, typ)
-	b = append(b, payload...)
-	for len(b)%4 != 0 {
-		b = append(b, 0)
-	}
-	return b
-}
-
-// endNested sets the length of the nested attribute that starts at start
-// (appended with an empty payload) to cover everything appended since.
-func endNested(b []byte, start int) []byte {
-	binary.NativeEndian.PutUint16(b[start:], uint16(len(b)-start))
-	return b
+	return endNested(b, list)
 }
 
 // objectMessage deletes a stateful object or a flowtable.
@@ -225,11 +205,7 @@ func objectMessage(o nft.Object) netlink.Message {
 		typ = unix.NFT_MSG_DELFLOWTABLE
 		attrs = []netlink.Attribute{attr(flowtableAttrTable, cstring(nft.TableName)), attr(flowtableAttrName, cstring(o.Name))}
 	}
-	data, _ := netlink.MarshalAttributes(attrs)
-	return netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: netlink.Request},
-		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), data...),
-	}
+	return message(unix.NFPROTO_INET, typ, netlink.Request, attrs...)
 }
 
 // ruleMessage encodes a NEWRULE message (appended to its chain; without
@@ -250,13 +226,8 @@ func ruleMessage(chain string, r nft.Rule) (netlink.Message, error) {
 	if err != nil {
 		return netlink.Message{}, err
 	}
-	return netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWRULE),
-			Flags: netlink.Request | netlink.Create | unix.NLM_F_APPEND,
-		},
-		Data: append(nfgenmsg(unix.NFPROTO_INET, 0), data...),
-	}, nil
+	return rawMessage(unix.NFT_MSG_NEWRULE, netlink.Request|netlink.Create|unix.NLM_F_APPEND,
+		append(nfgenmsg(unix.NFPROTO_INET, 0), data...)), nil
 }
 
 func (b *batch) size() int {
@@ -269,31 +240,6 @@ func (b *batch) size() int {
 
 // replyTimeout bounds the wait for the kernel's answer to one batch.
 const replyTimeout = 30 * time.Second
-
-// sendAll writes messages to the kernel in one datagram, marshalled into
-// one buffer of the size they need (mdlayher/netlink's SendMessages grows
-// its buffer message by message).
-func sendAll(conn transport, msgs []netlink.Message, size int) error {
-	return datagramsOf(conn).writeDatagram(marshalDatagram(msgs, size))
-}
-
-// marshalDatagram puts messages, whose headers are set, one after another.
-func marshalDatagram(msgs []netlink.Message, size int) []byte {
-	buf := make([]byte, 0, size)
-	for _, m := range msgs {
-		n := unix.NLMSG_HDRLEN + len(m.Data)
-		buf = binary.NativeEndian.AppendUint32(buf, uint32(n))
-		buf = binary.NativeEndian.AppendUint16(buf, uint16(m.Header.Type))
-		buf = binary.NativeEndian.AppendUint16(buf, uint16(m.Header.Flags))
-		buf = binary.NativeEndian.AppendUint32(buf, m.Header.Sequence)
-		buf = binary.NativeEndian.AppendUint32(buf, m.Header.PID)
-		buf = append(buf, m.Data...)
-		for len(buf)%unix.NLMSG_ALIGNTO != 0 {
-			buf = append(buf, 0)
-		}
-	}
-	return buf
-}
 
 // send sends the batch as one transaction on conn and waits for the
 // kernel's verdict; with gen not 0 the kernel refuses the batch with

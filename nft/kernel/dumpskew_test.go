@@ -43,7 +43,7 @@ func TestChainDumpSkewedByOtherTable(t *testing.T) {
 		t.Fatalf("%v %s", err, out)
 	}
 	agent := &Netlink{NetNS: n.NetNS, NoOwner: true}
-	if _, err := agent.Apply(defaultTable()); err != nil {
+	if _, err := nft.Ensure(agent, defaultTable()); err != nil {
 		t.Fatal(err)
 	}
 	agent.Close()
@@ -131,7 +131,7 @@ func TestCatchAllElementOdd(t *testing.T) {
 	n, topo := kernelNetlink(t)
 	n.NoOwner = true
 	want := defaultTable()
-	if _, err := n.Apply(want); err != nil {
+	if _, err := nft.Ensure(n, want); err != nil {
 		t.Fatal(err)
 	}
 	elem := appendAttr(nil, unix.NFTA_SET_ELEM_FLAGS, []byte{0, 0, 0, 2}) // NFT_SET_ELEM_CATCHALL

@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -9,6 +10,9 @@ import (
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Kernel tests of the netlink side that need its insides; each in a
@@ -41,7 +45,7 @@ func defaultTable() nft.Table {
 // table, writable by anyone, until the next sync).
 func TestCountersFailureKeepsOwnership(t *testing.T) {
 	n, topo := kernelNetlink(t)
-	if _, err := n.Apply(defaultTable()); err != nil {
+	if _, err := nft.Ensure(n, defaultTable()); err != nil {
 		t.Fatal(err)
 	}
 	if !n.Owns() {
@@ -79,7 +83,7 @@ func TestCountersFailureKeepsOwnership(t *testing.T) {
 func TestFence(t *testing.T) {
 	n, topo := kernelNetlink(t)
 	n.NoOwner = true
-	if _, err := n.Apply(defaultTable()); err != nil {
+	if _, err := nft.Ensure(n, defaultTable()); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := n.socket()
@@ -127,7 +131,7 @@ func TestFence(t *testing.T) {
 	if err != nil || got == last || got.Set(nft.SetNonMasqV4) == nil || len(got.Set(nft.SetNonMasqV4).Elements) != 5 {
 		t.Errorf("read after a foreign change: %v, %v", got, err)
 	}
-	if res, err := n.Apply(defaultTable()); err != nil || res.Unchanged {
+	if res, err := nft.Ensure(n, defaultTable()); err != nil || res.Unchanged {
 		t.Errorf("repair: %+v %v", res, err)
 	}
 }
@@ -138,7 +142,7 @@ func TestFence(t *testing.T) {
 func TestReadStaleDuringForeignCommit(t *testing.T) {
 	n, topo := kernelNetlink(t)
 	n.NoOwner = true
-	if _, err := n.Apply(defaultTable()); err != nil {
+	if _, err := nft.Ensure(n, defaultTable()); err != nil {
 		t.Fatal(err)
 	}
 	runNFT := func(args ...string) {
@@ -146,28 +150,72 @@ func TestReadStaleDuringForeignCommit(t *testing.T) {
 			t.Fatalf("nft %v: %v\n%s", args, err, out)
 		}
 	}
-	n.afterDump = func() { runNFT("add", "table", "inet", "neighbour") }
+	hook := hookDumps(t, n)
+	hook.f = func() { runNFT("add", "table", "inet", "neighbour") }
 	if got, _, err := n.Read(); err != nil || got == nil {
 		t.Fatalf("a commit to another table during the read: %v", err)
 	}
-	n.afterDump = func() { runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 198.51.100.0/24 }") }
+	hook.f = func() { runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 198.51.100.0/24 }") }
 	n.last = nil
 	if _, _, err := n.Read(); !errors.Is(err, nft.ErrStale) {
 		t.Fatalf("a commit to the table during the read: %v, want ErrStale", err)
 	}
-	n.afterDump = nil
+	hook.f = nil
 	got, _, err := n.Read()
 	if err != nil || len(got.Set(nft.SetNonMasqV4).Elements) != 5 {
 		t.Fatalf("the read after: %v, %v", got, err)
 	}
 	// Ensure reads again by itself.
-	n.afterDump = func() {
-		n.afterDump = nil
+	hook.f = func() {
+		hook.f = nil
 		runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 192.0.2.0/24 }")
 	}
 	n.last = nil
-	res, err := n.Apply(defaultTable())
+	res, err := nft.Ensure(n, defaultTable())
 	if err != nil || res.Stale != 1 || res.Found == nil || len(res.Found.Set(nft.SetNonMasqV4).Elements) != 6 {
 		t.Errorf("Ensure with a commit during its first read: %+v, %v", res, err)
 	}
 }
+
+// dumpHook is the read socket of a Netlink, which runs f after each whole
+// read of the table (the flowtable dump is its last request), before the
+// fence that checks it: a commit of another process during the read.
+type dumpHook struct {
+	*netlink.Conn
+	last netlink.HeaderType
+	f    func()
+}
+
+// hookDumps gives n a read socket that runs hook.f after each whole read.
+func hookDumps(t *testing.T, n *Netlink) *dumpHook {
+	t.Helper()
+	c, err := dial(n.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &dumpHook{Conn: c}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.rconn != nil {
+		n.rconn.Close()
+	}
+	n.rconn = h
+	return h
+}
+
+func (h *dumpHook) Send(m netlink.Message) (netlink.Message, error) {
+	h.last = m.Header.Type
+	return h.Conn.Send(m)
+}
+
+func (h *dumpHook) writeDatagram(b []byte) error {
+	if h.f != nil && h.last == netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETFLOWTABLE) &&
+		bytes.Contains(b, []byte(fenceName)) {
+		h.f()
+	}
+	h.last = 0
+	return rawSocket{h.Conn}.writeDatagram(b)
+}
+
+func (h *dumpHook) readDatagram(b []byte) (int, error) { return rawSocket{h.Conn}.readDatagram(b) }
+func (h *dumpHook) growSendBuffer(size int) error      { return rawSocket{h.Conn}.growSendBuffer(size) }

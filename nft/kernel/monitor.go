@@ -29,12 +29,13 @@ type monitor struct {
 	mu      sync.Mutex
 	conn    *netlink.Conn
 	buf     []byte
-	touched bool        // a foreign transaction touched the table
+	touched touch       // what foreign transactions did to the table (touch.go)
 	lost    bool        // notifications were lost: anything may have happened
 	what    []string    // what the transaction under way did to the table
 	lastGen uint32      // the last transaction's generation; 0: unknown
 	skipped bool        // our own commit ran while paused: its generations were not seen
 	watched bool        // a Watch runs
+	ours    uint32      // the port id of our commit socket: its transactions are no touch
 	events  []nft.Event // for the Watch, delivered outside mu
 }
 
@@ -62,22 +63,28 @@ func openMonitor(netns int) (*monitor, error) {
 // was touched, and whether notifications were lost (so that it may have
 // been), since the last take.
 func (m *monitor) take() (touched, lost bool, err error) {
+	t, lost, err := m.takeTouch()
+	return t.any(), lost, err
+}
+
+// takeTouch is take that says what the foreign transactions did.
+func (m *monitor) takeTouch() (touched touch, lost bool, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	raw, err := m.conn.SyscallConn()
 	if err != nil {
-		return false, true, err
+		return touch{whole: true}, true, err
 	}
 	// Control, not Read: a running Watch may be parked in Read.
 	var derr error
 	if err := raw.Control(func(fd uintptr) { derr = m.drain(int(fd)) }); err != nil {
-		return false, true, err
+		return touch{whole: true}, true, err
 	}
 	// What a read finds first needs no event: the read it is part of
 	// compares the table with the wanted one.
 	m.events = nil
 	touched, lost = m.touched, m.lost
-	m.touched, m.lost = false, false
+	m.touched, m.lost = touch{}, false
 	return touched, lost, derr
 }
 
@@ -88,6 +95,15 @@ func (m *monitor) leave() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	_ = m.conn.LeaveGroup(unix.NFNLGRP_NFTABLES)
+}
+
+// stay keeps the group joined for our own commit of a few elements:
+// the monitor tells our transaction's notifications from others' by the
+// port id of the socket that sent it.
+func (m *monitor) stay(port uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ours = port
 }
 
 // rejoin joins the notification group again after our own commit.
@@ -139,9 +155,15 @@ func (m *monitor) message(msg syscall.NetlinkMessage) {
 	}
 	typ := int(msg.Header.Type & 0xff)
 	if typ != unix.NFT_MSG_NEWGEN {
+		// The kernel writes the port id of the socket that sent the
+		// transaction into each of its notifications; only the kernel's
+		// datagrams are taken (drain), so this is no one's claim.
+		if m.ours != 0 && msg.Header.Pid == m.ours {
+			return
+		}
 		if touchesTable(typ, msg.Data) {
 			m.what = append(m.what, messageNames[typ])
-			m.touched = true
+			m.touched.note(typ, msg.Data)
 		}
 		return
 	}
@@ -221,10 +243,9 @@ func (m *monitor) close() {
 // any table's may be), so it changes nothing and notifies no one. Every
 // kernel from 4.19 on takes the lock before it looks at the messages.
 func fence(conn transport) error {
-	b := &batch{msgs: []netlink.Message{{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_DELTABLE), Flags: netlink.Request},
-		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), attrBytes(unix.NFTA_TABLE_NAME, cstring(fenceName))...),
-	}}, op: []int{0}}
+	b := &batch{msgs: []netlink.Message{
+		message(unix.NFPROTO_INET, unix.NFT_MSG_DELTABLE, netlink.Request, attr(unix.NFTA_TABLE_NAME, cstring(fenceName))),
+	}, op: []int{0}}
 	failed, err := b.send(conn, 0)
 	switch {
 	case err == nil:
@@ -242,5 +263,3 @@ var (
 	aLongTimeAgo = time.Unix(1, 0)
 	noDeadline   time.Time
 )
-
-func attrBytes(typ uint16, payload []byte) []byte { return appendAttr(nil, typ, payload) }

@@ -55,7 +55,7 @@ type Netlink struct {
 
 	mu          sync.Mutex
 	conn        *netlink.Conn // commits; it owns the table
-	rconn       *netlink.Conn // reads: a read that fails never closes the owner
+	rconn       readConn      // reads: a read that fails never closes the owner
 	unsupported bool          // the kernel refused owner+persist flags
 	mon         *monitor      // notifications: who touched the table (monitor.go)
 	cmu         sync.Mutex
@@ -66,9 +66,11 @@ type Netlink struct {
 	// transaction of another process has touched it since (the monitor).
 	last   *nft.Table
 	lastAt time.Time
+	// Our last commit to the table this socket owns, not yet read back
+	// (verify.go); nil: none, or the next read reads the table whole.
+	change *change
 
-	afterDump func()     // tests: a commit by another process during a read
-	lostRead  *nft.Table // the last read thrown away for lost notifications only
+	lostRead *nft.Table // the last read thrown away for lost notifications only
 }
 
 // maxReuse bounds how long a read may be answered from the last one: a
@@ -81,9 +83,6 @@ func (n *Netlink) Owns() bool {
 	defer n.mu.Unlock()
 	return !n.NoOwner && !n.unsupported
 }
-
-// Apply makes the kernel hold t (see Ensure).
-func (n *Netlink) Apply(t nft.Table) (nft.Result, error) { return nft.Ensure(n, t) }
 
 // Close closes the sockets. An owned table stays in force, orphaned, for
 // the next agent to adopt.
@@ -151,8 +150,15 @@ func (n *Netlink) monitor() (*monitor, error) {
 	return n.mon, nil
 }
 
+// readConn is the socket for reads: a *netlink.Conn (which tests wrap to
+// act between its requests).
+type readConn interface {
+	transport
+	Close() error
+}
+
 // reader returns the lasting socket for reads, dialing it first if needed.
-func (n *Netlink) reader() (*netlink.Conn, error) {
+func (n *Netlink) reader() (readConn, error) {
 	if n.rconn == nil {
 		c, err := dial(n.NetNS)
 		if err != nil {
@@ -179,7 +185,10 @@ func (n *Netlink) broken() {
 		n.conn.Close()
 		n.conn = nil
 	}
-	n.last = nil
+	n.last, n.change = nil, nil
+	if n.mon != nil {
+		n.mon.stay(0) // its port id may be another socket's from now on
+	}
 }
 
 // brokenReader drops the read socket after a failed read.
@@ -188,7 +197,7 @@ func (n *Netlink) brokenReader() {
 		n.rconn.Close()
 		n.rconn = nil
 	}
-	n.last = nil
+	n.last, n.change = nil, nil
 }
 
 // Send sends a plan as one transaction. With gen not 0 the kernel refuses
@@ -209,13 +218,29 @@ func (n *Netlink) Send(p nft.Plan, gen uint32) (nft.Sent, error) {
 	if err != nil {
 		return nft.Sent{}, err
 	}
+	// Whatever happens, the next read reads the table whole, unless the
+	// kernel took the plan on a table nobody else can change (owned), or
+	// the monitor sees every transaction but ours while it commits (a
+	// small plan): then it reads back what the plan changed.
+	prev, prevAt := n.last, n.lastAt
+	n.last, n.change = nil, nil
+	owned := prev != nil && prev.Owner == nft.OwnedByUs
+	watched := n.mon != nil && prev != nil && prev.Owner == nft.NotOwned && small(p)
 	if m := n.mon; m != nil {
-		m.leave()
-		defer m.rejoin()
+		if watched {
+			m.stay(conn.PID())
+		} else {
+			m.leave()
+			defer m.rejoin()
+		}
 	}
-	n.last = nil // whatever happens, the next read reads the table whole
 	sent := nft.Sent{Messages: len(b.msgs), Bytes: b.size()}
 	failed, err := b.send(conn, gen)
+	if err == nil && (owned || watched) && !p.Recreate {
+		if next, err := nft.ExecPlan(prev, p); err == nil {
+			n.change = &change{table: next, plan: p, readAt: prevAt}
+		}
+	}
 	switch {
 	case errors.Is(err, unix.ERESTART):
 		return sent, fmt.Errorf("%w: %w", nft.ErrStale, err)

@@ -291,9 +291,5 @@ func tableMsg(typ int, name string, flags netlink.HeaderFlags, tflags uint32) ne
 	if tflags != 0 {
 		attrs = append(attrs, attr(unix.NFTA_TABLE_FLAGS, binaryutil.BigEndian.PutUint32(tflags)))
 	}
-	data, _ := netlink.MarshalAttributes(attrs)
-	return netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: netlink.Request | flags},
-		Data:   append(nfgenmsg(unix.NFPROTO_INET, 0), data...),
-	}
+	return message(unix.NFPROTO_INET, typ, netlink.Request|flags, attrs...)
 }

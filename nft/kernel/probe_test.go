@@ -247,5 +247,5 @@ func mustReader(t *testing.T, n *Netlink) *netlink.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return c.(*netlink.Conn)
 }

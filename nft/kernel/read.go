@@ -1,17 +1,14 @@
 package kernel
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"slices"
-	"strings"
 	"time"
 
-	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -73,6 +70,8 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 		return nil, 0, err
 	}
 	fresh := n.last != nil && time.Since(n.lastAt) < maxReuse
+	c := n.change // verified now, or never
+	n.change = nil
 	switch {
 	case head == nil:
 		// The plan creates it exclusively: refused (ErrStale) if the
@@ -84,6 +83,19 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 		// are synchronous. No fence, no generation.
 		if fresh && n.last.Owner == nft.OwnedByUs && n.last.Dormant == head.Dormant {
 			return n.last, 0, nil
+		}
+		if c != nil && time.Since(c.readAt) < maxReuse {
+			// Our own commit: read back what it changed. The table was
+			// read whole when c was made from it; that read's age
+			// schedules the next whole one.
+			ok, err := verifyChange(conn, head, c)
+			if err != nil {
+				return nil, 0, err
+			}
+			if ok {
+				n.last, n.lastAt = c.table, c.readAt
+				return c.table, 0, nil
+			}
 		}
 		t, err := readContents(conn, head)
 		if err != nil {
@@ -113,20 +125,64 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 	if err := fence(conn); err != nil {
 		return nil, 0, err
 	}
-	touched, lost, err := mon.take()
+	what, lost, err := mon.takeTouch()
 	if err != nil {
 		return nil, 0, err
 	}
+	touched := what.any()
 	if !touched && !lost && fresh {
 		return n.last, gen, nil
 	}
+	last := n.last
 	n.last = nil
+	if touched && !lost && fresh {
+		// Another process touched the table, and its notifications
+		// name what: read that again, then make sure that no one
+		// touched the table meanwhile, as for a whole read.
+		t, ok, err := reread(conn, ours, last, what)
+		if err != nil {
+			return nil, 0, err
+		}
+		if ok {
+			if err := fence(conn); err != nil {
+				return nil, 0, err
+			}
+			if what, lost, err = mon.takeTouch(); err != nil {
+				return nil, 0, err
+			}
+			if what.any() {
+				return nil, 0, fmt.Errorf("%w: another process changed table inet %s while it was read", nft.ErrStale, nft.TableName)
+			}
+			if !lost {
+				n.last = t // the whole read it was made from schedules the next
+				return t, gen, nil
+			}
+		}
+	}
+	if !touched && !lost && c != nil && time.Since(c.readAt) < maxReuse {
+		// Our own commit, and nobody else's since the last read: read
+		// back what it changed, then make sure that no one touched the
+		// table meanwhile (the fence and the monitor, as for a whole read).
+		ok, err := verifyChange(conn, head, c)
+		if err != nil {
+			return nil, 0, err
+		}
+		if ok {
+			if err := fence(conn); err != nil {
+				return nil, 0, err
+			}
+			if touched, lost, err = mon.take(); err != nil {
+				return nil, 0, err
+			}
+			if !touched && !lost {
+				n.last, n.lastAt = c.table, c.readAt
+				return c.table, gen, nil
+			}
+		}
+	}
 	t, err := readTable(conn, ours)
 	if err != nil {
 		return nil, 0, err
-	}
-	if n.afterDump != nil {
-		n.afterDump()
 	}
 	// Did a transaction that touched the table run during the read? The
 	// fence waits for any under way; the monitor says what they touched.
@@ -204,7 +260,7 @@ func readContents(conn transport, head *nft.Table) (*nft.Table, error) {
 
 // readHead reads the table's flags and owner: nil if there is no table.
 func readHead(conn transport, ours uint32) (*nft.Table, error) {
-	msgs, err := request(conn, unix.NFT_MSG_GETTABLE, false, attr(unix.NFTA_TABLE_NAME, cstring(nft.TableName)))
+	msgs, err := get(unix.NFT_MSG_GETTABLE, attr(unix.NFTA_TABLE_NAME, cstring(nft.TableName))).ask(conn)
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -245,84 +301,94 @@ func readHead(conn transport, ours uint32) (*nft.Table, error) {
 }
 
 func readSets(conn transport, t *nft.Table) error {
-	msgs, err := request(conn, unix.NFT_MSG_GETSET, true, attr(unix.NFTA_SET_TABLE, cstring(nft.TableName)))
+	msgs, err := dump(unix.NFT_MSG_GETSET, attr(unix.NFTA_SET_TABLE, cstring(nft.TableName))).ask(conn)
 	if err != nil {
 		return fmt.Errorf("list sets: %w", err)
 	}
 	for _, m := range msgs {
-		var s nft.Set
-		var flags, keyType, keyLen uint32
-		var odd []string
-		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
-			switch ad.Type() &^ unix.NLA_F_NESTED {
-			case unix.NFTA_SET_TABLE:
-				if ad.String() != nft.TableName {
-					odd = append(odd, "other table")
-				}
-			case unix.NFTA_SET_NAME:
-				s.Name = ad.String()
-			case unix.NFTA_SET_FLAGS:
-				flags = ad.Uint32()
-			case unix.NFTA_SET_KEY_TYPE:
-				keyType = ad.Uint32()
-			case unix.NFTA_SET_KEY_LEN:
-				keyLen = ad.Uint32()
-			case unix.NFTA_SET_USERDATA:
-				s.Comment, _ = userdata.GetString(ad.Bytes(), userdata.NFTNL_UDATA_SET_COMMENT)
-			case unix.NFTA_SET_DATA_TYPE:
-				odd = append(odd, "a map")
-			case unix.NFTA_SET_OBJ_TYPE:
-				odd = append(odd, "an object map")
-			case unix.NFTA_SET_TIMEOUT, unix.NFTA_SET_GC_INTERVAL:
-				odd = append(odd, "a timeout")
-			case setAttrExpr, setAttrExpressions:
-				odd = append(odd, "set expressions")
-			case unix.NFTA_SET_DESC:
-				ad.Nested(func(d *netlink.AttributeDecoder) error {
-					for d.Next() {
-						if d.Type() == unix.NFTA_SET_DESC_SIZE && d.Uint32() != 0 {
-							odd = append(odd, fmt.Sprintf("size %d", d.Uint32()))
-						}
-					}
-					return nil
-				})
-			}
-		})
+		s, err := decodeSet(conn, m)
 		if err != nil {
 			return err
 		}
-		for k, t := range setKeyTypes {
-			if keyType == t.GetNFTMagic() && keyLen == t.Bytes {
-				s.Key = k
-			}
-		}
-		if s.Key == 0 {
-			odd = append(odd, fmt.Sprintf("key type %d of %d bytes", keyType, keyLen))
-		}
-		if flags != unix.NFT_SET_INTERVAL {
-			odd = append(odd, fmt.Sprintf("flags %#x", flags))
-		}
-		var oddElems []string
-		if nft.AgentSet(s.Name) {
-			if oddElems, err = readElements(conn, &s); err != nil {
-				return fmt.Errorf("list set %s: %w", s.Name, err)
-			}
-		} else {
-			// The plan deletes a set the agent does not make, whatever
-			// it holds: its elements (possibly millions) are not read.
-			oddElems = []string{"not the agent's (its elements were not read)"}
-		}
-		s.Odd = joinUnique(append(odd, oddElems...))
 		t.Sets = append(t.Sets, s)
 	}
 	return nil
 }
 
+// decodeSet decodes a set message, and reads the set's elements when it
+// is one of the agent's.
+func decodeSet(conn transport, m netlink.Message) (nft.Set, error) {
+	var s nft.Set
+	var flags, keyType, keyLen uint32
+	var odd []string
+	err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+		switch ad.Type() &^ unix.NLA_F_NESTED {
+		case unix.NFTA_SET_TABLE:
+			if ad.String() != nft.TableName {
+				odd = append(odd, "other table")
+			}
+		case unix.NFTA_SET_NAME:
+			s.Name = ad.String()
+		case unix.NFTA_SET_FLAGS:
+			flags = ad.Uint32()
+		case unix.NFTA_SET_KEY_TYPE:
+			keyType = ad.Uint32()
+		case unix.NFTA_SET_KEY_LEN:
+			keyLen = ad.Uint32()
+		case unix.NFTA_SET_USERDATA:
+			s.Comment, _ = userdata.GetString(ad.Bytes(), userdata.NFTNL_UDATA_SET_COMMENT)
+		case unix.NFTA_SET_DATA_TYPE:
+			odd = append(odd, "a map")
+		case unix.NFTA_SET_OBJ_TYPE:
+			odd = append(odd, "an object map")
+		case unix.NFTA_SET_TIMEOUT, unix.NFTA_SET_GC_INTERVAL:
+			odd = append(odd, "a timeout")
+		case setAttrExpr, setAttrExpressions:
+			odd = append(odd, "set expressions")
+		case unix.NFTA_SET_DESC:
+			ad.Nested(func(d *netlink.AttributeDecoder) error {
+				for d.Next() {
+					if d.Type() == unix.NFTA_SET_DESC_SIZE && d.Uint32() != 0 {
+						odd = append(odd, fmt.Sprintf("size %d", d.Uint32()))
+					}
+				}
+				return nil
+			})
+		}
+	})
+	if err != nil {
+		return nft.Set{}, err
+	}
+	for k, t := range setKeyTypes {
+		if keyType == t.GetNFTMagic() && keyLen == t.Bytes {
+			s.Key = k
+		}
+	}
+	if s.Key == 0 {
+		odd = append(odd, fmt.Sprintf("key type %d of %d bytes", keyType, keyLen))
+	}
+	if flags != unix.NFT_SET_INTERVAL {
+		odd = append(odd, fmt.Sprintf("flags %#x", flags))
+	}
+	var oddElems []string
+	if nft.AgentSet(s.Name) {
+		if oddElems, err = readElements(conn, &s); err != nil {
+			return nft.Set{}, fmt.Errorf("list set %s: %w", s.Name, err)
+		}
+	} else {
+		// The plan deletes a set the agent does not make, whatever
+		// it holds: its elements (possibly millions) are not read.
+		oddElems = []string{"not the agent's (its elements were not read)"}
+	}
+	s.Odd = joinUnique(append(odd, oddElems...))
+	return s, nil
+}
+
 // readElements reads a set's elements as ranges, and what is odd about
 // them (timeouts, expressions, comments: never the agent's).
 func readElements(conn transport, s *nft.Set) ([]string, error) {
-	msgs, err := request(conn, unix.NFT_MSG_GETSETELEM, true,
-		attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstring(nft.TableName)), attr(unix.NFTA_SET_ELEM_LIST_SET, cstring(s.Name)))
+	msgs, err := dump(unix.NFT_MSG_GETSETELEM,
+		attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstring(nft.TableName)), attr(unix.NFTA_SET_ELEM_LIST_SET, cstring(s.Name))).ask(conn)
 	if err != nil {
 		return nil, err
 	}
@@ -393,7 +459,7 @@ func decodeElements(msgs []netlink.Message, s *nft.Set) ([]string, error) {
 func readChains(conn transport, t *nft.Table) error {
 	// The chain dump cannot be filtered by table: every inet chain comes,
 	// and only the agent's are kept.
-	msgs, err := requestWhole(conn, unix.NFT_MSG_GETCHAIN, func(b []byte) bool {
+	msgs, err := dump(unix.NFT_MSG_GETCHAIN).across(func(b []byte) bool {
 		ours := false
 		walkAttrs(b, func(typ uint16, v []byte) bool {
 			if typ == unix.NFTA_CHAIN_TABLE {
@@ -403,69 +469,18 @@ func readChains(conn transport, t *nft.Table) error {
 			return true
 		})
 		return ours
-	})
+	}).ask(conn)
 	if err != nil {
 		return fmt.Errorf("list chains: %w", err)
 	}
 	for _, m := range msgs {
-		var c nft.Chain
-		var table string
-		var hook *nft.Hook
-		var odd []string
-		hooknum := uint32(0)
-		err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
-			switch ad.Type() &^ unix.NLA_F_NESTED {
-			case unix.NFTA_CHAIN_TABLE:
-				table = ad.String()
-			case unix.NFTA_CHAIN_NAME:
-				c.Name = ad.String()
-			case unix.NFTA_CHAIN_HOOK:
-				if hook == nil {
-					hook = &nft.Hook{Policy: "accept"}
-				}
-				ad.Nested(func(h *netlink.AttributeDecoder) error {
-					for h.Next() {
-						switch h.Type() &^ unix.NLA_F_NESTED {
-						case unix.NFTA_HOOK_HOOKNUM:
-							hooknum = h.Uint32()
-						case unix.NFTA_HOOK_PRIORITY:
-							hook.Priority = int(int32(h.Uint32()))
-						case unix.NFTA_HOOK_DEV, hookAttrDevs:
-							odd = append(odd, "devices")
-						}
-					}
-					return nil
-				})
-			case unix.NFTA_CHAIN_TYPE:
-				if hook == nil {
-					hook = &nft.Hook{Policy: "accept"}
-				}
-				hook.Type = ad.String()
-			case unix.NFTA_CHAIN_POLICY:
-				if hook == nil {
-					hook = &nft.Hook{Policy: "accept"}
-				}
-				if ad.Uint32() == 0 { // NF_DROP
-					hook.Policy = "drop"
-				}
-			case chainAttrFlags:
-				if f := ad.Uint32() &^ chainFlagBase; f != 0 {
-					odd = append(odd, fmt.Sprintf("flags %#x", f))
-				}
-			}
-		})
+		c, table, err := decodeChain(m)
 		if err != nil {
 			return err
 		}
-		if table != nft.TableName {
-			continue
+		if table == nft.TableName {
+			t.Chains = append(t.Chains, c)
 		}
-		if hook != nil {
-			hook.Hook = hookName(hooknum)
-			c.Hook = hook
-		}
-		c.Odd = joinUnique(odd)
-		t.Chains = append(t.Chains, c)
 	}
 	rules, err := readRules(conn)
 	if err != nil {
@@ -477,6 +492,66 @@ func readChains(conn transport, t *nft.Table) error {
 	return nil
 }
 
+// decodeChain decodes a chain message (without its rules) and the name
+// of its table.
+func decodeChain(m netlink.Message) (nft.Chain, string, error) {
+	var c nft.Chain
+	var table string
+	var hook *nft.Hook
+	var odd []string
+	hooknum := uint32(0)
+	err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
+		switch ad.Type() &^ unix.NLA_F_NESTED {
+		case unix.NFTA_CHAIN_TABLE:
+			table = ad.String()
+		case unix.NFTA_CHAIN_NAME:
+			c.Name = ad.String()
+		case unix.NFTA_CHAIN_HOOK:
+			if hook == nil {
+				hook = &nft.Hook{Policy: "accept"}
+			}
+			ad.Nested(func(h *netlink.AttributeDecoder) error {
+				for h.Next() {
+					switch h.Type() &^ unix.NLA_F_NESTED {
+					case unix.NFTA_HOOK_HOOKNUM:
+						hooknum = h.Uint32()
+					case unix.NFTA_HOOK_PRIORITY:
+						hook.Priority = int(int32(h.Uint32()))
+					case unix.NFTA_HOOK_DEV, hookAttrDevs:
+						odd = append(odd, "devices")
+					}
+				}
+				return nil
+			})
+		case unix.NFTA_CHAIN_TYPE:
+			if hook == nil {
+				hook = &nft.Hook{Policy: "accept"}
+			}
+			hook.Type = ad.String()
+		case unix.NFTA_CHAIN_POLICY:
+			if hook == nil {
+				hook = &nft.Hook{Policy: "accept"}
+			}
+			if ad.Uint32() == 0 { // NF_DROP
+				hook.Policy = "drop"
+			}
+		case chainAttrFlags:
+			if f := ad.Uint32() &^ chainFlagBase; f != 0 {
+				odd = append(odd, fmt.Sprintf("flags %#x", f))
+			}
+		}
+	})
+	if err != nil {
+		return nft.Chain{}, "", err
+	}
+	if hook != nil {
+		hook.Hook = hookName(hooknum)
+		c.Hook = hook
+	}
+	c.Odd = joinUnique(odd)
+	return c, table, nil
+}
+
 func hookName(n uint32) string {
 	names := []string{"prerouting", "input", "forward", "output", "postrouting", "ingress"}
 	if int(n) < len(names) {
@@ -485,36 +560,17 @@ func hookName(n uint32) string {
 	return fmt.Sprintf("hook %d", n)
 }
 
-// readRules reads the table's rules by chain, in order. It decodes the
-// messages itself: google/nftables v0.3.0 fails a whole GetRules on a
-// byteorder expression (which --to-ports rules hold), and drops
-// expressions it does not know.
+// readRules reads the table's rules by chain, in order (rules.go).
 func readRules(conn transport) (map[string][]nft.Rule, error) {
-	msgs, err := request(conn, unix.NFT_MSG_GETRULE, true, attr(unix.NFTA_RULE_TABLE, cstring(nft.TableName)))
+	msgs, err := dump(unix.NFT_MSG_GETRULE, attr(unix.NFTA_RULE_TABLE, cstring(nft.TableName))).ask(conn)
 	if err != nil {
 		return nil, err
 	}
 	return decodeRules(msgs)
 }
 
-// decodeRules decodes a rule dump, by chain.
-func decodeRules(msgs []netlink.Message) (map[string][]nft.Rule, error) {
-	out := map[string][]nft.Rule{}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		r, chain, err := decodeRuleMessage(m.Data[4:])
-		if err != nil {
-			return nil, err
-		}
-		out[chain] = append(out[chain], r)
-	}
-	return out, nil
-}
-
 func readObjects(conn transport, t *nft.Table) error {
-	msgs, err := requestWhole(conn, unix.NFT_MSG_GETOBJ, nil, attr(unix.NFTA_OBJ_TABLE, cstring(nft.TableName)))
+	msgs, err := dump(unix.NFT_MSG_GETOBJ, attr(unix.NFTA_OBJ_TABLE, cstring(nft.TableName))).across(nil).ask(conn)
 	if err != nil {
 		return fmt.Errorf("list objects: %w", err)
 	}
@@ -544,7 +600,7 @@ func readObjects(conn transport, t *nft.Table) error {
 			t.Objects = append(t.Objects, o)
 		}
 	}
-	msgs, err = requestWhole(conn, unix.NFT_MSG_GETFLOWTABLE, nil, attr(flowtableAttrTable, cstring(nft.TableName)))
+	msgs, err = dump(unix.NFT_MSG_GETFLOWTABLE, attr(flowtableAttrTable, cstring(nft.TableName))).across(nil).ask(conn)
 	if err != nil {
 		return fmt.Errorf("list flowtables: %w", err)
 	}
@@ -567,273 +623,6 @@ func readObjects(conn transport, t *nft.Table) error {
 		}
 	}
 	return nil
-}
-
-// decodeRuleMessage decodes a rule message's attributes (after the
-// nfgenmsg header): its expressions, comment and chain. An expression
-// that google/nftables cannot decode becomes an *expr.Match named
-// nft.UnknownPrefix + its name.
-func decodeRuleMessage(data []byte) (nft.Rule, string, error) {
-	d, err := decodeRuleAttrs(data, unix.NFPROTO_INET)
-	if err != nil {
-		return nft.Rule{}, "", err
-	}
-	comment, _ := userdata.GetString(d.userData, userdata.TypeComment)
-	r := nft.FoundRule(d.exprs, comment)
-	if r.Foreign == "" && !sameEncoding(d.raw, r) {
-		// google/nftables' decoders drop what they do not know (a masq
-		// expression's other flags, say): what decodes as the agent's
-		// rule must also be encoded exactly as the agent encodes it.
-		r.Foreign = nft.RenderRule(r) + " # its expressions differ from the agent's encoding"
-	}
-	return r, d.chain, nil
-}
-
-// rawExpr is an expression as the kernel sent it.
-type rawExpr struct {
-	name string
-	data []byte // NFTA_EXPR_DATA
-}
-
-// sameEncoding reports whether the kernel's expressions of a rule are the
-// agent's encoding of r, attribute by attribute (an attribute one side
-// leaves out equals a zero value on the other), counters' values aside.
-func sameEncoding(raw []rawExpr, r nft.Rule) bool {
-	want := r.Encode()
-	if len(raw) != len(want) {
-		return false
-	}
-	for i, e := range want {
-		b, err := marshalExpr(e)
-		if err != nil {
-			return false
-		}
-		var name string
-		var data []byte
-		walkAttrs(b, func(typ uint16, v []byte) bool {
-			switch typ {
-			case unix.NFTA_EXPR_NAME:
-				name = strings.TrimRight(string(v), "\x00")
-			case unix.NFTA_EXPR_DATA:
-				data = v
-			}
-			return true
-		})
-		if name != raw[i].name {
-			return false
-		}
-		got := raw[i].data
-		if name == "nat" {
-			got = withoutMapIPs(got)
-		}
-		if name != "counter" && !sameAttrs(got, data) {
-			return false
-		}
-	}
-	return true
-}
-
-// withoutMapIPs returns a nat expression's attributes with
-// NF_NAT_RANGE_MAP_IPS cleared from its flags: the kernel sets that flag
-// itself for a nat with an address register (nft_nat_init), and
-// google/nftables cannot send it (expr.NAT has no field for it).
-func withoutMapIPs(data []byte) []byte {
-	out := slices.Clone(data)
-	for b := out; len(b) >= 4; {
-		n := int(binary.NativeEndian.Uint16(b))
-		if n < 4 || n > len(b) {
-			return data
-		}
-		if binary.NativeEndian.Uint16(b[2:])&^unix.NLA_F_NESTED == unix.NFTA_NAT_FLAGS && n == 8 {
-			f := binary.BigEndian.Uint32(b[4:8]) &^ unix.NF_NAT_RANGE_MAP_IPS
-			binary.BigEndian.PutUint32(b[4:8], f)
-		}
-		b = b[min((n+3)&^3, len(b)):]
-	}
-	return out
-}
-
-// sameAttrs compares two attribute lists by type, nested ones recursively;
-// an attribute missing on one side equals one of zero bytes on the other.
-func sameAttrs(a, b []byte) bool {
-	type attr struct {
-		nested bool
-		v      []byte
-	}
-	parse := func(b []byte) (map[uint16]attr, bool) {
-		m := map[uint16]attr{}
-		ok := len(b) == 0 || walkAttrsFlags(b, func(typ uint16, nested bool, v []byte) bool {
-			m[typ] = attr{nested, v}
-			return true
-		})
-		return m, ok
-	}
-	ma, ok1 := parse(a)
-	mb, ok2 := parse(b)
-	if !ok1 || !ok2 {
-		return bytes.Equal(a, b)
-	}
-	zero := func(v []byte) bool { return !slices.ContainsFunc(v, func(c byte) bool { return c != 0 }) }
-	for t, x := range ma {
-		y, ok := mb[t]
-		switch {
-		case !ok:
-			if !zero(x.v) {
-				return false
-			}
-		case x.nested || y.nested:
-			if !sameAttrs(x.v, y.v) {
-				return false
-			}
-		case !bytes.Equal(x.v, y.v):
-			return false
-		}
-	}
-	for t, y := range mb {
-		if _, ok := ma[t]; !ok && !zero(y.v) {
-			return false
-		}
-	}
-	return true
-}
-
-// ruleAttrs are the attributes of a rule message.
-type ruleAttrs struct {
-	chain    string
-	handle   uint64
-	userData []byte
-	exprs    []expr.Any
-	raw      []rawExpr
-}
-
-// decodeRuleAttrs decodes a rule message of family fam (after the nfgenmsg
-// header). The family matters for xtables matches and targets (iptables-nft's
-// rules), whose info depends on it.
-func decodeRuleAttrs(data []byte, fam byte) (ruleAttrs, error) {
-	var r ruleAttrs
-	ad, err := netlink.NewAttributeDecoder(data)
-	if err != nil {
-		return r, err
-	}
-	ad.ByteOrder = binary.BigEndian
-	for ad.Next() {
-		switch ad.Type() &^ unix.NLA_F_NESTED {
-		case unix.NFTA_RULE_CHAIN:
-			r.chain = ad.String()
-		case unix.NFTA_RULE_HANDLE:
-			r.handle = ad.Uint64()
-		case unix.NFTA_RULE_USERDATA:
-			r.userData = ad.Bytes()
-		case unix.NFTA_RULE_EXPRESSIONS:
-			ad.Nested(func(list *netlink.AttributeDecoder) error {
-				for list.Next() {
-					list.Nested(func(e *netlink.AttributeDecoder) error {
-						var name string
-						hasData := false
-						for e.Next() {
-							switch e.Type() &^ unix.NLA_F_NESTED {
-							case unix.NFTA_EXPR_NAME:
-								name = e.String()
-							case unix.NFTA_EXPR_DATA:
-								hasData = true
-								r.raw = append(r.raw, rawExpr{name, e.Bytes()})
-								x, err := decodeExprFamily(fam, name, e.Bytes())
-								if err != nil {
-									return fmt.Errorf("expression %s: %w", name, err)
-								}
-								r.exprs = append(r.exprs, x)
-							}
-						}
-						if !hasData { // an expression without data (notrack, ...)
-							r.exprs = append(r.exprs, &expr.Match{Name: nft.UnknownPrefix + name})
-							r.raw = append(r.raw, rawExpr{name: name})
-						}
-						return nil
-					})
-				}
-				return nil
-			})
-		}
-	}
-	if err := ad.Err(); err != nil {
-		return ruleAttrs{}, err
-	}
-	return r, nil
-}
-
-// exprDecoders is every expression google/nftables v0.3.0 decodes, by its
-// kernel name (its own table, exprFromName, is not exported): a rule
-// statement the agent adds later (a log, a mark) reads back as itself,
-// not as an unknown expression, with no change here.
-var exprDecoders = map[string]func() expr.Any{
-	"bitwise": func() expr.Any { return &expr.Bitwise{} }, "cmp": func() expr.Any { return &expr.Cmp{} },
-	"connlimit": func() expr.Any { return &expr.Connlimit{} }, "counter": func() expr.Any { return &expr.Counter{} },
-	"ct": func() expr.Any { return &expr.Ct{} }, "dynset": func() expr.Any { return &expr.Dynset{} },
-	"exthdr": func() expr.Any { return &expr.Exthdr{} }, "fib": func() expr.Any { return &expr.Fib{} },
-	"hash": func() expr.Any { return &expr.Hash{} }, "immediate": func() expr.Any { return &expr.Immediate{} },
-	"limit": func() expr.Any { return &expr.Limit{} }, "log": func() expr.Any { return &expr.Log{} },
-	"lookup": func() expr.Any { return &expr.Lookup{} }, "masq": func() expr.Any { return &expr.Masq{} },
-	"meta": func() expr.Any { return &expr.Meta{} }, "nat": func() expr.Any { return &expr.NAT{} },
-	"numgen": func() expr.Any { return &expr.Numgen{} }, "objref": func() expr.Any { return &expr.Objref{} },
-	"payload": func() expr.Any { return &expr.Payload{} }, "queue": func() expr.Any { return &expr.Queue{} },
-	"quota": func() expr.Any { return &expr.Quota{} }, "range": func() expr.Any { return &expr.Range{} },
-	"redir": func() expr.Any { return &expr.Redir{} }, "reject": func() expr.Any { return &expr.Reject{} },
-	"secmark": func() expr.Any { return &expr.SecMark{} }, "synproxy": func() expr.Any { return &expr.SynProxy{} },
-	// an xtables match or target (iptables-nft): its name and info
-	"match": func() expr.Any { return &expr.Match{} }, "target": func() expr.Any { return &expr.Target{} },
-}
-
-// decodeExprFamily decodes one expression's data in a table of family fam.
-func decodeExprFamily(fam byte, name string, data []byte) (expr.Any, error) {
-	var e expr.Any
-	switch name {
-	case "byteorder": // google/nftables v0.3.0 cannot
-		ad, err := netlink.NewAttributeDecoder(data)
-		if err != nil {
-			return nil, err
-		}
-		ad.ByteOrder = binary.BigEndian
-		b := &expr.Byteorder{}
-		for ad.Next() {
-			switch ad.Type() {
-			case unix.NFTA_BYTEORDER_SREG:
-				b.SourceRegister = ad.Uint32()
-			case unix.NFTA_BYTEORDER_DREG:
-				b.DestRegister = ad.Uint32()
-			case unix.NFTA_BYTEORDER_OP:
-				b.Op = expr.ByteorderOp(ad.Uint32())
-			case unix.NFTA_BYTEORDER_LEN:
-				b.Len = ad.Uint32()
-			case unix.NFTA_BYTEORDER_SIZE:
-				b.Size = ad.Uint32()
-			}
-		}
-		return b, ad.Err()
-	default:
-		newExpr, ok := exprDecoders[name]
-		if !ok {
-			return &expr.Match{Name: nft.UnknownPrefix + name}, nil
-		}
-		e = newExpr()
-	}
-	if err := expr.Unmarshal(fam, data, e); err != nil {
-		// Data google/nftables cannot read (an xtables info blob, a
-		// newer kernel's attribute): a rule the agent did not write, which
-		// the plan replaces; the read goes on. A target stays a target:
-		// the rule still decides something, which the evaluator cannot tell.
-		if name == "target" {
-			return &expr.Target{Name: nft.UnknownPrefix + name}, nil
-		}
-		return &expr.Match{Name: nft.UnknownPrefix + name}, nil
-	}
-	// A verdict is an immediate that writes the verdict register.
-	if imm, ok := e.(*expr.Immediate); ok && imm.Register == unix.NFT_REG_VERDICT && len(imm.Data) == 0 {
-		e = &expr.Verdict{}
-		if err := expr.Unmarshal(fam, data, e); err != nil {
-			return nil, err
-		}
-	}
-	return e, nil
 }
 
 // joinUnique lists the distinct strings of ss, sorted.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mdlayher/netlink"
+	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -230,9 +232,16 @@ type replayed interface {
 }
 
 // replayScenario reads table inet ip-masq-agent before it exists, creates
-// it with one transaction, reads it whole, fences and reads the
+// it with one transaction, reads it whole, changes it and reads back the
+// change, fences and reads the
 // generation: the read path, the batch send and the fence, on tr.
 func replayScenario(t *testing.T, tr replayed) {
+	addRules := func(c nft.Chain) (ops []nft.Op) {
+		for i := range c.Rules {
+			ops = append(ops, nft.Op{Verb: nft.Add, Kind: nft.KindRule, Name: c.Name, Rule: &c.Rules[i]})
+		}
+		return ops
+	}
 	want := wireTable(t)
 	tr.step("read a table that does not exist")
 	if got, err := readTable(tr, 0); err != nil || got != nil {
@@ -249,6 +258,32 @@ func replayScenario(t *testing.T, tr replayed) {
 	}
 	if !want.Equal(*got) || !got.Equal(want) || got.Owner != nft.NotOwned || got.Use != uint32(len(want.Sets)+len(want.Chains)) {
 		t.Errorf("read:\n%s\nwant:\n%s", nft.Render(*got), nft.Render(want))
+	}
+	// A change of one element and of a chain's rules, read back alone.
+	chain := want.Chains[len(want.Chains)-1]
+	plan := nft.Plan{Ops: append([]nft.Op{
+		{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []netipx.IPRange{netipx.RangeOfPrefix(netip.MustParsePrefix("192.0.2.0/24"))}},
+		{Verb: nft.Flush, Kind: nft.KindChain, Name: chain.Name},
+	}, addRules(chain)...)}
+	b, err := encode(plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.step("send a change")
+	if failed, err := b.send(tr, 0); err != nil || failed != -1 {
+		t.Fatalf("send the change: message %d failed: %v", failed, err)
+	}
+	next, err := nft.ExecPlan(got, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.step("read back the change")
+	head, err := readHead(tr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := verifyChange(tr, head, &change{table: next, plan: plan}); !ok || err != nil {
+		t.Errorf("the change read back: %v, %v; want verified", ok, err)
 	}
 	tr.step("fence")
 	if err := fence(tr); err != nil {
@@ -269,7 +304,7 @@ func TestWireReplay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec := &recorder{conn: conn}
+		rec := &recorder{conn: conn.(*netlink.Conn)}
 		replayScenario(t, rec)
 		if t.Failed() {
 			t.FailNow()
@@ -291,7 +326,7 @@ func TestWireReplayRefusesOtherRequests(t *testing.T) {
 	r := readReplay(t, replayPath)
 	var reported []string
 	r.errorf = func(format string, args ...any) { reported = append(reported, fmt.Sprintf(format, args...)) }
-	_, err := request(r, unix.NFT_MSG_GETTABLE, false, attr(unix.NFTA_TABLE_NAME, cstring("another")))
+	_, err := get(unix.NFT_MSG_GETTABLE, attr(unix.NFTA_TABLE_NAME, cstring("another"))).ask(r)
 	if err == nil || len(reported) != 1 || !strings.Contains(reported[0], "differs") {
 		t.Errorf("a request that is not the recorded one: %v, reported %q", err, reported)
 	}
@@ -325,7 +360,7 @@ func TestWireReplayDumpInterrupted(t *testing.T) {
 		{"interrupted every time", slices.Repeat([]exchange{interrupted}, 10), errDumpInterrupted},
 	} {
 		r := &replay{errorf: t.Errorf, exchanges: c.exchanges}
-		_, err := requestWhole(r, unix.NFT_MSG_GETOBJ, nil, attr(unix.NFTA_OBJ_TABLE, cstring(nft.TableName)))
+		_, err := dump(unix.NFT_MSG_GETOBJ, attr(unix.NFTA_OBJ_TABLE, cstring(nft.TableName))).across(nil).ask(r)
 		if !errors.Is(err, c.want) || len(r.exchanges) > 0 {
 			t.Errorf("%s: %v with %d dumps not taken, want %v", c.name, err, len(r.exchanges), c.want)
 		}

@@ -4,12 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 	"syscall"
 	"time"
 
-	"github.com/google/nftables/binaryutil"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
@@ -38,43 +36,57 @@ type datagrams interface {
 	growSendBuffer(size int) error
 }
 
-// request sends one nftables request for family inet and returns the
-// answers (every part of a dump). It reads the answers itself, with a
-// 64 KiB buffer: the kernel sizes each part of a dump by the largest read
-// the socket has seen (up to 32 KiB), and a set's dump restarts its walk of
-// the set for every part, so small reads (mdlayher/netlink peeks with one
-// page) make reading 100,000 elements several times slower in the kernel.
-func request(conn transport, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
-	return requestFamily(conn, unix.NFPROTO_INET, typ, dump, attrs...)
+// query is one nftables request and how its answers are taken; get and
+// dump make one for family inet, ask sends it.
+type query struct {
+	typ    int
+	family uint8
+	attrs  []netlink.Attribute
+	dump   bool // every part of a dump; else the one answer
+	// keep, if set, keeps only the answers it accepts (its argument: the
+	// payload after nfgenmsg), before they are copied: the chain dump
+	// holds every chain of the family, the agent's or not.
+	keep func([]byte) bool
+	// acrossTables: the kernel resumes this dump by an index over every
+	// table of the family (chains, objects, flowtables), and a
+	// neighbour's commit between two parts shifts that index: one of our
+	// objects would be skipped or listed twice. The kernel flags such a
+	// dump (NLM_F_DUMP_INTR); it is taken again, a few times, then stale.
+	acrossTables bool
 }
 
-// requestFamily is request for a table family other than inet (iptables-nft's
-// ip and ip6 tables, read for original/).
-func requestFamily(conn transport, family uint8, typ int, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
-	return requestKeep(conn, family, typ, dump, nil, attrs...)
+// get is a request for one object of table family inet.
+func get(typ int, attrs ...netlink.Attribute) query {
+	return query{typ: typ, family: unix.NFPROTO_INET, attrs: attrs}
 }
 
-// requestKeep is requestFamily that keeps only the answers keep accepts
-// (its argument: the payload after nfgenmsg), before copying them: the
-// chain dump holds every chain of the family, the agent's or not.
-func requestKeep(conn transport, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
-	msgs, _, err := requestIntr(conn, family, typ, dump, keep, attrs...)
-	return msgs, err
+// dump is a request for every object of a kind of table family inet.
+func dump(typ int, attrs ...netlink.Attribute) query {
+	return query{typ: typ, family: unix.NFPROTO_INET, attrs: attrs, dump: true}
 }
+
+// of is q for tables of another family (iptables-nft's ip and ip6
+// tables, read for original/).
+func (q query) of(family uint8) query { q.family = family; return q }
+
+// across is q for a dump across tables (see acrossTables) that keeps the
+// answers keep accepts (nil: all).
+func (q query) across(keep func([]byte) bool) query { q.acrossTables, q.keep = true, keep; return q }
 
 // errDumpInterrupted: a dump that walks other tables' objects too was
 // interrupted by a commit (NLM_F_DUMP_INTR).
 var errDumpInterrupted = fmt.Errorf("%w: a dump was interrupted by a commit", nft.ErrStale)
 
-// requestWhole is requestKeep for a dump the kernel resumes by an index
-// over every table of the family (chains, objects, flowtables): a
-// neighbour's commit between two parts shifts that index, and one of our
-// objects would be skipped or listed twice. The kernel flags such a dump
-// (NLM_F_DUMP_INTR); it is taken again, a few times, then stale.
-func requestWhole(conn transport, typ int, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+// ask sends the request and returns the answers (every part of a dump).
+// It reads the answers itself, with a 64 KiB buffer: the kernel sizes
+// each part of a dump by the largest read the socket has seen (up to 32
+// KiB), and a set's dump restarts its walk of the set for every part, so
+// small reads (mdlayher/netlink peeks with one page) make reading 100,000
+// elements several times slower in the kernel.
+func (q query) ask(conn transport) ([]netlink.Message, error) {
 	for try := 1; ; try++ {
-		msgs, intr, err := requestIntr(conn, unix.NFPROTO_INET, typ, true, keep, attrs...)
-		if err != nil || !intr {
+		msgs, intr, err := q.once(conn)
+		if err != nil || !intr || !q.acrossTables {
 			return msgs, err
 		}
 		if try == 10 {
@@ -83,21 +95,14 @@ func requestWhole(conn transport, typ int, keep func([]byte) bool, attrs ...netl
 	}
 }
 
-// requestIntr is requestKeep that also says whether the kernel flagged
-// the dump as interrupted by a commit.
-func requestIntr(conn transport, family uint8, typ int, dump bool, keep func([]byte) bool, attrs ...netlink.Attribute) ([]netlink.Message, bool, error) {
-	data, err := netlink.MarshalAttributes(attrs)
-	if err != nil {
-		return nil, false, err
-	}
+// once sends the request once, and says whether the kernel flagged the
+// dump as interrupted by a commit.
+func (q query) once(conn transport) ([]netlink.Message, bool, error) {
 	flags := netlink.Request
-	if dump {
+	if q.dump {
 		flags |= netlink.Dump
 	}
-	req, err := conn.Send(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
-		Data:   append(nfgenmsg(family, 0), data...),
-	})
+	req, err := conn.Send(message(q.family, q.typ, flags, q.attrs...))
 	if err != nil {
 		return nil, false, err
 	}
@@ -129,14 +134,14 @@ func requestIntr(conn transport, family uint8, typ int, dump bool, keep func([]b
 				}
 				return out, intr, nil
 			}
-			if len(m.Data) >= 4 && (keep == nil || keep(m.Data[4:])) {
+			if len(m.Data) >= 4 && (q.keep == nil || q.keep(m.Data[4:])) {
 				out = append(out, netlink.Message{
 					Header: netlink.Header{Type: netlink.HeaderType(m.Header.Type), Flags: netlink.HeaderFlags(m.Header.Flags),
 						Sequence: m.Header.Seq, PID: m.Header.Pid},
 					Data: slices.Clone(m.Data),
 				})
 			}
-			if !dump {
+			if !q.dump {
 				return out, intr, nil
 			}
 		}
@@ -244,61 +249,11 @@ func setBuffer(conn syscall.Conn, force, plain, size int) error {
 	return serr
 }
 
-func attr(typ uint16, data []byte) netlink.Attribute { return netlink.Attribute{Type: typ, Data: data} }
-
-// decode walks the attributes of a message's payload (after nfgenmsg).
-func decode(data []byte, f func(ad *netlink.AttributeDecoder)) error {
-	ad, err := netlink.NewAttributeDecoder(data[4:])
-	if err != nil {
-		return err
-	}
-	ad.ByteOrder = binary.BigEndian
-	for ad.Next() {
-		f(ad)
-	}
-	return ad.Err()
-}
-
-// dataValue reads NFTA_DATA_VALUE from an nft_data attribute as an address.
-func dataValue(b []byte) (a netip.Addr) {
-	walkAttrs(b, func(typ uint16, v []byte) bool {
-		if typ == unix.NFTA_DATA_VALUE {
-			a, _ = netip.AddrFromSlice(v)
-		}
-		return true
-	})
-	return a
-}
-
-// walkAttrs calls f with the type (flags cleared) and payload of each
-// netlink attribute in b, until f returns false; it returns false when f
-// did or when b is malformed. It allocates nothing.
-func walkAttrs(b []byte, f func(typ uint16, payload []byte) bool) bool {
-	return walkAttrsFlags(b, func(typ uint16, _ bool, payload []byte) bool { return f(typ, payload) })
-}
-
-// walkAttrsFlags is walkAttrs that also says whether an attribute is
-// flagged as nested.
-func walkAttrsFlags(b []byte, f func(typ uint16, nested bool, payload []byte) bool) bool {
-	for len(b) >= 4 {
-		n := int(binary.NativeEndian.Uint16(b))
-		if n < 4 || n > len(b) {
-			return false
-		}
-		typ := binary.NativeEndian.Uint16(b[2:])
-		if !f(typ&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), typ&unix.NLA_F_NESTED != 0, b[4:n]) {
-			return false
-		}
-		b = b[min((n+3)&^3, len(b)):]
-	}
-	return len(b) == 0
-}
-
 // generation returns the kernel's nftables generation id.
 func generation(conn transport) (uint32, error) {
 	// Through requestFamily's receive, which takes only the kernel's
 	// datagrams (mdlayher/netlink's Execute takes any process's).
-	msgs, err := requestFamily(conn, unix.AF_UNSPEC, unix.NFT_MSG_GETGEN, false)
+	msgs, err := query{typ: unix.NFT_MSG_GETGEN, family: unix.AF_UNSPEC}.ask(conn)
 	if err != nil {
 		return 0, err
 	}
@@ -322,11 +277,4 @@ func genID(data []byte) (uint32, bool) {
 		}
 	})
 	return id, ok
-}
-
-func cstring(s string) []byte { return append([]byte(s), 0) }
-
-// nfgenmsg is the header of every nftables message: family, version, resource id.
-func nfgenmsg(family uint8, resID uint16) []byte {
-	return append([]byte{family, unix.NFNETLINK_V0}, binaryutil.BigEndian.PutUint16(resID)...)
 }

@@ -49,8 +49,8 @@ func (s Session) Chain(family uint8, table, chain string) (handle uint64, found 
 	if err != nil {
 		return 0, false, err
 	}
-	msgs, err := requestFamily(conn, family, unix.NFT_MSG_GETCHAIN, false,
-		attr(unix.NFTA_CHAIN_TABLE, cstring(table)), attr(unix.NFTA_CHAIN_NAME, cstring(chain)))
+	msgs, err := get(unix.NFT_MSG_GETCHAIN,
+		attr(unix.NFTA_CHAIN_TABLE, cstring(table)), attr(unix.NFTA_CHAIN_NAME, cstring(chain))).of(family).ask(conn)
 	switch {
 	case errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist):
 		return 0, false, nil
@@ -84,8 +84,8 @@ func (s Session) Rules(family uint8, table, chain string) ([]RawRule, error) {
 	if err != nil {
 		return nil, err
 	}
-	msgs, err := requestFamily(conn, family, unix.NFT_MSG_GETRULE, true,
-		attr(unix.NFTA_RULE_TABLE, cstring(table)), attr(unix.NFTA_RULE_CHAIN, cstring(chain)))
+	msgs, err := dump(unix.NFT_MSG_GETRULE,
+		attr(unix.NFTA_RULE_TABLE, cstring(table)), attr(unix.NFTA_RULE_CHAIN, cstring(chain))).of(family).ask(conn)
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -126,11 +126,7 @@ func (s Session) Delete(gen uint32, ds []Deletion) error {
 	}
 	var msgs []netlink.Message
 	msg := func(family uint8, typ int, attrs ...netlink.Attribute) {
-		data, _ := netlink.MarshalAttributes(attrs)
-		msgs = append(msgs, netlink.Message{
-			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: netlink.Request},
-			Data:   append(nfgenmsg(family, 0), data...),
-		})
+		msgs = append(msgs, message(family, typ, netlink.Request, attrs...))
 	}
 	for _, d := range ds {
 		where := []netlink.Attribute{attr(unix.NFTA_RULE_TABLE, cstring(d.Table)), attr(unix.NFTA_RULE_CHAIN, cstring(d.Chain))}

@@ -151,7 +151,7 @@ func TestWireRead(t *testing.T) {
 	if *record {
 		n, _ := kernelNetlink(t)
 		n.NoOwner = true
-		if _, err := n.Apply(want); err != nil {
+		if _, err := nft.Ensure(n, want); err != nil {
 			t.Fatal(err)
 		}
 		conn, err := n.reader()
@@ -160,12 +160,12 @@ func TestWireRead(t *testing.T) {
 		}
 		sections := map[string][]netlink.Message{}
 		order := []string{"rules"}
-		if sections["rules"], err = request(conn, unix.NFT_MSG_GETRULE, true, attr(unix.NFTA_RULE_TABLE, cstring(nft.TableName))); err != nil {
+		if sections["rules"], err = dump(unix.NFT_MSG_GETRULE, attr(unix.NFTA_RULE_TABLE, cstring(nft.TableName))).ask(conn); err != nil {
 			t.Fatal(err)
 		}
 		for _, s := range want.Sets {
-			if sections["set "+s.Name], err = request(conn, unix.NFT_MSG_GETSETELEM, true,
-				attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstring(nft.TableName)), attr(unix.NFTA_SET_ELEM_LIST_SET, cstring(s.Name))); err != nil {
+			if sections["set "+s.Name], err = dump(unix.NFT_MSG_GETSETELEM,
+				attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstring(nft.TableName)), attr(unix.NFTA_SET_ELEM_LIST_SET, cstring(s.Name))).ask(conn); err != nil {
 				t.Fatal(err)
 			}
 			order = append(order, "set "+s.Name)

@@ -1,0 +1,257 @@
+package kernel
+
+import (
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"go4.org/netipx"
+	"golang.org/x/sys/unix"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// change is our own commit to a table this socket owns, not yet read
+// back: the last read with the plan applied, which is what the kernel
+// holds if it took the plan, and nothing else can have changed it.
+type change struct {
+	table  *nft.Table
+	plan   nft.Plan
+	readAt time.Time // when the table it was made from was read whole
+}
+
+// maxElementGets bounds the elements read back one by one (GETSETELEM of
+// each element sent); a set with more changed elements is read whole
+// (its own dump; the rest of the table is not read).
+const maxElementGets = 1024
+
+// verifyChange reads back what the plan of c changed, and nothing else:
+// the table's head (flags, and its count of sets, chains and objects),
+// each set or chain the plan added, replaced or deleted, each chain whose
+// rules it flushed or added (that chain's rules), and each element it
+// added or deleted. It reports whether the kernel holds exactly what c
+// says; false (or an error) means: read the table whole.
+func verifyChange(conn transport, head *nft.Table, c *change) (bool, error) {
+	t := c.table
+	if head.Dormant != t.Dormant || head.Persist != t.Persist || head.Owner != t.Owner ||
+		head.Use != uint32(len(t.Sets)+len(t.Chains)+len(t.Objects)) {
+		return false, nil
+	}
+	var sets, chains []string
+	bounds := map[string][]nft.Bound{}
+	for _, op := range c.plan.Ops {
+		switch op.Kind {
+		case nft.KindSet:
+			sets = append(sets, op.Name)
+		case nft.KindChain, nft.KindRule:
+			chains = append(chains, op.Name)
+		case nft.KindElements:
+			bounds[op.Name] = append(bounds[op.Name], nft.Bounds(op.Elements)...)
+		default: // the table itself, objects: read whole (adoption, a found table's leftovers)
+			return false, nil
+		}
+	}
+	for _, name := range compact(sets) {
+		ok, err := verifySet(conn, name, t.Set(name))
+		if !ok || err != nil {
+			return false, err
+		}
+	}
+	for _, name := range compact(chains) {
+		ok, err := verifyChain(conn, name, t.Chain(name))
+		if !ok || err != nil {
+			return false, err
+		}
+	}
+	for name, bs := range bounds {
+		if slices.Contains(sets, name) {
+			continue // read with its set
+		}
+		want := t.Set(name)
+		if want == nil {
+			return false, nil
+		}
+		var ok bool
+		var err error
+		if len(bs) > maxElementGets {
+			ok, err = verifySet(conn, name, want)
+		} else {
+			ok, err = verifyElements(conn, *want, bs)
+		}
+		if !ok || err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// small reports whether a plan's elements are few enough to read back one
+// by one, and for the monitor to take one notification for each.
+func small(p nft.Plan) bool {
+	n := 0
+	for _, op := range p.Ops {
+		n += len(op.Elements)
+	}
+	return 2*n <= maxElementGets
+}
+
+func compact(names []string) []string {
+	names = slices.Clone(names)
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// absent reports whether a request failed because what it names is not there.
+func absent(err error) bool { return errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) }
+
+// verifySet reads one set, with its elements (want nil: it must be gone).
+func verifySet(conn transport, name string, want *nft.Set) (bool, error) {
+	got, found, err := getSet(conn, name)
+	if err != nil || !found || want == nil {
+		return !found && want == nil, err
+	}
+	return nft.Table{Sets: []nft.Set{*want}}.Equal(nft.Table{Sets: []nft.Set{got}}), nil
+}
+
+// verifyChain reads one chain and its rules (want nil: it must be gone).
+func verifyChain(conn transport, name string, want *nft.Chain) (bool, error) {
+	got, found, err := getChain(conn, name)
+	if err != nil || !found || want == nil {
+		return !found && want == nil, err
+	}
+	return nft.Table{Chains: []nft.Chain{*want}}.Equal(nft.Table{Chains: []nft.Chain{got}}), nil
+}
+
+// elementGetsPerDatagram bounds the requests written at once: the kernel
+// queues all their answers before we read one, on a receive buffer of
+// its default size.
+const elementGetsPerDatagram = 64
+
+// verifyElements asks the kernel for each bound of the elements a plan
+// added to or deleted from set want (GETSETELEM of one element each) and
+// checks that it holds exactly the wanted ones among them. On an interval
+// set the kernel answers a get with the element it finds for the key: the
+// element itself, or a neighbour (the start or end of an interval around
+// the key, depending on the kernel), or ENOENT. A bound is held only if
+// the answer is that key with that end flag.
+func verifyElements(conn transport, want nft.Set, bs []nft.Bound) (bool, error) {
+	for len(bs) > 0 {
+		n := min(len(bs), elementGetsPerDatagram)
+		held, plain, err := getElements(conn, want.Name, bs[:n])
+		if err != nil || !plain {
+			return false, err
+		}
+		for i, b := range bs[:n] {
+			if held[i] != holds(want.Elements, b) {
+				return false, nil
+			}
+		}
+		bs = bs[n:]
+	}
+	return true, nil
+}
+
+// holds reports whether sorted, disjoint ranges make the interval set
+// hold bound b (see nft.Bounds).
+func holds(rs []netipx.IPRange, b nft.Bound) bool {
+	if !b.End {
+		i, ok := slices.BinarySearchFunc(rs, b.Addr, func(r netipx.IPRange, a netip.Addr) int { return r.From().Compare(a) })
+		return ok && i >= 0
+	}
+	last := b.Addr.Prev()
+	if !last.IsValid() {
+		return false
+	}
+	_, ok := slices.BinarySearchFunc(rs, last, func(r netipx.IPRange, a netip.Addr) int { return r.To().Compare(a) })
+	return ok
+}
+
+// getElements sends one GETSETELEM request per bound, in one datagram,
+// each acknowledged, and reports which of them the kernel holds exactly;
+// plain false: an answer was more than a bound (data, a timeout, a
+// comment, a range as one element), or the kernel refused a get.
+func getElements(conn transport, set string, bs []nft.Bound) (held []bool, plain bool, err error) {
+	seq := rand.Uint32()>>1 + 1
+	msgs := make([]netlink.Message, len(bs))
+	size := 0
+	for i, b := range bs {
+		msgs[i] = rawMessage(unix.NFT_MSG_GETSETELEM, netlink.Request|netlink.Acknowledge, elementsPayload(set, []nft.Bound{b}))
+		msgs[i].Header.Sequence = seq + uint32(i)
+		size += unix.NLMSG_HDRLEN + len(msgs[i].Data) + 4
+	}
+	if err := sendAll(conn, msgs, size); err != nil {
+		return nil, false, err
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(replyTimeout)); err != nil {
+		return nil, false, err
+	}
+	defer conn.SetReadDeadline(time.Time{})
+	held, plain = make([]bool, len(bs)), true
+	done := 0
+	buf, from := make([]byte, 64<<10), datagramsOf(conn)
+	for done < len(bs) {
+		answers, err := receive(from, buf)
+		if err != nil {
+			return nil, false, err
+		}
+		for _, m := range answers {
+			i := int(m.Header.Seq - seq)
+			if m.Header.Seq < seq || i >= len(bs) {
+				continue // an answer to an earlier request that timed out
+			}
+			switch m.Header.Type {
+			case unix.NLMSG_ERROR:
+				if len(m.Data) < 4 {
+					return nil, false, errors.New("short netlink error message")
+				}
+				if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 && !absent(syscall.Errno(-code)) {
+					// A kernel that cannot get one element of such a set
+					// (EOPNOTSUPP): the caller reads the set whole.
+					plain = false
+				}
+				done++
+			case unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSETELEM:
+				got, ok := answerBound(m.Data)
+				plain = plain && ok
+				held[i] = ok && got == bs[i]
+			}
+		}
+	}
+	return held, plain, nil
+}
+
+// answerBound reads the one element of a GETSETELEM answer as a bound;
+// false if it is anything else (a range as one element, data, a timeout).
+func answerBound(data []byte) (nft.Bound, bool) {
+	var b nft.Bound
+	n, plain := 0, true
+	if len(data) < 4 {
+		return b, false
+	}
+	ok := walkAttrs(data[4:], func(typ uint16, list []byte) bool {
+		if typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+			return true
+		}
+		return walkAttrs(list, func(_ uint16, elem []byte) bool {
+			n++
+			return walkAttrs(elem, func(typ uint16, v []byte) bool {
+				switch typ {
+				case unix.NFTA_SET_ELEM_KEY:
+					b.Addr = dataValue(v)
+				case unix.NFTA_SET_ELEM_FLAGS:
+					b.End = len(v) == 4 && binary.BigEndian.Uint32(v)&unix.NFT_SET_ELEM_INTERVAL_END != 0
+				default:
+					plain = false
+				}
+				return true
+			})
+		})
+	})
+	return b, ok && plain && n == 1 && b.Addr.IsValid()
+}

@@ -1,0 +1,215 @@
+package kernel
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"go4.org/netipx"
+
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
+)
+
+// withCIDRs is defaultTable with the CIDRs added to the IPv4 set.
+func withCIDRs(cidrs ...string) nft.Table {
+	t := defaultTable()
+	s := t.Set(nft.SetNonMasqV4)
+	for _, c := range cidrs {
+		s.Elements = append(s.Elements, netipx.RangeOfPrefix(netip.MustParsePrefix(c)))
+	}
+	slices.SortFunc(s.Elements, func(a, b netipx.IPRange) int { return a.From().Compare(b.From()) })
+	return t
+}
+
+// TestVerifyChangeReadsWhatChanged: after its own commit to a table it
+// owns, the Netlink reads back what the plan changed, not the table:
+// the verified table is the one the plan made, and a whole read follows
+// only when the kernel's answers disagree with it.
+func TestVerifyChangeReadsWhatChanged(t *testing.T) {
+	n, _ := kernelNetlink(t)
+	if _, err := nft.Ensure(n, withCIDRs("198.51.100.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	if !n.Owns() {
+		t.Skip("the kernel cannot own tables (before 6.9): no read-back of a change")
+	}
+	readAt := n.lastAt
+	// One CIDR out, one in; a chain's rules replaced.
+	want := withCIDRs("203.0.113.0/24")
+	want.Chains[len(want.Chains)-1].Rules[0].Comment = "changed"
+	res, err := nft.Ensure(n, want)
+	if err != nil || res.Attempts != 1 || res.Undone != 0 {
+		t.Fatalf("change: %+v, %v", res, err)
+	}
+	if n.last == nil || !n.lastAt.Equal(readAt) {
+		t.Fatalf("the read after the change read the table whole (at %v; the first read at %v)", n.lastAt, readAt)
+	}
+	// The read after the commit verified the change (the table kept is
+	// the one the plan made, not read whole since): a whole read agrees.
+	conn, err := n.reader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := readTable(conn, n.ownerPort())
+	want.Owner, want.Persist = nft.OwnedByUs, true
+	if err != nil || !want.Equal(*whole) || !want.Equal(*n.last) {
+		t.Fatalf("whole read %v, %v; kept %v", whole, err, n.last)
+	}
+
+	// verifyChange itself: what the kernel holds, and what it does not.
+	head, err := readHead(conn, n.ownerPort())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := func(cidr string) netipx.IPRange { return netipx.RangeOfPrefix(netip.MustParsePrefix(cidr)) }
+	elements := func(verb nft.Verb, cidr string) nft.Op {
+		return nft.Op{Verb: verb, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []netipx.IPRange{r(cidr)}}
+	}
+	held := withCIDRs("203.0.113.0/24")
+	held.Chains = whole.Chains
+	held.Owner, held.Persist, held.Use = whole.Owner, whole.Persist, whole.Use
+	for _, c := range []struct {
+		name  string
+		table nft.Table
+		op    nft.Op
+		ok    bool
+	}{
+		{"an element the kernel holds", held, elements(nft.Add, "203.0.113.0/24"), true},
+		{"an element deleted that the kernel does not hold", held, elements(nft.Delete, "198.51.100.0/24"), true},
+		{"an element the kernel does not hold", withTable(held, "203.0.113.0/24", "192.0.2.0/24"), elements(nft.Add, "192.0.2.0/24"), false},
+		{"an element deleted that the kernel holds", withTable(held), elements(nft.Delete, "203.0.113.0/24"), false},
+		{"a set as the kernel holds it", held, nft.Op{Verb: nft.Add, Kind: nft.KindSet, Name: nft.SetNonMasqV4}, true},
+		{"a set with an element it lacks", withTable(held, "203.0.113.0/24", "192.0.2.0/24"), nft.Op{Verb: nft.Add, Kind: nft.KindSet, Name: nft.SetNonMasqV4}, false},
+		{"a chain as the kernel holds it", held, nft.Op{Verb: nft.Flush, Kind: nft.KindChain, Name: held.Chains[len(held.Chains)-1].Name}, true},
+		{"a chain with a rule it lacks", withoutComment(held), nft.Op{Verb: nft.Flush, Kind: nft.KindChain, Name: held.Chains[len(held.Chains)-1].Name}, false},
+	} {
+		ok, err := verifyChange(conn, head, &change{table: &c.table, plan: nft.Plan{Ops: []nft.Op{c.op}}})
+		if err != nil || ok != c.ok {
+			t.Errorf("%s: verified %v (%v), want %v", c.name, ok, err, c.ok)
+		}
+	}
+}
+
+// withTable is t with the IPv4 set holding exactly cidrs.
+func withTable(t nft.Table, cidrs ...string) nft.Table {
+	c := t.Clone()
+	s := c.Set(nft.SetNonMasqV4)
+	s.Elements = nil
+	for _, p := range cidrs {
+		s.Elements = append(s.Elements, netipx.RangeOfPrefix(netip.MustParsePrefix(p)))
+	}
+	slices.SortFunc(s.Elements, func(a, b netipx.IPRange) int { return a.From().Compare(b.From()) })
+	return *c
+}
+
+// withoutComment is t with the last chain's first rule's comment changed.
+func withoutComment(t nft.Table) nft.Table {
+	c := t.Clone()
+	c.Chains[len(c.Chains)-1].Rules[0].Comment = "not the kernel's"
+	return *c
+}
+
+// TestVerifyChangeNotOwned: on a table anyone can change, our own small
+// commit is read back alone while the monitor saw no other transaction
+// touch the table; a foreign change after it is found by the next read.
+func TestVerifyChangeNotOwned(t *testing.T) {
+	n, topo := kernelNetlink(t)
+	n.NoOwner = true
+	if _, err := nft.Ensure(n, withCIDRs("198.51.100.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	readAt := n.lastAt
+	// A neighbour's commit to its own table meanwhile is no touch.
+	if out, err := topo.NFT("add", "table", "inet", "neighbour"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := withCIDRs("203.0.113.0/24")
+	if res, err := nft.Ensure(n, want); err != nil || res.Attempts != 1 || res.Undone != 0 {
+		t.Fatalf("change: %+v, %v", res, err)
+	}
+	if n.last == nil || !n.lastAt.Equal(readAt) {
+		t.Fatalf("the read after the change read the table whole (at %v; the first read at %v)", n.lastAt, readAt)
+	}
+	// A foreign change to the table: the next read reads it.
+	if out, err := topo.NFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 192.0.2.0/24 }"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	got, _, err := n.Read()
+	if err != nil || got == nil || len(got.Set(nft.SetNonMasqV4).Elements) != len(want.Set(nft.SetNonMasqV4).Elements)+1 {
+		t.Fatalf("read after a foreign change: %v, %v", got, err)
+	}
+	if res, err := nft.Ensure(n, want); err != nil || res.Unchanged {
+		t.Errorf("repair: %+v %v", res, err)
+	}
+}
+
+// TestRereadWhatWasTouched: not owned, after a foreign transaction the
+// read reads again what its notifications name (a set whose elements were
+// touched, a chain with its rules, a set added) and finds what a whole read
+// finds, down to a lone interval start; the table is not read whole.
+func TestRereadWhatWasTouched(t *testing.T) {
+	n, topo := kernelNetlink(t)
+	n.NoOwner = true
+	if _, err := nft.Ensure(n, withCIDRs("20.0.0.1/32")); err != nil {
+		t.Fatal(err)
+	}
+	readAt := n.lastAt
+	foreign, err := dial(n.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+	runNFT := func(args ...string) func() error {
+		return func() error {
+			if out, err := topo.NFT(args...); err != nil {
+				return fmt.Errorf("nft %v: %w\n%s", args, err, out)
+			}
+			return nil
+		}
+	}
+	for _, step := range []struct {
+		name string
+		do   func() error
+	}{
+		{"an element added", runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 192.0.2.0/24 }")},
+		{"an interval end deleted", func() error {
+			end := []nft.Bound{{Addr: netip.MustParseAddr("20.0.0.2"), End: true}}
+			_, err := (&batch{msgs: []netlink.Message{rawMessage(unix.NFT_MSG_DELSETELEM, netlink.Request,
+				elementsPayload(nft.SetNonMasqV4, end))}, op: []int{0}}).send(foreign, 0)
+			return err
+		}},
+		{"a rule added", runNFT("add", "rule", "inet", nft.TableName, nft.MasqChainName, "counter")},
+		{"a set added", runNFT("add", "set", "inet", nft.TableName, "extra", "{ type ipv4_addr; }")},
+		{"elements of an IPv6 set added", runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV6, "{ 2001:db8::/32 }")},
+	} {
+		if err := step.do(); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		got, _, err := n.Read()
+		if err != nil || got == nil {
+			t.Fatalf("%s: read: %v", step.name, err)
+		}
+		conn, err := n.reader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, err := readTable(conn, 0)
+		if err != nil || !whole.Equal(*got) || !got.Equal(*whole) {
+			t.Fatalf("%s: read\n%s\nthe whole table:\n%s (%v)", step.name, nft.Render(*got), nft.Render(*whole), err)
+		}
+		if !n.lastAt.Equal(readAt) {
+			t.Errorf("%s: the table was read whole", step.name)
+		}
+	}
+	if s := n.last.Set(nft.SetNonMasqV4); !strings.Contains(s.Odd, "an interval start without an end") {
+		t.Errorf("the lone interval start is not odd: %q", s.Odd)
+	}
+	if res, err := nft.Ensure(n, withCIDRs("20.0.0.1/32")); err != nil || res.Unchanged {
+		t.Errorf("repair: %+v %v", res, err)
+	}
+}
