@@ -265,13 +265,18 @@ func (a *Agent) load() (cfg config.Config, partial bool, err error) {
 // config's table, verified (a bad ConfigMap is no reason for the kubelet
 // to restart the agent), but the agent is not ready.
 func (a *Agent) keepLastGood(now time.Time, err error) error {
-	a.logError("config not applied; the rules in the kernel are unchanged", err)
-	a.failed(now, err)
+	// Not ready before the log line says why: whoever reads the line and
+	// then /readyz sees both agree.
 	if a.want == nil {
 		a.metrics.NotReady("no config applied yet: " + err.Error())
+		a.logError("config not applied; the rules in the kernel are unchanged", err)
+		a.failed(now, err)
 		return err
 	}
 	a.notReady = "config not applied: " + err.Error() + "; the last good config's table stays in force"
+	a.metrics.NotReady(a.notReady)
+	a.logError("config not applied; the rules in the kernel are unchanged", err)
+	a.failed(now, err)
 	start := time.Now()
 	if res, kerr := nft.EnsureBy(a.kernel, *a.want, a.retryBy(now)); kerr == nil {
 		a.metrics.SyncDone("success", time.Since(start))
