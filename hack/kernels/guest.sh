@@ -16,7 +16,7 @@ if [ -n "$ver" ]; then
 	# built into this kernel loads as nothing).
 	for m in nfnetlink nf_tables nf_conntrack nf_nat nf_conntrack_netlink nft_ct nft_nat nft_masq nft_redir \
 		nft_chain_nat nft_fib nft_fib_inet nft_fib_ipv4 nft_fib_ipv6 nft_numgen nft_counter nft_objref nft_quota \
-		nft_limit nft_reject_inet nft_log nft_compat x_tables xt_MASQUERADE xt_comment xt_addrtype xt_conntrack \
+		nft_limit nft_reject_inet nft_log nft_compat x_tables xt_MASQUERADE xt_comment xt_addrtype xt_statistic xt_conntrack \
 		xt_mark ip_tables ip6_tables iptable_nat ip6table_nat iptable_filter ip6table_filter veth xfrm_user; do
 		modprobe -d /run/kroot -S "$ver" "$m" 2>>"$out/modprobe.log" || echo "modprobe $m: failed" >>"$out/modprobe.log"
 	done
