@@ -323,7 +323,8 @@ func percentile(xs []time.Duration, p float64) time.Duration {
 //
 //	list 0 (the config): IPv4 /29s from 100.64.0.0/10, one every 32 addresses (up to 131,072);
 //	list 1 (a different list of the same size): the same from 240.0.0.0/4;
-//	IPv6: fd42:0:I::/48 (list 0) and fd43:0:I::/48 (list 1), I < 65,536.
+//	IPv6: /48s from fd42::/16 (list 0) and fd43::/16 (list 1), one every
+//	second /48 (the 2I-th).
 func cidrList(family, list, n int) []netip.Prefix {
 	out := make([]netip.Prefix, 0, n)
 	for i := range n {
@@ -334,7 +335,8 @@ func cidrList(family, list, n int) []netip.Prefix {
 
 func cidrAt(family, list, i int) netip.Prefix {
 	if family == 6 {
-		a := [16]byte{0xfd, 0x42 + byte(list), 0, 0, byte(i >> 8), byte(i)}
+		v := uint32(i) * 2 // a gap after each: adjacent prefixes would merge into one element
+		a := [16]byte{0xfd, 0x42 + byte(list), byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}
 		return netip.PrefixFrom(netip.AddrFrom16(a), 48)
 	}
 	base := uint32(100<<24 | 64<<16)
