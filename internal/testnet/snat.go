@@ -1,11 +1,9 @@
 package testnet
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"net/netip"
-	"time"
 
 	"github.com/vishvananda/netlink"
 )
@@ -31,18 +29,7 @@ func (t *Topology) SourceSeenAtPod(dst netip.Addr) (netip.Addr, error) {
 	if _, err := t.server(t.PodNS); err != nil {
 		return netip.Addr{}, err
 	}
-	c, err := t.dial(t.ExtNS, ExtIf, "tcp", netip.Addr{}, dst, ServerPort)
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(DialTimeout))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("testnet: reading from %s: %w", dst, err)
-	}
-	ap, err := parseSeen(line)
-	return ap.Addr(), err
+	return t.seenOver(t.ExtNS, ExtIf, "tcp", netip.Addr{}, dst)
 }
 
 // The second link of the node, to a peer network that routes nothing but
@@ -115,16 +102,5 @@ func (t *Topology) SourceSeenAtPeer(peer string, dst netip.Addr) (netip.Addr, er
 	if _, err := t.server(peer); err != nil {
 		return netip.Addr{}, err
 	}
-	c, err := t.dial(t.PodNS, PodIf, "tcp", netip.Addr{}, dst, ServerPort)
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(DialTimeout))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("testnet: reading from %s: %w", dst, err)
-	}
-	ap, err := parseSeen(line)
-	return ap.Addr(), err
+	return t.seenOver(t.PodNS, PodIf, "tcp", netip.Addr{}, dst)
 }

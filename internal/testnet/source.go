@@ -1,12 +1,9 @@
 package testnet
 
 import (
-	"bufio"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
-	"time"
 )
 
 // AddPodAddress adds p (such as 10.244.1.3/24 or fd00:1::3/64, in the
@@ -32,18 +29,7 @@ func (t *Topology) SourceSeenFrom(src, dst netip.Addr) (netip.Addr, error) {
 	if _, err := t.server(owner); err != nil {
 		return netip.Addr{}, err
 	}
-	c, err := t.dial(t.PodNS, PodIf, "tcp", src, dst, ServerPort)
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(DialTimeout))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("testnet: reading from %s: %w", dst, err)
-	}
-	ap, err := parseSeen(line)
-	return ap.Addr(), err
+	return t.seenOver(t.PodNS, PodIf, "tcp", src, dst)
 }
 
 // DialPodUDPFrom is DialPodUDP from a pod socket bound to src.

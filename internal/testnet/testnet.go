@@ -726,6 +726,24 @@ func (t *Topology) SourcePortSeen(network string, dst netip.Addr) (netip.AddrPor
 	return parseSeen(line)
 }
 
+// seenOver opens a NEW TCP connection in namespace ns through ifname from
+// src (invalid: the kernel chooses) to dst:ServerPort and returns the
+// source address the server there saw.
+func (t *Topology) seenOver(ns, ifname, network string, src, dst netip.Addr) (netip.Addr, error) {
+	c, err := t.dial(ns, ifname, network, src, dst, ServerPort)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(DialTimeout))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("testnet: reading from %s: %w", dst, err)
+	}
+	ap, err := parseSeen(line)
+	return ap.Addr(), err
+}
+
 // SourceSeenFromNode is SourceSeen for a connection that the node itself
 // originates (locally generated, so it crosses the node's output and
 // postrouting hooks, not forward), from a socket bound to src (an address of
@@ -746,18 +764,7 @@ func (t *Topology) SourceSeenFromNode(src, dst netip.Addr) (netip.Addr, error) {
 	if _, err := t.server(owner); err != nil {
 		return netip.Addr{}, err
 	}
-	c, err := t.dial(t.NodeNS, NodeUplinkIf, "tcp", src, dst, ServerPort)
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(DialTimeout))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("testnet: reading from %s: %w", dst, err)
-	}
-	ap, err := parseSeen(line)
-	return ap.Addr(), err
+	return t.seenOver(t.NodeNS, NodeUplinkIf, "tcp", src, dst)
 }
 
 // SourceSeenUDP does the same as SourceSeen over UDP: one datagram from a
