@@ -134,8 +134,12 @@ func EnsureBy(k Kernel, want Table, deadline time.Time) (Result, error) {
 			taken = false
 		}
 		if attempt > MaxAttempts {
-			return res, fmt.Errorf("table inet %s still differs from the wanted one after %d transactions (%s)",
-				TableName, res.Attempts, summary(found, want))
+			rival := ""
+			if res.Undone > 0 {
+				rival = fmt.Sprintf("; another process changed it back after %d of them", res.Undone)
+			}
+			return res, fmt.Errorf("table inet %s still differs from the wanted one after %d transactions (%s)%s",
+				TableName, res.Attempts, summary(found, want), rival)
 		}
 		var p Plan
 		if refused != nil {

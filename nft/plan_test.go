@@ -687,6 +687,17 @@ func TestEnsure(t *testing.T) {
 		}
 	})
 
+	t.Run("undone after every commit: gives up naming the rival", func(t *testing.T) {
+		f := &Fake{}
+		ensure(t, f, f, want)
+		undo := func(t **Table) { (*t).Set(SetNonMasqV4).Elements = nil }
+		f.Tamper("flush set", undo)
+		res, err := Ensure(rival{f, undo}, want)
+		if err == nil || !strings.Contains(err.Error(), "another process changed it back after 5 of them") || res.Undone != MaxAttempts {
+			t.Errorf("%+v, err %v", res, err)
+		}
+	})
+
 	t.Run("refused even when re-created: an error naming both", func(t *testing.T) {
 		f := &Fake{}
 		ensure(t, f, f, want)
@@ -791,4 +802,18 @@ func TestOpStringNoFlags(t *testing.T) {
 			t.Errorf("%q, want %q", got, tc.want)
 		}
 	}
+}
+
+// rival is a Fake whose every commit another process undoes at once.
+type rival struct {
+	*Fake
+	undo func(**Table)
+}
+
+func (r rival) Send(p Plan, gen uint32) (Sent, error) {
+	sent, err := r.Fake.Send(p, gen)
+	if err == nil {
+		r.Tamper("undo", r.undo)
+	}
+	return sent, err
 }
