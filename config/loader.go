@@ -203,7 +203,9 @@ func (l *Loader) loadDir(path string, f Flags) (Config, []string, []string, erro
 		parts = append(parts, p)
 		names = append(names, file)
 	}
-	warns = append(warns, cidrMatchNote(parts, names)...)
+	// Said of the files together: validate shows them too (DirNotes).
+	notes = append(notes, cidrMatchNote(parts, names)...)
+	notes = append(notes, lastSetNotes(path, parts, names)...)
 	for file := range l.last {
 		if !seen[file] {
 			delete(l.last, file) // the file is gone: so is its part
@@ -244,6 +246,36 @@ func mergedGaps(path string, c Config, f Flags) []string {
 	var out []string
 	for _, gap := range familyGaps(c, f) {
 		out = append(out, path+": "+KeyMasqSrc+" (all files): "+gap)
+	}
+	return out
+}
+
+// lastSetNotes warns when files set a key of one value (snatAddress,
+// snatAddressIPv6) to different values: the last file in name order wins.
+func lastSetNotes(dir string, parts []part, names []string) []string {
+	var out []string
+	for _, name := range []string{KeySNAT, KeySNAT6} {
+		k := keyNamed(name)
+		var files, vals []string
+		var first *Config
+		differ := false
+		for i := range parts {
+			if !parts[i].present[name] {
+				continue
+			}
+			if first == nil {
+				first = &parts[i].c
+			} else if !k.equal(first, &parts[i].c) {
+				differ = true
+			}
+			var b strings.Builder
+			k.write(&b, &parts[i].c)
+			files, vals = append(files, names[i]), append(vals, strings.TrimSpace(b.String()))
+		}
+		if differ {
+			out = append(out, fmt.Sprintf("%s: %s is set differently in %s (%s): the last file in name order, %s, applies",
+				dir, name, strings.Join(files, ", "), strings.Join(vals, "; "), files[len(files)-1]))
+		}
 	}
 	return out
 }

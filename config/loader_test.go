@@ -330,6 +330,31 @@ func TestLoaderDirectoryCIDRMatch(t *testing.T) {
 	}
 }
 
+// Files that set snatAddress to different values: the last in name order
+// applies, and the loader says so naming both files and values; the same
+// value in both says nothing.
+func TestLoaderDirectorySNATConflict(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"ip-masq-a": "snatAddress: 192.0.2.1\n",
+		"ip-masq-b": "snatAddress: 192.0.2.2\n",
+	})
+	var l Loader
+	c, warns, err := l.Load(dir, v4Only)
+	if err != nil || c.SNATAddress != netip.MustParseAddr("192.0.2.2") {
+		t.Fatalf("Load = %s, %v; want snatAddress 192.0.2.2", c, err)
+	}
+	all := strings.Join(warns, "\n")
+	if !strings.Contains(all, "snatAddress is set differently in "+filepath.Join(dir, "ip-masq-a")+", "+filepath.Join(dir, "ip-masq-b")) ||
+		!strings.Contains(all, "192.0.2.1") || !strings.Contains(all, "the last file in name order, "+filepath.Join(dir, "ip-masq-b")+", applies") {
+		t.Errorf("warnings %q: want one naming both files, both values and the winner", warns)
+	}
+	writeFiles(t, dir, map[string]string{"ip-masq-a": "snatAddress: 192.0.2.2\n"})
+	if _, warns, _ = l.Load(dir, v4Only); strings.Contains(strings.Join(warns, "\n"), "set differently") {
+		t.Errorf("the same value in both files: %q; want no note", warns)
+	}
+}
+
 // masqueradeSourceCIDRs' family warning is said of a directory's merged
 // config, not of each file: two files, one family each, warn of nothing;
 // one family in all files warns once, naming the directory.
