@@ -19,8 +19,8 @@ export PATH
 # One line per command: the command (a|b: either will do), its Debian
 # package, its Fedora package. Keep in step with internal/testnet/require.go
 # (TestPackagesInDeps checks it). promtool (test/alerts_test.go) has no
-# package of its own: Debian's prometheus also installs the server, which
-# its package enables where systemd runs (the tests use promtool only).
+# package of its own: on Debian it is taken out of the prometheus package
+# (promtool_from_deb), not installed with the server.
 test_needs='ip iproute2 iproute
 nft nftables nftables
 iptables-nft iptables iptables-nft
@@ -126,14 +126,41 @@ if [ "$(id -u)" != 0 ]; then
 	exit 0
 fi
 
+# promtool_from_deb: promtool alone, from Debian's prometheus package,
+# into /usr/local/bin: installing the package would also install the
+# server and, where systemd runs, start it.
+promtool_from_deb() {
+	tmp=$(mktemp -d)
+	if (cd "$tmp" && apt-get download -qq prometheus 2>/dev/null) &&
+		dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x" &&
+		install -m 0755 "$tmp/x/usr/bin/promtool" /usr/local/bin/promtool; then
+		rm -rf "$tmp"
+		echo "make deps: installed promtool in /usr/local/bin (from Debian's prometheus package, without the server)"
+		return 0
+	fi
+	rm -rf "$tmp"
+	return 1
+}
+
 if command -v apt-get >/dev/null 2>&1; then
 	echo "make deps: installing $deb (for $missing_cmds)"
 	export DEBIAN_FRONTEND=noninteractive
 	echo "make deps: apt-get update (the package lists; a minute or so on a slow mirror) ..."
 	apt-get update -qq
-	echo "make deps: apt-get install $deb (downloading and unpacking) ..."
-	apt-get install -y -qq --no-install-recommends $deb
-	echo "make deps: installed $deb"
+	promtool_deb=
+	case " $deb " in *" prometheus "*)
+		promtool_deb=1
+		deb=$(echo " $deb " | sed 's/ prometheus / /; s/^ *//; s/ *$//')
+		;;
+	esac
+	if [ -n "$deb" ]; then
+		echo "make deps: apt-get install $deb (downloading and unpacking) ..."
+		apt-get install -y -qq --no-install-recommends $deb
+		echo "make deps: installed $deb"
+	fi
+	if [ -n "$promtool_deb" ]; then
+		promtool_from_deb || echo "make deps: could not take promtool from Debian's prometheus package" >&2
+	fi
 elif command -v dnf >/dev/null 2>&1; then
 	echo "make deps: installing $rpm (for $missing_cmds)"
 	dnf install -y -q $rpm
