@@ -105,6 +105,20 @@ type Comparison struct {
 	// Notes say what else the switch changes of what is masqueraded: the
 	// source ports (the original's --to-ports, --random-fully).
 	Notes []string
+
+	inexact map[nft.Family]bool
+	notes   map[nft.Family]int
+}
+
+// Others is, for a family, the changes besides its differing ranges: one
+// for each note (source ports), and one when its comparison is inexact.
+// Not 0 means the switch changes something there even when Count is 0.
+func (c Comparison) Others(fam nft.Family) int {
+	n := c.notes[fam]
+	if c.inexact[fam] {
+		n++
+	}
+	return n
 }
 
 // Count is the number of differing ranges of a family.
@@ -310,6 +324,12 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 		}
 		ob, exact := o.bounds(fam)
 		c.Inexact = c.Inexact || !exact
+		if !exact {
+			if c.inexact == nil {
+				c.inexact = map[nft.Family]bool{}
+			}
+			c.inexact[fam] = true
+		}
 		ob = sortedBounds(fam, ob, h.bounds(fam))
 		before := piecewise(ob, o.decide)
 		afterOrig := piecewise(ob, after.decide)
@@ -349,7 +369,14 @@ func Compare(o Rules, cfg config.Config, flags config.Flags, opts nft.Options) C
 	}
 	for _, fam := range []nft.Family{4, 6} {
 		if Programs(fam, opts) {
-			c.Notes = append(c.Notes, o.masqNotes(fam, opts)...)
+			notes := o.masqNotes(fam, opts)
+			c.Notes = append(c.Notes, notes...)
+			if len(notes) > 0 {
+				if c.notes == nil {
+					c.notes = map[nft.Family]int{}
+				}
+				c.notes[fam] += len(notes)
+			}
 		}
 	}
 	explain := want.Explainer(cfg, opts)

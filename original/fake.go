@@ -149,6 +149,9 @@ type Written struct {
 	// destination whose second byte is 113 (a load from the middle of
 	// the address: bounds not known, the comparison inexact).
 	HandEdited bool
+	// RandomFully: the IPv4 MASQUERADE carries --random-fully (else no
+	// options are known of it, and none compared).
+	RandomFully bool
 }
 
 // Rules are the rules, both families (IPv6 empty without EnableIPv6).
@@ -188,8 +191,12 @@ func (w Written) Rules() Rules {
 			f.Rules = append([]XTRule{newXTRule(next(), []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 17, Len: 1},
 				&expr.Cmp{Register: 1, Op: expr.CmpOpEq, Data: []byte{113}}, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictReturn}}, nil)}, f.Rules...)
 		}
+		masq := &expr.Target{Name: "MASQUERADE"}
+		if w.RandomFully && fam == 4 {
+			masq.Info = &xt.NatIPv4MultiRangeCompat{{Flags: uint(xt.NatRangeProtoRandomFully)}}
+		}
 		f.Rules = append(f.Rules, newXTRule(next(), []expr.Any{comment("ip-masq-agent: outbound traffic is subject to MASQUERADE (must be last in chain)"),
-			&expr.Counter{}, &expr.Target{Name: "MASQUERADE"}}, nil))
+			&expr.Counter{}, masq}, nil))
 		jump := newXTRule(next(), []expr.Any{comment(JumpComment(chain)),
 			&expr.Match{Name: "addrtype", Rev: 1, Info: &xt.AddrTypeV1{Dest: uint16(xt.AddrTypeLocal), Flags: 0x2}},
 			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}, nil)

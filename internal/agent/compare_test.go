@@ -137,3 +137,33 @@ func TestPrintComparisonNotesKey(t *testing.T) {
 		t.Error("notes only: an empty key (no WARN)")
 	}
 }
+
+// A switch that changes no range but the masquerade's source ports (the
+// original ran --random-fully, this agent without it), or whose ranges are
+// not known (a hand-edited rule), reads 0 ranges: the other-changes metric
+// says it, so the alert fires.
+func TestOriginalSwitchOtherChanges(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Flags.NoMasqAllReservedRanges = true
+		o.NFT.RandomFully = false
+	})
+	h.write("resyncInterval: 10s\n")
+	h.orig.SetOriginal(original.Written{Chain: original.AddonChain, NonMasq: addonList, RandomFully: true}.Rules())
+	h.sync(at(0))
+	if got := h.metric(`ip_masq_agent_original_decision_differences{family="ipv4"}`); !strings.HasSuffix(got, " 0") {
+		t.Errorf("ranges %q, want 0", got)
+	}
+	if got := h.metric(`ip_masq_agent_original_switch_other_changes{family="ipv4"}`); !strings.HasSuffix(got, " 1") {
+		t.Errorf("other changes %q, want 1 (--random-fully); log:\n%s", got, h.logs)
+	}
+	if got := h.metric(`ip_masq_agent_original_switch_other_changes{family="ipv6"}`); !strings.HasSuffix(got, " 0") {
+		t.Errorf("other changes ipv6 %q, want 0", got)
+	}
+	h2 := newHarness(t, func(o *Options) { o.Flags.NoMasqAllReservedRanges = true })
+	h2.write("resyncInterval: 10s\n")
+	h2.orig.SetOriginal(original.Written{Chain: original.AddonChain, NonMasq: addonList, HandEdited: true}.Rules())
+	h2.sync(at(0))
+	if got := h2.metric(`ip_masq_agent_original_switch_other_changes{family="ipv4"}`); !strings.HasSuffix(got, " 1") {
+		t.Errorf("other changes with a hand-edited rule %q, want 1 (inexact); log:\n%s", got, h2.logs)
+	}
+}

@@ -255,6 +255,7 @@ func (a *Agent) compareOriginal(o original.Rules) {
 	st.compared, st.compareKey, st.compareCfg = true, key, *a.cfg
 	for _, fam := range []nft.Family{4, 6} {
 		a.metrics.OriginalDecisionDifferences(original.Family{Family: fam}.MetricFamily(), c.Count(fam))
+		a.metrics.OriginalSwitchOtherChanges(original.Family{Family: fam}.MetricFamily(), c.Others(fam))
 	}
 	last := st.reported.differences
 	if !news(&st.reported.differences, c.Key()) {

@@ -60,6 +60,7 @@ type Agent struct {
 	ctDeleted   prometheus.Counter
 	legacyRules *prometheus.GaugeVec
 	differences *prometheus.GaugeVec
+	switchOther *prometheus.GaugeVec
 	snatLinks   *prometheus.GaugeVec
 
 	mu     sync.Mutex
@@ -152,6 +153,11 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 			Name:      "original_decision_differences",
 			Help:      "Destination ranges (merged) that the original (iptables) ip-masq-agent's rules found on the node and this agent decide differently (masquerade or not), by family; 0 when they agree or no original rules are there.",
 		}, []string{"family"}),
+		switchOther: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "original_switch_other_changes",
+			Help:      "Changes the switch from the original (iptables) ip-masq-agent's rules found on the node makes besides differing destination ranges, by family: one for each change of the masquerade's source ports (--to-ports, --random-fully), and one when a rule of the original's compares destinations in a way whose ranges are not known (original_decision_differences may then miss ranges); 0 when none.",
+		}, []string{"family"}),
 		snatLinks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "snat_address_interfaces",
@@ -183,6 +189,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	for _, f := range []string{"ipv4", "ipv6"} {
 		a.legacyRules.WithLabelValues(f)
 		a.differences.WithLabelValues(f)
+		a.switchOther.WithLabelValues(f)
 	}
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace:   namespace,
@@ -194,7 +201,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 	a.reg.MustRegister(
 		buildInfo,
 		a.syncs, a.syncSeconds, a.lastSuccess, a.configLoads, a.configOK, a.configOKAt, a.configInfo,
-		a.cidrs, a.intervals, a.repairs, a.rival, a.waiting, a.ctDeleted, a.legacyRules, a.differences, a.snatLinks,
+		a.cidrs, a.intervals, a.repairs, a.rival, a.waiting, a.ctDeleted, a.legacyRules, a.differences, a.switchOther, a.snatLinks,
 		a.rules,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -325,6 +332,12 @@ func (a *Agent) LegacyRules(family string, present bool) {
 // agent decide differently.
 func (a *Agent) OriginalDecisionDifferences(family string, n int) {
 	a.differences.WithLabelValues(family).Set(float64(max(n, 0)))
+}
+
+// OriginalSwitchOtherChanges sets the switch's changes of a family
+// besides its differing ranges (original.Comparison.Others).
+func (a *Agent) OriginalSwitchOtherChanges(family string, n int) {
+	a.switchOther.WithLabelValues(family).Set(float64(max(n, 0)))
 }
 
 // RivalWriter says whether another process owns the table or keeps
