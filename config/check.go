@@ -168,6 +168,9 @@ func shadowed(c Config, present map[string]bool) []shadow {
 			}
 		}
 	}
+	if present[KeyEgressIf] {
+		out = append(out, shadowedNames(c.EgressInterfaces)...)
+	}
 	if present[KeyNonMasq] && present[KeyMasq] {
 		m := index(c.MasqueradeCIDRs)
 		for i, p := range c.NonMasqueradeCIDRs {
@@ -178,6 +181,34 @@ func shadowed(c Config, present map[string]bool) []shadow {
 				out = append(out, shadow{KeyNonMasq, i, fmt.Sprintf("%q is inside %s[%d] %q, which wins, so it has no effect",
 					p.String(), KeyMasq, e.index, e.p.String())})
 			}
+		}
+	}
+	return out
+}
+
+// shadowedNames are the egressInterfaces entries that another entry
+// already matches: a duplicate, or a name (or wildcard) that an earlier
+// or shorter wildcard covers ("eth0" beside "eth*").
+func shadowedNames(names []string) []shadow {
+	var out []shadow
+	for i, n := range names {
+		for j, o := range names {
+			if i == j {
+				continue
+			}
+			base, wild := strings.CutSuffix(o, "*")
+			nbase, _ := strings.CutSuffix(n, "*")
+			var how string
+			switch {
+			case n == o && j < i:
+				how = "duplicates"
+			case wild && n != o && strings.HasPrefix(nbase, base):
+				how = "is matched by"
+			default:
+				continue
+			}
+			out = append(out, shadow{KeyEgressIf, i, fmt.Sprintf("%q %s %s[%d] %q, so it has no effect", n, how, KeyEgressIf, j, o)})
+			break
 		}
 	}
 	return out

@@ -128,6 +128,20 @@ masqueradeCIDRs:
 	)
 }
 
+// An egressInterfaces entry that another already matches (a duplicate, a
+// name or narrower wildcard beside a wildcard) has no effect: --strict says so.
+func TestCheckStrictShadowedNames(t *testing.T) {
+	doc := "egressInterfaces:\n- eth0\n- \"eth*\"\n- ens5\n- ens5\n- \"eth1*\"\n- \"ens*\"\n- \"ens*\"\n"
+	wantProblems(t, problems(doc, v4Only, true),
+		`1: egressInterfaces: `+msgOwnExtension,
+		`2: egressInterfaces[0]: "eth0" is matched by egressInterfaces[1] "eth*", so it has no effect`,
+		`4: egressInterfaces[2]: "ens5" is matched by egressInterfaces[5] "ens*", so it has no effect`,
+		`5: egressInterfaces[3]: "ens5" duplicates egressInterfaces[2] "ens5", so it has no effect`,
+		`6: egressInterfaces[4]: "eth1*" is matched by egressInterfaces[1] "eth*", so it has no effect`,
+		`8: egressInterfaces[6]: "ens*" duplicates egressInterfaces[5] "ens*", so it has no effect`,
+	)
+}
+
 func TestCheckManifest(t *testing.T) {
 	manifest := `# the ConfigMap, as kept in Git
 apiVersion: v1

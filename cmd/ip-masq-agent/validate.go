@@ -40,7 +40,8 @@ ConfigMap without the key "config", or not named kube-system/ip-masq-agent; a di
 ip-masq*) and on CIDRs that have no effect: contained in, or equal to,
 another of the same list, or a nonMasqueradeCIDRs entry inside a
 masqueradeCIDRs entry (with cidrMatch: mostSpecific: an entry inside one of
-its own list with no entry of the other list between them).
+its own list with no entry of the other list between them), and on
+egressInterfaces entries another matches ("eth0" beside "eth*").
 
 --masq-chain and --to-ports, when given, are checked as the agent takes
 them, FILE or not: a chain name that nft cannot read back (it is spelled
