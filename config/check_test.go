@@ -95,6 +95,10 @@ func TestCheckDocumentProblems(t *testing.T) {
 		`2: nonMasqueradeCIDRs: 3 CIDRs (the defaults) exceed cidrLimit 2`)
 	wantProblems(t, problems("cidrLimit: 1\nnonMasqueradeCIDRs:\n- 10.0.0.0/8\n- 11.0.0.0/8\n", v4Only, false),
 		`2: nonMasqueradeCIDRs: 2 CIDRs exceed cidrLimit 1`)
+	// egressInterfaces is bounded by cidrLimit too.
+	wantProblems(t, problems("cidrLimit: 3\nnonMasqueradeCIDRs: [10.0.0.0/8]\negressInterfaces: [eth0, eth1, eth2, eth3]\n", v4Only, false),
+		`3: egressInterfaces: `+msgOwnExtension+` (warning)`,
+		`3: egressInterfaces: 4 interface names exceed cidrLimit 3`)
 }
 
 func TestCheckStrictShadowed(t *testing.T) {

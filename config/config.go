@@ -204,13 +204,22 @@ func decode(entries []entry, f Flags, repeated []string) (Config, *decoder) {
 	d.entryFindings = len(d.found)
 	if !d.badLimit {
 		for _, k := range keys {
-			ps := k.cidrs(&c)
-			if ps == nil || len(*ps) <= c.CIDRLimit {
+			var n int
+			what := "CIDRs"
+			if ps := k.cidrs(&c); ps != nil {
+				n = len(*ps)
+			} else if l, ok := k.(interface{ names(*Config) *[]string }); ok && l.names(&c) != nil {
+				// egressInterfaces: bounded as the lists of CIDRs are.
+				n, what = len(*l.names(&c)), "interface names"
+			} else {
+				continue // not a list
+			}
+			if n <= c.CIDRLimit {
 				continue
 			}
-			name, n := k.Name(), len(*ps)
+			name := k.Name()
 			if key, ok := d.written[name]; ok {
-				d.errorAt(key, -1, "%d CIDRs exceed cidrLimit %d", n, c.CIDRLimit)
+				d.errorAt(key, -1, "%d %s exceed cidrLimit %d", n, what, c.CIDRLimit)
 			} else if n > 0 { // not written: its defaults exceed the limit
 				d.add(finding{key: name, index: -1, at: d.written[KeyLimit],
 					msg: fmt.Sprintf("%d CIDRs (the defaults) exceed cidrLimit %d", n, c.CIDRLimit)})
