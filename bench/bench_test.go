@@ -126,7 +126,7 @@ func TestQuickRun(t *testing.T) {
 	} else {
 		for _, x := range r.Neighbour.Rows {
 			if len(x.BeforeWall) == 0 || len(x.AfterWall) == 0 || len(x.EmptyWall) == 0 || x.After > x.Before {
-				t.Errorf("neighbour, %d CIDRs: %d/%d/%d batches timed, %d elements after merging, %d before", x.N,
+				t.Errorf("neighbour, %d CIDRs: %d/%d/%d batches timed, %d elements merged, %d as written", x.N,
 					len(x.EmptyWall), len(x.BeforeWall), len(x.AfterWall), x.After, x.Before)
 			}
 		}
@@ -218,9 +218,9 @@ func TestAWSShaped(t *testing.T) {
 		}
 		after, before := elementsOf(ps)
 		a, b := elementCount(after), elementCount(before)
-		t.Logf("%d CIDRs: %d elements before merging, %d after", n, b, a)
+		t.Logf("%d CIDRs: %d elements as the agent writes them, %d merged", n, b, a)
 		if b >= n+1 || a >= b*2/3 {
-			t.Errorf("%d CIDRs: %d elements before merging, %d after: not the shape of a cloud list", n, b, a)
+			t.Errorf("%d CIDRs: %d elements as written, %d merged: not the shape of a cloud list", n, b, a)
 		}
 		for _, p := range ps {
 			for _, dst := range []netip.Addr{dataDst, netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("192.0.2.1")} {

@@ -143,13 +143,13 @@ func snatNote(cfg config.Config, o Options, p Packet) string {
 
 // decidedBy names the config entry behind the set element (of dec's set)
 // that holds addr: under listOrder the widest entry of dec's list that
-// holds it, the first of equal ones (the set element it was before
-// adjacent entries were merged; every entry of one set decides alike);
-// under cidrMatch: mostSpecific the longest entry of the painted lists
-// (masqueradeCIDRs, nonMasqueradeCIDRs, link-local) that holds it. When
-// the set element is not that entry, it says what the entry was merged
-// into: "nonMasqueradeCIDRs[3] 10.0.1.0/24 (merged into set element
-// 10.0.0.0/22)".
+// holds it, the first of equal ones (its set element; every entry of one
+// set decides alike); under cidrMatch: mostSpecific the longest entry of
+// the painted lists (masqueradeCIDRs, nonMasqueradeCIDRs, link-local)
+// that holds it. When the set element is not that entry (a part of it
+// that a longer entry of the other list leaves), it names the element:
+// "nonMasqueradeCIDRs[0] 10.0.0.0/8 (...) (set element
+// 10.0.0.0-10.19.255.255)".
 func decidedBy(cfg config.Config, dec *decision, addr netip.Addr, element netipx.IPRange) string {
 	type entry struct {
 		key      string
@@ -218,7 +218,7 @@ func decidedBy(cfg config.Config, dec *decision, addr netip.Addr, element netipx
 		s += " (the most specific CIDR; cidrMatch: mostSpecific)"
 	}
 	if netipx.RangeOfPrefix(best.p) != element {
-		s += fmt.Sprintf(" (merged into set element %s)", rangeString(element))
+		s += fmt.Sprintf(" (set element %s)", rangeString(element))
 	}
 	return s
 }

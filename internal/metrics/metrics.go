@@ -131,7 +131,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 		intervals: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "intervals",
-			Help:      "Intervals in the kernel's set after merging the CIDRs, by set, family and kind.",
+			Help:      "Intervals in the kernel's set: one per CIDR not inside another (adjacent ones apart), by set, family and kind.",
 		}, []string{"set", "family", "kind"}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace,

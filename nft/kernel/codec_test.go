@@ -1,11 +1,13 @@
 package kernel
 
 import (
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/google/nftables/expr"
+	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
@@ -78,5 +80,31 @@ func TestExprKindsReadBack(t *testing.T) {
 	got, err = decodeExprFamily(unix.NFPROTO_INET, "target", []byte{0xff})
 	if _, ok := got.(*expr.Target); err != nil || !ok || nft.RuleVerdict([]expr.Any{got}) == "" {
 		t.Errorf("undecodable target read back as %#v, %v; want a target, which decides", got, err)
+	}
+}
+
+// A plan that deletes and adds ranges of one set sends only the bounds
+// that change: an interval whose start stays keeps its start element
+// (the lookup of Linux 5.10 to 6.12 may miss an address whose interval's
+// start element a transaction replaces), and one whose end stays keeps
+// its end.
+func TestSentBoundsKeepWhatStays(t *testing.T) {
+	r := func(from, to string) netipx.IPRange {
+		return netipx.IPRangeFrom(netip.MustParseAddr(from), netip.MustParseAddr(to))
+	}
+	b := func(a string, end bool) nft.Bound { return nft.Bound{Addr: netip.MustParseAddr(a), End: end} }
+	p := nft.Plan{Ops: []nft.Op{
+		{Verb: nft.Delete, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []netipx.IPRange{r("10.0.0.0", "10.0.0.255"), r("10.9.0.0", "10.9.0.255")}},
+		{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []netipx.IPRange{r("10.0.0.0", "10.0.1.255"), r("10.8.0.0", "10.9.0.255")}},
+		{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetMasqV4, Elements: []netipx.IPRange{r("10.0.0.0", "10.0.0.255")}},
+	}}
+	got := sentBounds(p)
+	want := map[int][]nft.Bound{
+		0: {b("10.0.1.0", true), b("10.9.0.0", false)},
+		1: {b("10.0.2.0", true), b("10.8.0.0", false)},
+		2: {b("10.0.0.0", false), b("10.0.1.0", true)},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("sent %v, want %v", got, want)
 	}
 }
