@@ -324,7 +324,7 @@ const appliedMarker = `msg="applied config"`
 // free it (deferred work): a first apply on a node does not come right
 // after the deletion of a large table.
 func deleteAndSettle(ctx context.Context, fd int) error {
-	if err := (&kernel.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
+	if err := dropTable(fd); err != nil {
 		return err
 	}
 	sleepCtx(ctx, 300*time.Millisecond)
