@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"strconv"
+	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
@@ -284,6 +285,10 @@ func probeBatch(name string, owned bool, o nft.Options) (*batch, error) {
 	b.op = append(b.op, probeSentinel)
 	return b, nil
 }
+
+// fenceName is longer than NFT_NAME_MAXLEN (256): no table has it. (It
+// was the fence's once; the probe's sentinel keeps it.)
+var fenceName = strings.Repeat("ip-masq-agent-fence.", 16)
 
 // tableMsg is a table message of family inet, with table flags tflags.
 func tableMsg(typ int, name string, flags netlink.HeaderFlags, tflags uint32) netlink.Message {
