@@ -63,9 +63,13 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	}
 
 	slog.SetDefault(log)
-	// --once owns the table while it writes it, as the daemon does, so that
-	// no other process changes it half-way; it releases it before it exits.
-	k := &kernel.Netlink{NoOwner: !o.ownTable}
+	// --once that releases the table at its end (--release-on-exit, the
+	// default) writes it unowned from the start: owning it for the length
+	// of one transaction guards nothing that the transaction itself and
+	// the generation after it (kernel.Netlink.Send) do not, and the
+	// release re-created the whole table a second time. Without the
+	// release, it owns the table as the daemon does.
+	k := &kernel.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
 	defer k.Close()
 	m := metrics.New(version, func() ([]nft.RuleCounter, error) { return k.DecisionCounters(o.nft.Chain) })
 	// The daemon also watches nftables notifications: a change by another
