@@ -350,11 +350,11 @@ func controlMarkdown(b *strings.Builder, r *Results) {
 		"the kernel's notification of the agent's commit reaches a monitor socket (a netlink subscription to\n" +
 		"the namespace's nftables events, open only while those are timed: with a listener the kernel also\n" +
 		"builds a notification per element, which would slow the large applies): the new rules decide from\n" +
-		"then on. The difference is the closing of the agent's netlink\n" +
-		"socket: on this kernel, closing any nftables socket while the last transaction's replaced objects\n" +
-		"(here: deleted set elements) await freeing waits for that work, which waits for an RCU grace period\n" +
-		"(`nft_rcv_nl_event` → `nf_tables_trans_destroy_flush_work`). A change that only adds elements\n" +
-		"returns at once; one that removes any takes that wait (the \"one CIDR added\" and \"removed\" columns).\n\n")
+		"then on. The difference is the read back that follows the commit (what the commit changed, and\n" +
+		"the fences around it: the table is not owned here). A fence is an empty transaction, which the\n" +
+		"kernel takes its commit lock for and releases; a transaction the kernel refuses would fence as well,\n" +
+		"but the kernel's abort of it waits for an RCU grace period (`nf_tables_abort` → `synchronize_rcu`,\n" +
+		"10-20 ms here), which every read of a table nobody owns paid twice before issue 34.\n\n")
 }
 
 // legacyStatus says whether the legacy iptables backend worked in the
