@@ -275,8 +275,9 @@ func probeBatch(name string, owned bool, o nft.Options) (*batch, error) {
 		}
 	}
 	// The sentinel: the deletion of a table whose name is too long to
-	// exist (fence's), which every kernel refuses before it looks for it,
-	// so that the transaction aborts.
+	// exist (fenceName), which every kernel refuses before it looks for
+	// it, so that the transaction aborts (the abort waits for an RCU grace
+	// period: most of the probe's time).
 	if owned {
 		b.msgs = append(b.msgs, tableMsg(unix.NFT_MSG_NEWTABLE, name+"-owned", netlink.Create, tableFlagOwner|tableFlagPersist))
 		b.op = append(b.op, probeOwned)
@@ -286,8 +287,9 @@ func probeBatch(name string, owned bool, o nft.Options) (*batch, error) {
 	return b, nil
 }
 
-// fenceName is longer than NFT_NAME_MAXLEN (256): no table has it. (It
-// was the fence's once; the probe's sentinel keeps it.)
+// fenceName is longer than NFT_NAME_MAXLEN (256): no table has it. The
+// fence was once a transaction that deleted it; the probe's sentinel still
+// does.
 var fenceName = strings.Repeat("ip-masq-agent-fence.", 16)
 
 // tableMsg is a table message of family inet, with table flags tflags.
