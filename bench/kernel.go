@@ -332,7 +332,7 @@ func deleteAndSettle(ctx context.Context, fd int) error {
 }
 
 // onceRun deletes the table and runs `ip-masq-agent --once` (defaults:
-// the table owned) on path.
+// the table written unowned, as --once releases it at its end) on path.
 func onceRun(ctx context.Context, cfg Config, topo *testnet.Topology, path string, wall, took, user, kernel *[]time.Duration) error {
 	if err := deleteAndSettle(ctx, int(topo.NodeHandle())); err != nil {
 		return err

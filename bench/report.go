@@ -767,7 +767,7 @@ func kernelMarkdown(b *strings.Builder, r *Results) {
 	w("\n")
 	if len(k.Once) > 0 {
 		w("A **cold `ip-masq-agent --once --config FILE`** (the table absent, a new process each time, defaults: the\n"+
-			"table owned): its wall clock from fork to exit against its own CPU time from its rusage, split into user\n"+
+			"table written unowned, as `--once` releases it at its end): its wall clock from fork to exit against its own CPU time from its rusage, split into user\n"+
 			"(YAML decoding, building, encoding, Go's runtime) and system (the kernel's work: mostly the\n"+
 			"transaction and the read-back; the two are split by the kernel in proportion to 4 ms ticks). `took=`\n"+
 			"is what its \"applied config\" log line says `nft.Ensure` took. Median of %d runs; the ratio is the median\n"+
@@ -781,7 +781,7 @@ func kernelMarkdown(b *strings.Builder, r *Results) {
 	}
 	if d := k.daemon(); d != nil {
 		w("**The daemon's first apply against `--once`**, %s CIDRs, in turn in one namespace (the table deleted\n"+
-			"before each; defaults: the table owned, and for the daemon its nftables watch subscribed, which the\n"+
+			"before each; defaults: for `--once` the table written unowned, for the daemon owned and its nftables watch subscribed, which the\n"+
 			"agent leaves during its own commits so that the kernel does not build a notification per element).\n"+
 			"`took=` is the \"applied config\" log line's; \"from the start\" is from the fork to that line\n"+
 			"(daemon) or to the exit (`--once`). Medians of %d each.\n\n", num(d.N), len(d.DaemonTook))
