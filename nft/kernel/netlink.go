@@ -29,7 +29,7 @@ const (
 
 	setAttrExpr        = 17 // NFTA_SET_EXPR
 	setAttrExpressions = 18 // NFTA_SET_EXPRESSIONS
-	setAttrCount       = 20 // NFTA_SET_COUNT (Linux 6.16): the elements the kernel counts
+	setAttrCount       = 20 // NFTA_SET_COUNT (recent kernels; 6.18 has it): the elements the kernel counts
 	elemAttrKeyEnd     = 10 // NFTA_SET_ELEM_KEY_END
 	elemAttrExprs      = 11 // NFTA_SET_ELEM_EXPRESSIONS
 	chainAttrFlags     = 10 // NFTA_CHAIN_FLAGS

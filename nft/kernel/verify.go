@@ -135,7 +135,7 @@ func verifyCreated(conn transport, t *nft.Table) (bool, error) {
 // dump would cost the kernel far more than the commit did (it walks the
 // set from its start for every part of the dump: 100,000 CIDRs cost
 // about a second of kernel CPU): its head is read, and the kernel's count
-// of its elements (NFTA_SET_COUNT, Linux 6.16 and later: half the
+// of its elements (NFTA_SET_COUNT, recent kernels, 6.18 among them: half the
 // interval set's elements, as nft counts) is compared with what the
 // plan sent. That is exact for a set created in our transaction: it
 // was empty, the kernel took every element message of the transaction
