@@ -370,9 +370,17 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 		return res, took, nil
 	}
 	var a *kernel.Netlink
+	defer func() {
+		if a != nil {
+			a.Close()
+		}
+	}()
 	var err error
 	times[First], err = reps(ctx, c.reps, func(int) (time.Duration, error) {
-		if err := (&kernel.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
+		if a != nil {
+			a.Close() // its monitor, subscribed, would have the kernel build a notification per element of the next apply
+		}
+		if err := dropTable(fd); err != nil {
 			return 0, err
 		}
 		a = &kernel.Netlink{NetNS: fd, NoOwner: true}
@@ -489,7 +497,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 	}
 	runs := min(c.reps, 3)
 	for range runs {
-		if err := (&kernel.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
+		if err := dropTable(fd); err != nil {
 			return err
 		}
 		r, err := runIn(ctx, topo.NodeHandle(), cfg.Agent, append([]string{"--once"}, args...)...)
@@ -499,7 +507,7 @@ func agentTimes(ctx context.Context, cfg Config, topo *testnet.Topology, l lists
 		row.OnceWall.All = append(row.OnceWall.All, r.Took)
 	}
 	for range runs {
-		if err := (&kernel.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
+		if err := dropTable(fd); err != nil {
 			return err
 		}
 		rss, err := peakRSS(ctx, topo, cfg.Agent, args...)
@@ -561,7 +569,7 @@ func toolTimes(ctx context.Context, topo *testnet.Topology, tool Tool, l lists, 
 	}
 	if tool.NFT {
 		files = l.nft
-		reset = func() error { return (&kernel.Netlink{NetNS: int(ns), NoOwner: true}).Delete() }
+		reset = func() error { return dropTable(int(ns)) }
 	} else if err := iptablesSetup(ctx, ns, tool.Setup); err != nil {
 		return err
 	}
@@ -602,6 +610,26 @@ func toolTimes(ctx context.Context, topo *testnet.Topology, tool Tool, l lists, 
 		}
 	}
 	return nil
+}
+
+// dropTable deletes the agent's table in the namespace netnsFD, and closes
+// the sockets it read it with: a Netlink's monitor stays subscribed to
+// the nftables notifications until it is closed, and while any socket on
+// the machine is, the kernel builds a notification for every element of
+// every commit (the next apply measured, the agent's or nft -f's).
+func dropTable(netnsFD int) error {
+	k := &kernel.Netlink{NetNS: netnsFD, NoOwner: true}
+	defer k.Close()
+	return k.Delete()
+}
+
+// ensureClosed puts rs in the namespace netnsFD's kernel and closes the
+// sockets it did so with (see dropTable).
+func ensureClosed(netnsFD int, rs nft.Table) error {
+	k := &kernel.Netlink{NetNS: netnsFD, NoOwner: true}
+	defer k.Close()
+	_, err := nft.Ensure(k, rs)
+	return err
 }
 
 // generation reads the nftables generation id of the namespace: it moves

@@ -21,7 +21,6 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
-	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // Data plane kinds.
@@ -249,7 +248,7 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 		c.NonMasqueradeCIDRs = cidrList(4, 0, p.N)
 		c.CIDRLimit = max(p.N, 64)
 		rs := nft.Build(c, agentOptions(p.Kind == KindAgent))
-		if _, err := nft.Ensure(&kernel.Netlink{NetNS: int(node), NoOwner: true}, rs); err != nil {
+		if err := ensureClosed(int(node), rs); err != nil {
 			return err
 		}
 	case KindAgentSelectors:
@@ -261,7 +260,7 @@ func setupPoint(ctx context.Context, dir string, p *DataPoint) error {
 		masqAddr = selectorsSNAT
 		c, o := selectorsConfig(p.N)
 		rs := nft.Build(c, o)
-		if _, err := nft.Ensure(&kernel.Netlink{NetNS: int(node), NoOwner: true}, rs); err != nil {
+		if err := ensureClosed(int(node), rs); err != nil {
 			return err
 		}
 	case KindIPTNFT, KindIPTLegacy:

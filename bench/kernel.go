@@ -324,7 +324,7 @@ const appliedMarker = `msg="applied config"`
 // free it (deferred work): a first apply on a node does not come right
 // after the deletion of a large table.
 func deleteAndSettle(ctx context.Context, fd int) error {
-	if err := (&kernel.Netlink{NetNS: fd, NoOwner: true}).Delete(); err != nil {
+	if err := dropTable(fd); err != nil {
 		return err
 	}
 	sleepCtx(ctx, 300*time.Millisecond)
@@ -332,7 +332,7 @@ func deleteAndSettle(ctx context.Context, fd int) error {
 }
 
 // onceRun deletes the table and runs `ip-masq-agent --once` (defaults:
-// the table owned) on path.
+// the table written unowned, as --once releases it at its end) on path.
 func onceRun(ctx context.Context, cfg Config, topo *testnet.Topology, path string, wall, took, user, kernel *[]time.Duration) error {
 	if err := deleteAndSettle(ctx, int(topo.NodeHandle())); err != nil {
 		return err

@@ -350,11 +350,11 @@ func controlMarkdown(b *strings.Builder, r *Results) {
 		"the kernel's notification of the agent's commit reaches a monitor socket (a netlink subscription to\n" +
 		"the namespace's nftables events, open only while those are timed: with a listener the kernel also\n" +
 		"builds a notification per element, which would slow the large applies): the new rules decide from\n" +
-		"then on. The difference is the closing of the agent's netlink\n" +
-		"socket: on this kernel, closing any nftables socket while the last transaction's replaced objects\n" +
-		"(here: deleted set elements) await freeing waits for that work, which waits for an RCU grace period\n" +
-		"(`nft_rcv_nl_event` → `nf_tables_trans_destroy_flush_work`). A change that only adds elements\n" +
-		"returns at once; one that removes any takes that wait (the \"one CIDR added\" and \"removed\" columns).\n\n")
+		"then on. The difference is the read back that follows the commit (what the commit changed, and\n" +
+		"the fences around it: the table is not owned here). A fence is an empty transaction, which the\n" +
+		"kernel takes its commit lock for and releases; a transaction the kernel refuses would fence as well,\n" +
+		"but the kernel's abort of it waits for an RCU grace period (`nf_tables_abort` → `synchronize_rcu`,\n" +
+		"10-20 ms here), which every read of a table nobody owns paid twice before issue 34.\n\n")
 }
 
 // legacyStatus says whether the legacy iptables backend worked in the
@@ -767,7 +767,7 @@ func kernelMarkdown(b *strings.Builder, r *Results) {
 	w("\n")
 	if len(k.Once) > 0 {
 		w("A **cold `ip-masq-agent --once --config FILE`** (the table absent, a new process each time, defaults: the\n"+
-			"table owned): its wall clock from fork to exit against its own CPU time from its rusage, split into user\n"+
+			"table written unowned, as `--once` releases it at its end): its wall clock from fork to exit against its own CPU time from its rusage, split into user\n"+
 			"(YAML decoding, building, encoding, Go's runtime) and system (the kernel's work: mostly the\n"+
 			"transaction and the read-back; the two are split by the kernel in proportion to 4 ms ticks). `took=`\n"+
 			"is what its \"applied config\" log line says `nft.Ensure` took. Median of %d runs; the ratio is the median\n"+
@@ -781,7 +781,7 @@ func kernelMarkdown(b *strings.Builder, r *Results) {
 	}
 	if d := k.daemon(); d != nil {
 		w("**The daemon's first apply against `--once`**, %s CIDRs, in turn in one namespace (the table deleted\n"+
-			"before each; defaults: the table owned, and for the daemon its nftables watch subscribed, which the\n"+
+			"before each; defaults: for `--once` the table written unowned, for the daemon owned and its nftables watch subscribed, which the\n"+
 			"agent leaves during its own commits so that the kernel does not build a notification per element).\n"+
 			"`took=` is the \"applied config\" log line's; \"from the start\" is from the fork to that line\n"+
 			"(daemon) or to the exit (`--once`). Medians of %d each.\n\n", num(d.N), len(d.DaemonTook))

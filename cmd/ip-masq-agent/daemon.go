@@ -63,15 +63,20 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	}
 
 	slog.SetDefault(log)
-	// --once owns the table while it writes it, as the daemon does, so that
-	// no other process changes it half-way; it releases it before it exits.
-	k := &kernel.Netlink{NoOwner: !o.ownTable}
+	// --once that releases the table at its end (--release-on-exit, the
+	// default) writes it unowned from the start: owning it for the length
+	// of one transaction guards nothing that the transaction itself and
+	// the generation after it (kernel.Netlink.Send) do not, and the
+	// release re-created the whole table a second time. Without the
+	// release, it owns the table as the daemon does.
+	k := &kernel.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
 	defer k.Close()
 	m := metrics.New(version, func() ([]nft.RuleCounter, error) { return k.DecisionCounters(o.nft.Chain) })
 	// The daemon also watches nftables notifications: a change by another
 	// process (possible when the table is not owned) is verified and
 	// repaired at once rather than at the next resync.
-	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once, Once: o.once, Original: original.Netlink{K: k}}
+	loader := &config.Loader{}
+	ao := agent.Options{ConfigPath: o.configPath, Flags: o.flags, NFT: o.nft, Watch: !o.once, Once: o.once, Original: original.Netlink{K: k}, Loader: loader}
 	if o.conntrack != conntrack.ModeNone && o.nft.CtLabel == nil {
 		log.Warn("conntrack cleanup without a mark (--conntrack-label=none): a change from masquerade to no masquerade also deletes the entries that another component (kube-proxy, a CNI) masqueraded to a node address", "mode", o.conntrack)
 	}
@@ -82,14 +87,22 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	// A kernel that lacks what the table needs (kernel.Netlink.Probe asks it,
 	// in a transaction that never commits): one line naming what, and the
 	// oldest kernel that has it, rather than failed syncs forever. The
-	// probe also learns whether the kernel can own the table.
-	if cfg, _, err := config.Load(o.configPath, o.flags); err == nil && (cfg.SNATAddress.IsValid() || cfg.SNATAddressIPv6.IsValid()) {
-		o.nft.SNAT = true // the probe asks for snat
-	}
+	// probe also learns whether the kernel can own the table. It runs
+	// while the config is read (the loader the agent's first sync reads
+	// it again with, which then parses nothing): most of its time is the
+	// kernel's wait for an RCU grace period after it aborts the probe's
+	// transaction. Only a config with snat addresses asks again, for snat.
 	if !o.cleanup {
 		var lacks *kernel.LacksError
 		start := time.Now()
-		err := probe(k, o.nft)
+		probed := make(chan error, 1)
+		go func() { probed <- probe(k, o.nft) }()
+		cfg, _, cerr := loader.Load(o.configPath, o.flags)
+		err := <-probed
+		if err == nil && cerr == nil && (cfg.SNATAddress.IsValid() || cfg.SNATAddressIPv6.IsValid()) {
+			o.nft.SNAT = true // the probe asks for snat
+			err = probe(k, o.nft)
+		}
 		log.Debug("asked the kernel what it can do", "took", time.Since(start).Round(time.Microsecond), "own", k.Owns())
 		switch {
 		case errors.As(err, &lacks):

@@ -56,6 +56,10 @@ type Options struct {
 	// Original finds and removes the original agent's rules; nil: they
 	// are not looked for.
 	Original OriginalRules
+	// Loader reads the config; nil: the agent's own. The daemon shares
+	// the one it read the config with at start (for its kernel probe), so
+	// that the first sync parses no unchanged file again.
+	Loader *config.Loader
 }
 
 // Agent keeps the kernel's table in line with the config.
@@ -64,7 +68,7 @@ type Agent struct {
 	kernel  Kernel
 	log     *slog.Logger
 	metrics *metrics.Agent
-	loader  config.Loader
+	loader  *config.Loader
 
 	cfg            *config.Config // the config last put in the kernel
 	want           *nft.Table     // and its table
@@ -90,7 +94,10 @@ type Agent struct {
 
 // New returns an agent; log and m must not be nil.
 func New(o Options, k Kernel, log *slog.Logger, m *metrics.Agent) *Agent {
-	a := &Agent{opts: o, kernel: k, log: log, metrics: m}
+	a := &Agent{opts: o, kernel: k, log: log, metrics: m, loader: o.Loader}
+	if a.loader == nil {
+		a.loader = &config.Loader{}
+	}
 	return a
 }
 

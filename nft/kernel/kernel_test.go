@@ -1,7 +1,7 @@
 package kernel
 
 import (
-	"bytes"
+	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
@@ -210,7 +210,7 @@ func (h *dumpHook) Send(m netlink.Message) (netlink.Message, error) {
 
 func (h *dumpHook) writeDatagram(b []byte) error {
 	if h.f != nil && h.last == netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETFLOWTABLE) &&
-		bytes.Contains(b, []byte(fenceName)) {
+		len(b) >= 6 && binary.NativeEndian.Uint16(b[4:6]) == unix.NFNL_MSG_BATCH_BEGIN {
 		h.f()
 	}
 	h.last = 0

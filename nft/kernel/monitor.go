@@ -2,10 +2,11 @@ package kernel
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -238,26 +239,52 @@ func (m *monitor) close() {
 }
 
 // fence waits until every transaction under way in the namespace has
-// finished: it sends a transaction that the kernel takes its commit lock
-// for and then refuses (it would delete a table whose name is longer than
-// any table's may be), so it changes nothing and notifies no one. Every
-// kernel from 4.19 on takes the lock before it looks at the messages.
+// finished: it sends an empty transaction (a batch's begin and end, with
+// nothing between), for which the kernel takes its commit lock (every
+// kernel from 4.19 on, before it looks at the messages) and, with nothing
+// to commit, releases it: no generation, no notification. The kernel
+// handles a batch within the send that carries it, and answers an empty
+// one only with an error; the generation asked for next is the answer
+// that ends the wait. A transaction the kernel refuses would fence too,
+// but the kernel's abort waits for an RCU grace period (10-20 ms), for
+// every read of a table nobody owns.
 func fence(conn transport) error {
-	b := &batch{msgs: []netlink.Message{
-		message(unix.NFPROTO_INET, unix.NFT_MSG_DELTABLE, netlink.Request, attr(unix.NFTA_TABLE_NAME, cstring(fenceName))),
-	}, op: []int{0}}
-	failed, err := b.send(conn, 0)
-	switch {
-	case err == nil:
-		return errors.New("the kernel took a transaction that deletes a table with a name too long to exist")
-	case failed == 0:
-		return nil // refused as intended: the lock was taken and released
+	seq := rand.Uint32()>>1 + 1
+	ends := func(typ uint16, seq uint32) netlink.Message {
+		return netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(typ), Flags: netlink.Request, Sequence: seq},
+			Data: nfgenmsg(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)}
 	}
-	return fmt.Errorf("wait for the nftables commit lock: %w", err)
+	batch := []netlink.Message{ends(unix.NFNL_MSG_BATCH_BEGIN, seq), ends(unix.NFNL_MSG_BATCH_END, seq+1)}
+	if err := sendAll(conn, batch, 64); err != nil {
+		return fmt.Errorf("wait for the nftables commit lock: %w", err)
+	}
+	req, err := conn.Send(message(unix.AF_UNSPEC, unix.NFT_MSG_GETGEN, netlink.Request))
+	if err != nil {
+		return fmt.Errorf("wait for the nftables commit lock: %w", err)
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(replyTimeout)); err != nil {
+		return err
+	}
+	defer conn.SetReadDeadline(time.Time{})
+	buf, from := make([]byte, 8<<10), datagramsOf(conn)
+	for {
+		msgs, err := receive(from, buf)
+		if err != nil {
+			return fmt.Errorf("wait for the nftables commit lock: %w", err)
+		}
+		for _, m := range msgs {
+			s := m.Header.Seq
+			if m.Header.Type == unix.NLMSG_ERROR && len(m.Data) >= 4 && (s == seq || s == seq+1 || s == req.Header.Sequence) {
+				if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
+					return fmt.Errorf("wait for the nftables commit lock: %w", syscall.Errno(-code))
+				}
+			}
+			if s == req.Header.Sequence {
+				return nil
+			}
+		}
+	}
 }
-
-// fenceName is longer than NFT_NAME_MAXLEN (256): no table has it.
-var fenceName = strings.Repeat("ip-masq-agent-fence.", 16)
 
 var (
 	aLongTimeAgo = time.Unix(1, 0)

@@ -29,6 +29,7 @@ const (
 
 	setAttrExpr        = 17 // NFTA_SET_EXPR
 	setAttrExpressions = 18 // NFTA_SET_EXPRESSIONS
+	setAttrCount       = 20 // NFTA_SET_COUNT (recent kernels; 6.18 has it): the elements the kernel counts
 	elemAttrKeyEnd     = 10 // NFTA_SET_ELEM_KEY_END
 	elemAttrExprs      = 11 // NFTA_SET_ELEM_EXPRESSIONS
 	chainAttrFlags     = 10 // NFTA_CHAIN_FLAGS
@@ -219,13 +220,20 @@ func (n *Netlink) Send(p nft.Plan, gen uint32) (nft.Sent, error) {
 		return nft.Sent{}, err
 	}
 	// Whatever happens, the next read reads the table whole, unless the
-	// kernel took the plan on a table nobody else can change (owned), or
-	// the monitor sees every transaction but ours while it commits (a
-	// small plan): then it reads back what the plan changed.
+	// kernel took the plan on a table nobody else can change (owned, or
+	// created owned by this plan), or the monitor sees every transaction
+	// but ours while it commits (a small plan), or the plan created the
+	// table and the generations around it say that ours was the only
+	// commit (created): then it reads back what the plan changed.
 	prev, prevAt := n.last, n.lastAt
 	n.last, n.change = nil, nil
-	owned := prev != nil && prev.Owner == nft.OwnedByUs
+	created := createsTable(p)
+	owned := (prev != nil && prev.Owner == nft.OwnedByUs) || (created && p.Ops[0].Owned)
 	watched := n.mon != nil && prev != nil && prev.Owner == nft.NotOwned && small(p)
+	counted := created && !owned
+	if created {
+		prevAt = time.Now() // nothing was read: the create is the whole table
+	}
 	if m := n.mon; m != nil {
 		if watched {
 			m.stay(conn.PID())
@@ -234,11 +242,26 @@ func (n *Netlink) Send(p nft.Plan, gen uint32) (nft.Sent, error) {
 			defer m.rejoin()
 		}
 	}
+	var gen0 uint32
+	if counted {
+		if gen0, err = generation(conn); err != nil {
+			counted = false
+		}
+	}
 	sent := nft.Sent{Messages: len(b.msgs), Bytes: b.size()}
 	failed, err := b.send(conn, gen)
-	if err == nil && (owned || watched) && !p.Recreate {
-		if next, err := nft.ExecPlan(prev, p); err == nil {
-			n.change = &change{table: next, plan: p, readAt: prevAt}
+	if err == nil && (owned || watched || counted) && !p.Recreate {
+		// Not owned, the table is what our create made as long as the
+		// generation is that of our commit: gen0+1 now, when no other
+		// transaction committed between the two reads of it.
+		var ours uint32
+		if counted {
+			if g, gerr := generation(conn); gerr == nil && g == gen0+1 && g != 0 {
+				ours = g
+			}
+		}
+		if next, xerr := nft.ExecPlan(prev, p); xerr == nil && (!counted || ours != 0) {
+			n.change = &change{table: next, plan: p, readAt: prevAt, gen: ours}
 		}
 	}
 	switch {

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"strconv"
+	"strings"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 
@@ -274,8 +275,9 @@ func probeBatch(name string, owned bool, o nft.Options) (*batch, error) {
 		}
 	}
 	// The sentinel: the deletion of a table whose name is too long to
-	// exist (fence's), which every kernel refuses before it looks for it,
-	// so that the transaction aborts.
+	// exist (fenceName), which every kernel refuses before it looks for
+	// it, so that the transaction aborts (the abort waits for an RCU grace
+	// period: most of the probe's time).
 	if owned {
 		b.msgs = append(b.msgs, tableMsg(unix.NFT_MSG_NEWTABLE, name+"-owned", netlink.Create, tableFlagOwner|tableFlagPersist))
 		b.op = append(b.op, probeOwned)
@@ -284,6 +286,11 @@ func probeBatch(name string, owned bool, o nft.Options) (*batch, error) {
 	b.op = append(b.op, probeSentinel)
 	return b, nil
 }
+
+// fenceName is longer than NFT_NAME_MAXLEN (256): no table has it. The
+// fence was once a transaction that deleted it; the probe's sentinel still
+// does.
+var fenceName = strings.Repeat("ip-masq-agent-fence.", 16)
 
 // tableMsg is a table message of family inet, with table flags tflags.
 func tableMsg(typ int, name string, flags netlink.HeaderFlags, tflags uint32) netlink.Message {

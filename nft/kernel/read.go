@@ -129,6 +129,19 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 	if err != nil {
 		return nil, 0, err
 	}
+	if c != nil && c.gen != 0 {
+		// Our commit created the table, and was the only one then: if
+		// none has committed since (the generation is still ours), what
+		// the monitor holds (or missed before it joined) is older than
+		// the table, and from here on it sees every transaction.
+		g, err := generation(conn)
+		if err != nil {
+			return nil, 0, err
+		}
+		if g == c.gen {
+			what, lost = touch{}, false
+		}
+	}
 	touched := what.any()
 	if !touched && !lost && fresh {
 		return n.last, gen, nil
@@ -318,9 +331,32 @@ func readSets(conn transport, t *nft.Table) error {
 // decodeSet decodes a set message, and reads the set's elements when it
 // is one of the agent's.
 func decodeSet(conn transport, m netlink.Message) (nft.Set, error) {
+	s, odd, _, err := decodeSetHead(m)
+	if err != nil {
+		return nft.Set{}, err
+	}
+	var oddElems []string
+	if nft.AgentSet(s.Name) {
+		if oddElems, err = readElements(conn, &s); err != nil {
+			return nft.Set{}, fmt.Errorf("list set %s: %w", s.Name, err)
+		}
+	} else {
+		// The plan deletes a set the agent does not make, whatever
+		// it holds: its elements (possibly millions) are not read.
+		oddElems = []string{"not the agent's (its elements were not read)"}
+	}
+	s.Odd = joinUnique(append(odd, oddElems...))
+	return s, nil
+}
+
+// decodeSetHead decodes a set message without its elements: the set,
+// what is odd about it, and the kernel's count of its elements
+// (NFTA_SET_COUNT; -1: the kernel does not say).
+func decodeSetHead(m netlink.Message) (nft.Set, []string, int, error) {
 	var s nft.Set
 	var flags, keyType, keyLen uint32
 	var odd []string
+	count := -1
 	err := decode(m.Data, func(ad *netlink.AttributeDecoder) {
 		switch ad.Type() &^ unix.NLA_F_NESTED {
 		case unix.NFTA_SET_TABLE:
@@ -345,6 +381,8 @@ func decodeSet(conn transport, m netlink.Message) (nft.Set, error) {
 			odd = append(odd, "a timeout")
 		case setAttrExpr, setAttrExpressions:
 			odd = append(odd, "set expressions")
+		case setAttrCount:
+			count = int(ad.Uint32())
 		case unix.NFTA_SET_DESC:
 			ad.Nested(func(d *netlink.AttributeDecoder) error {
 				for d.Next() {
@@ -357,7 +395,7 @@ func decodeSet(conn transport, m netlink.Message) (nft.Set, error) {
 		}
 	})
 	if err != nil {
-		return nft.Set{}, err
+		return nft.Set{}, nil, 0, err
 	}
 	for k, t := range setKeyTypes {
 		if keyType == t.GetNFTMagic() && keyLen == t.Bytes {
@@ -370,18 +408,7 @@ func decodeSet(conn transport, m netlink.Message) (nft.Set, error) {
 	if flags != unix.NFT_SET_INTERVAL {
 		odd = append(odd, fmt.Sprintf("flags %#x", flags))
 	}
-	var oddElems []string
-	if nft.AgentSet(s.Name) {
-		if oddElems, err = readElements(conn, &s); err != nil {
-			return nft.Set{}, fmt.Errorf("list set %s: %w", s.Name, err)
-		}
-	} else {
-		// The plan deletes a set the agent does not make, whatever
-		// it holds: its elements (possibly millions) are not read.
-		oddElems = []string{"not the agent's (its elements were not read)"}
-	}
-	s.Odd = joinUnique(append(odd, oddElems...))
-	return s, nil
+	return s, odd, count, nil
 }
 
 // readElements reads a set's elements as ranges, and what is odd about

@@ -14,13 +14,16 @@ import (
 // bare "flags " line that nft -f refuses, which breaks whole-ruleset saves
 // (nft list ruleset > file); an ordinary table lists and loads as any
 // other. The next agent re-creates it owned, again in one transaction, so
-// the rules are in force throughout. Nothing is done when the table is not
-// owned by this socket; a table that holds what the agent did not make is
-// left as it is (its content could not be re-created exactly).
+// the rules are in force throughout. An orphaned table (not owned, still
+// persistent: its owner exited without releasing it), which a Netlink
+// that does not own (--once) leaves as it finds it, is released alike.
+// Nothing is done when the table is owned by another socket or is an
+// ordinary one; a table that holds what the agent did not make is left as
+// it is (its content could not be re-created exactly).
 func (n *Netlink) Release() (released bool, err error) {
 	for attempt := 1; ; attempt++ {
 		found, gen, err := n.Read()
-		if err != nil || found == nil || found.Owner != nft.OwnedByUs {
+		if err != nil || found == nil || (found.Owner != nft.OwnedByUs && (found.Owner != nft.NotOwned || !found.Persist)) {
 			return false, err
 		}
 		if odd := foreignContent(found); odd != "" {

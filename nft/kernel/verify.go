@@ -3,6 +3,7 @@ package kernel
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -17,13 +18,25 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
-// change is our own commit to a table this socket owns, not yet read
-// back: the last read with the plan applied, which is what the kernel
-// holds if it took the plan, and nothing else can have changed it.
+// change is our own commit, not yet read back: the last read with the
+// plan applied, which is what the kernel holds if it took the plan and
+// nothing else changed the table since (owned; watched by the monitor;
+// or, for a table the plan created, gen).
 type change struct {
 	table  *nft.Table
 	plan   nft.Plan
-	readAt time.Time // when the table it was made from was read whole
+	readAt time.Time // when the table it was made from was read whole (a create: made)
+	// gen, when not 0, is the generation of our commit, which created a
+	// table nobody owns: as long as the kernel's generation is still gen,
+	// no transaction has committed since ours.
+	gen uint32
+}
+
+// createsTable reports whether a plan creates the table, exclusively (the
+// kernel refuses it if there is one): the table then holds what the plan
+// put in it, and nothing else, when the transaction commits.
+func createsTable(p nft.Plan) bool {
+	return len(p.Ops) > 0 && p.Ops[0].Kind == nft.KindTable && p.Ops[0].Verb == nft.Add && p.Ops[0].Exclusive && !p.Recreate
 }
 
 // maxElementGets bounds the elements read back one by one (GETSETELEM of
@@ -42,6 +55,9 @@ func verifyChange(conn transport, head *nft.Table, c *change) (bool, error) {
 	if head.Dormant != t.Dormant || head.Persist != t.Persist || head.Owner != t.Owner ||
 		head.Use != uint32(len(t.Sets)+len(t.Chains)+len(t.Objects)) {
 		return false, nil
+	}
+	if createsTable(c.plan) {
+		return verifyCreated(conn, t)
 	}
 	var sets, chains []string
 	bounds := map[string][]nft.Bound{}
@@ -89,6 +105,80 @@ func verifyChange(conn transport, head *nft.Table, c *change) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// verifyCreated reads back a table our plan created (its head, read by
+// the caller, holds as many sets, chains and objects as t): each chain
+// with its rules, and each set: with its elements when they are few, else
+// its head and the kernel's count of its elements (verifyCreatedSet).
+func verifyCreated(conn transport, t *nft.Table) (bool, error) {
+	if len(t.Objects) > 0 {
+		return false, nil
+	}
+	for i := range t.Sets {
+		ok, err := verifyCreatedSet(conn, &t.Sets[i])
+		if !ok || err != nil {
+			return false, err
+		}
+	}
+	for i := range t.Chains {
+		ok, err := verifyChain(conn, t.Chains[i].Name, &t.Chains[i])
+		if !ok || err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// verifyCreatedSet verifies a set that our transaction created with its
+// elements. A set of few elements is read whole. For more, the set's own
+// dump would cost the kernel far more than the commit did (it walks the
+// set from its start for every part of the dump: 100,000 CIDRs cost
+// about a second of kernel CPU): its head is read, and the kernel's count
+// of its elements (NFTA_SET_COUNT, recent kernels, 6.18 among them: half the
+// interval set's elements, as nft counts) is compared with what the
+// plan sent. That is exact for a set created in our transaction: it
+// was empty, the kernel took every element message of the transaction
+// (else nothing), each element it took is one it counts, and none of
+// ours was a duplicate, so the count says that it parsed every element
+// we meant, no fewer (a list cut short) and no more. The elements' bytes
+// are our encoding (the wire tests hold it to the kernel's). A kernel
+// that does not count, an odd number of bounds (a count of halves
+// cannot tell one apart), or a count that disagrees: the set is read
+// whole.
+func verifyCreatedSet(conn transport, want *nft.Set) (bool, error) {
+	bs := len(nft.Bounds(want.Elements))
+	if bs <= maxElementGets || bs%2 != 0 {
+		return verifySet(conn, want.Name, want)
+	}
+	got, count, found, err := getSetHead(conn, want.Name)
+	if err != nil || !found {
+		return false, err
+	}
+	if count < 0 || count != bs/2 {
+		return verifySet(conn, want.Name, want)
+	}
+	got.Elements = want.Elements
+	return nft.Table{Sets: []nft.Set{*want}}.Equal(nft.Table{Sets: []nft.Set{got}}), nil
+}
+
+// getSetHead reads one set without its elements: the set as decodeSetHead
+// makes it (Odd: what its head has odd), and the kernel's count of its
+// elements (-1: not said); found false: there is none.
+func getSetHead(conn transport, name string) (nft.Set, int, bool, error) {
+	msgs, err := get(unix.NFT_MSG_GETSET,
+		attr(unix.NFTA_SET_TABLE, cstring(nft.TableName)), attr(unix.NFTA_SET_NAME, cstring(name))).ask(conn)
+	switch {
+	case absent(err):
+		return nft.Set{}, 0, false, nil
+	case err != nil:
+		return nft.Set{}, 0, false, err
+	case len(msgs) != 1:
+		return nft.Set{}, 0, false, fmt.Errorf("get set %s: %d answers", name, len(msgs))
+	}
+	s, odd, count, err := decodeSetHead(msgs[0])
+	s.Odd = joinUnique(odd)
+	return s, count, err == nil, err
 }
 
 // small reports whether a plan's elements are few enough to read back one

@@ -2,6 +2,8 @@ package kernel
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/mdlayher/netlink"
@@ -212,4 +214,150 @@ func TestRereadWhatWasTouched(t *testing.T) {
 	if res, err := nft.Ensure(n, withCIDRs("20.0.0.1/32")); err != nil || res.Unchanged {
 		t.Errorf("repair: %+v %v", res, err)
 	}
+}
+
+// manyCIDRs is defaultTable with n /29s (a gap after each) in the IPv4 set:
+// 2n bounds, past maxElementGets.
+func manyCIDRs(n int) nft.Table {
+	t := defaultTable()
+	s := t.Set(nft.SetNonMasqV4)
+	s.Elements = nil
+	for i := range n {
+		v := uint32(100<<24|64<<16) + uint32(i)*32
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), 29)
+		s.Elements = append(s.Elements, netipx.RangeOfPrefix(p))
+	}
+	return t
+}
+
+// elementDumps is a Netlink's read socket that counts the dumps of the
+// IPv4 set's elements asked on it.
+type elementDumps struct {
+	*netlink.Conn
+	n int
+}
+
+func (c *elementDumps) Send(m netlink.Message) (netlink.Message, error) {
+	if m.Header.Type == netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETSETELEM) && m.Header.Flags&netlink.Dump != 0 &&
+		strings.Contains(string(m.Data), nft.SetNonMasqV4+"\x00") {
+		c.n++
+	}
+	return c.Conn.Send(m)
+}
+
+func countElementDumps(t *testing.T, n *Netlink) *elementDumps {
+	t.Helper()
+	c, err := dial(n.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &elementDumps{Conn: c}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.rconn != nil {
+		n.rconn.Close()
+	}
+	n.rconn = d
+	return d
+}
+
+// TestCreatedTableReadBack: the read after a send that created the table
+// reads back what it made without dumping a large set's elements (the
+// kernel's count of them, on a kernel that gives it), owned or not; not
+// owned, a foreign commit after ours makes that read whole, and the
+// foreign change is found.
+func TestCreatedTableReadBack(t *testing.T) {
+	n, topo := kernelNetlink(t)
+	want := manyCIDRs(1000) // 2,000 bounds
+	counts := func() bool {
+		conn, err := n.reader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, count, found, err := getSetHead(conn, nft.SetNonMasqV4)
+		return err == nil && found && count >= 0
+	}
+	for _, owned := range []bool{true, false} {
+		if err := n.Delete(); err != nil {
+			t.Fatal(err)
+		}
+		n.Close()
+		n.NoOwner = !owned
+		dumps := countElementDumps(t, n)
+		res, err := nft.Ensure(n, want)
+		if err != nil || !res.Created || res.Attempts != 1 {
+			t.Fatalf("owned %v: first apply: %+v, %v", owned, res, err)
+		}
+		if owned && !n.Owns() {
+			continue // the kernel cannot own: the not-owned case below
+		}
+		if !counts() {
+			t.Logf("this kernel does not count a set's elements (NFTA_SET_COUNT, recent kernels): a created set is read whole")
+		} else if dumps.n != 0 {
+			t.Errorf("owned %v: the read back of the created table dumped the large set's elements %d times", owned, dumps.n)
+		}
+		if n.last == nil {
+			t.Fatalf("owned %v: the read back of the created table was not kept", owned)
+		}
+		conn, _ := n.reader()
+		whole, err := readTable(conn, n.ownerPort())
+		if err != nil || !whole.Equal(*n.last) || !n.last.Equal(*whole) {
+			t.Errorf("owned %v: the table kept differs from the whole table (%v)", owned, err)
+		}
+	}
+
+	// The count: a set that holds one element fewer than wanted is not
+	// taken for the wanted one.
+	conn, _ := n.reader()
+	more := want.Clone().Set(nft.SetNonMasqV4)
+	more.Elements = append(more.Elements, netipx.RangeOfPrefix(netip.MustParsePrefix("203.0.113.0/24")))
+	if ok, err := verifyCreatedSet(conn, more); ok || err != nil {
+		t.Errorf("a set with an element fewer than wanted verified: %v, %v", ok, err)
+	}
+	if ok, err := verifyCreatedSet(conn, want.Set(nft.SetNonMasqV4)); !ok || err != nil {
+		t.Errorf("the set as created not verified: %v, %v", ok, err)
+	}
+
+	// Not owned, another process commits to the table between our create
+	// and its read back: the read is whole and finds the foreign element.
+	if err := n.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	n.NoOwner = true
+	w := want
+	w.Owner, w.Persist = nft.NotOwned, false
+	p, err := nft.PlanFor(nil, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := n.Read(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Send(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n.change == nil || n.change.gen == 0 {
+		t.Fatalf("a create with no other commit around it: change %+v, want one with its generation", n.change)
+	}
+	// One element replaced by another: the set's count stays.
+	swap := fmt.Sprintf("delete element inet %[1]s %[2]s { 100.64.0.0/29 }\nadd element inet %[1]s %[2]s { 192.0.2.0/29 }\n", nft.TableName, nft.SetNonMasqV4)
+	if out, err := topo.NFT("-f", writeTemp(t, swap)); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	got, _, err := n.Read()
+	if err != nil || got == nil || got.Equal(w) || !slices.Contains(got.Set(nft.SetNonMasqV4).Elements, netipx.RangeOfPrefix(netip.MustParsePrefix("192.0.2.0/29"))) {
+		t.Fatalf("the read after a foreign commit that followed our create did not find it (%v)", err)
+	}
+	if res, err := nft.Ensure(n, want); err != nil || res.Unchanged {
+		t.Errorf("repair: %+v %v", res, err)
+	}
+}
+
+func writeTemp(t *testing.T, content string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "nft")
+	if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
