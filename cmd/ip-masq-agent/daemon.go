@@ -65,7 +65,7 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	slog.SetDefault(log)
 	// --once owns the table while it writes it, as the daemon does, so that
 	// no other process changes it half-way; it releases it before it exits.
-	k := &kernel.Netlink{NoOwner: !o.ownTable}
+	k := &kernel.Netlink{NoOwner: !o.ownTable, Log: log}
 	defer k.Close()
 	m := metrics.New(version, func() ([]nft.RuleCounter, error) { return k.DecisionCounters(o.nft.Chain) })
 	// The daemon also watches nftables notifications: a change by another

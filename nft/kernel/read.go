@@ -139,10 +139,13 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 		// Another process touched the table, and its notifications
 		// name what: read that again, then make sure that no one
 		// touched the table meanwhile, as for a whole read.
-		t, ok, err := reread(conn, ours, last, what)
+		t, did, ok, err := reread(conn, ours, last, what)
 		if err != nil {
 			return nil, 0, err
 		}
+		n.reads.sets += len(did.sets)
+		n.reads.elements += did.elements
+		n.debug("read again what other processes' transactions touched", "sets", did.sets, "chains", did.chains, "elements", did.elements, "whole", !ok)
 		if ok {
 			if err := fence(conn); err != nil {
 				return nil, 0, err
@@ -184,6 +187,8 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 	if err != nil {
 		return nil, 0, err
 	}
+	n.reads.tables++
+	n.debug("read the table whole", "touched", touched, "lost", lost, "fresh", fresh)
 	// Did a transaction that touched the table run during the read? The
 	// fence waits for any under way; the monitor says what they touched.
 	if err := fence(conn); err != nil {
