@@ -55,6 +55,11 @@ func TestForeignElementsReadOneByOne(t *testing.T) {
 	if _, err := nft.Ensure(n, want); err != nil {
 		t.Fatal(err)
 	}
+	// 600 ranges: 1,200 interval bounds, more than maxElementGets.
+	var many []string
+	for i := range 600 {
+		many = append(many, fmt.Sprintf("30.%d.%d.0/24", i/128, 2*(i%128)))
+	}
 	runNFT := func(args ...string) func() error {
 		return func() error {
 			if out, err := topo.NFT(args...); err != nil {
@@ -67,21 +72,24 @@ func TestForeignElementsReadOneByOne(t *testing.T) {
 		name  string
 		do    func() error
 		asked int // elements the read asks of the kernel
+		sets  int // sets it reads whole
 	}{
-		{"an element added (nft)", runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 192.0.2.0/24 }"), 2},
-		{"one of ours deleted (nft)", runNFT("delete", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ "+ours[1234]+" }"), 2},
+		{"an element added (nft)", runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 192.0.2.0/24 }"), 2, 0},
+		{"one of ours deleted (nft)", runNFT("delete", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ "+ours[1234]+" }"), 2, 0},
 		{"two transactions: one added, one of ours deleted", func() error {
 			if err := runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 198.51.100.0/24 }")(); err != nil {
 				return err
 			}
 			return runNFT("delete", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ "+ours[4321]+" }")()
-		}, 4},
+		}, 4, 0},
 		{"added and deleted again", func() error {
 			if err := runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 203.0.113.0/24 }")(); err != nil {
 				return err
 			}
 			return runNFT("delete", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 203.0.113.0/24 }")()
-		}, 2},
+		}, 2, 0},
+		{"more elements than are asked one by one", runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ "+strings.Join(many, ", ")+" }"), 0, 1},
+		{"and deleted again", runNFT("delete", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ "+strings.Join(many, ", ")+" }"), 0, 1},
 	} {
 		if err := step.do(); err != nil {
 			t.Fatalf("%s: %v", step.name, err)
@@ -94,9 +102,9 @@ func TestForeignElementsReadOneByOne(t *testing.T) {
 		if whole := wholeRead(t, n); !whole.Equal(*got) || !got.Equal(*whole) {
 			t.Fatalf("%s: the read differs from a whole read:\n%s", step.name, nft.Render(*whole)+"\nread:\n"+nft.Render(*got))
 		}
-		if r := n.reads; r.tables != before.tables || r.sets != before.sets || r.elements-before.elements != step.asked {
-			t.Errorf("%s: read %d tables, %d sets whole, %d elements; want 0, 0, %d",
-				step.name, r.tables-before.tables, r.sets-before.sets, r.elements-before.elements, step.asked)
+		if r := n.reads; r.tables != before.tables || r.sets-before.sets != step.sets || r.elements-before.elements != step.asked {
+			t.Errorf("%s: read %d tables, %d sets whole, %d elements; want 0, %d, %d",
+				step.name, r.tables-before.tables, r.sets-before.sets, r.elements-before.elements, step.sets, step.asked)
 		}
 	}
 	// The repair: the wanted set again, without a whole read.
