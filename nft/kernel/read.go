@@ -145,6 +145,8 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 		}
 		n.reads.sets += len(did.sets)
 		n.reads.elements += did.elements
+		// whole: the parts did not make the whole (the table's count of
+		// its sets and chains disagrees): the table is read whole next.
 		n.debug("read again what other processes' transactions touched", "sets", did.sets, "chains", did.chains, "elements", did.elements, "whole", !ok)
 		if ok {
 			if err := fence(conn); err != nil {

@@ -116,7 +116,7 @@ func notifiedBounds(data []byte) ([]nft.Bound, bool) {
 	return out, ok && plain && len(out) > 0
 }
 
-// reread is what a read of the touched parts read (for the log and the
+// rereadOf is what a read of the touched parts read (for the log and the
 // tests): sets read whole, chains read with their rules, elements asked
 // of the kernel one by one.
 type rereadOf struct {
