@@ -2,11 +2,16 @@ package kernel
 
 import (
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"go4.org/netipx"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -55,10 +60,24 @@ func TestForeignElementsReadOneByOne(t *testing.T) {
 	if _, err := nft.Ensure(n, want); err != nil {
 		t.Fatal(err)
 	}
-	// 600 ranges: 1,200 interval bounds, more than maxElementGets.
-	var many []string
+	// 600 ranges: 1,200 interval bounds, more than maxElementGets, sent
+	// raw (nft takes long over so many beside a large set).
+	var many []nft.Bound
 	for i := range 600 {
-		many = append(many, fmt.Sprintf("30.%d.%d.0/24", i/128, 2*(i%128)))
+		p := netip.MustParsePrefix(fmt.Sprintf("30.%d.%d.0/24", i/128, 2*(i%128)))
+		many = append(many, nft.Bounds([]netipx.IPRange{netipx.RangeOfPrefix(p)})...)
+	}
+	foreign, err := dial(n.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+	raw := func(typ int, bs []nft.Bound) func() error {
+		return func() error {
+			_, err := (&batch{msgs: []netlink.Message{rawMessage(typ, netlink.Request|netlink.Create,
+				elementsPayload(nft.SetNonMasqV4, bs))}, op: []int{0}}).send(foreign, 0)
+			return err
+		}
 	}
 	runNFT := func(args ...string) func() error {
 		return func() error {
@@ -88,8 +107,8 @@ func TestForeignElementsReadOneByOne(t *testing.T) {
 			}
 			return runNFT("delete", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ 203.0.113.0/24 }")()
 		}, 2, 0},
-		{"more elements than are asked one by one", runNFT("add", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ "+strings.Join(many, ", ")+" }"), 0, 1},
-		{"and deleted again", runNFT("delete", "element", "inet", nft.TableName, nft.SetNonMasqV4, "{ "+strings.Join(many, ", ")+" }"), 0, 1},
+		{"more elements than are asked one by one", raw(unix.NFT_MSG_NEWSETELEM, many), 0, 1},
+		{"and deleted again", raw(unix.NFT_MSG_DELSETELEM, many), 0, 1},
 	} {
 		if err := step.do(); err != nil {
 			t.Fatalf("%s: %v", step.name, err)
@@ -251,5 +270,80 @@ func TestLostNotificationsReadWhole(t *testing.T) {
 	}
 	if whole := wholeRead(t, n); !whole.Equal(want) || !want.Equal(*whole) {
 		t.Errorf("after the repair the kernel holds:\n%s", nft.Render(*whole))
+	}
+}
+
+// TestApplyElems: the ranges around the bounds named, computed again
+// between guards, are what all the set's bounds make (the whole read's
+// nft.RangesFromBounds): random sets of adjacent and apart ranges, one at
+// each end of the address space, and random additions and deletions of
+// starts and ends near them and far from them. No kernel.
+func TestApplyElems(t *testing.T) {
+	r := rand.New(rand.NewPCG(34, 1))
+	addr := func(v uint32) netip.Addr {
+		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	}
+	for round := range 3000 {
+		// Sorted, disjoint ranges on a coarse grid (so that operations hit
+		// existing bounds), sometimes starting at 0 or ending at the top.
+		var rs []netipx.IPRange
+		v := uint32(0)
+		if r.IntN(4) > 0 {
+			v = uint32(r.IntN(4)) << 28
+		}
+		for v < 15<<28 && len(rs) < 1+r.IntN(12) {
+			size := uint32(1+r.IntN(3)) << 26
+			rs = append(rs, netipx.IPRangeFrom(addr(v), addr(v+size-1)))
+			v += size + uint32(r.IntN(3))<<26
+		}
+		if r.IntN(5) == 0 {
+			rs = append(rs, netipx.IPRangeFrom(addr(15<<28+1<<26), addr(^uint32(0))))
+		}
+		rs, odd := nft.RangesFromBounds(nft.Bounds(rs)) // as a whole read reads them
+		if len(odd) > 0 {
+			t.Fatalf("round %d: the test's set is odd: %v", round, odd)
+		}
+		var ops []elem
+		for range 1 + r.IntN(4) {
+			b := nft.Bound{Addr: addr(uint32(r.IntN(64)) << 26), End: r.IntN(2) == 0}
+			if bs := nft.Bounds(rs); len(bs) > 0 && r.IntN(2) == 0 {
+				b = bs[r.IntN(len(bs))] // an existing one
+			}
+			ops = append(ops, elem{b, r.IntN(2) == 0})
+		}
+		// What all the bounds make.
+		all := map[nft.Bound]bool{}
+		for _, b := range nft.Bounds(rs) {
+			all[b] = true
+		}
+		for _, op := range ops {
+			if op.add {
+				all[op.Bound] = true
+			} else {
+				delete(all, op.Bound)
+			}
+		}
+		want, wantOdd := nft.RangesFromBounds(slices.Collect(maps.Keys(all)))
+		got, gotOdd, held := applyElems(slices.Clone(rs), ops)
+		if !slices.Equal(got, want) || (len(gotOdd) > 0) != (len(wantOdd) > 0) || joinUnique(gotOdd) != joinUnique(wantOdd) {
+			t.Fatalf("round %d: %v after %v:\ngot  %v %q\nwant %v %q", round, rs, ops, got, gotOdd, want, wantOdd)
+		}
+		for _, op := range ops {
+			if held[op.Bound] != all[op.Bound] {
+				t.Fatalf("round %d: %v after %v: held[%v] = %v", round, rs, ops, op.Bound, held[op.Bound])
+			}
+		}
+	}
+}
+
+func BenchmarkApplyElems(b *testing.B) {
+	var rs []netipx.IPRange
+	for i := range 100_000 {
+		a := netip.AddrFrom4([4]byte{byte(20 + i/65536), byte(i / 256 % 256), byte(i % 256), 0})
+		rs = append(rs, netipx.IPRangeFrom(a, a.Next()))
+	}
+	ops := []elem{{nft.Bounds(rs[5:6])[0], false}, {nft.Bounds(rs[5:6])[1], false}, {nft.Bound{Addr: netip.MustParseAddr("192.0.2.0")}, true}, {nft.Bound{Addr: netip.MustParseAddr("192.0.3.0"), End: true}, true}}
+	for b.Loop() {
+		applyElems(rs, ops)
 	}
 }
