@@ -47,7 +47,8 @@ type Config struct {
 	Quick bool      // tiny sizes, one or two repetitions: a smoke run of seconds
 	Log   io.Writer // progress lines; nil: discarded
 	// Parts to run: any of "control", "kernel", "data", "selectors", "live",
-	// "conntrack", "busy", "neighbour"; empty means all.
+	// "conntrack", "busy", "neighbour"; empty means all. "busy-nft" is
+	// busy's rows with an nft neighbour alone.
 	Parts []string
 }
 
@@ -126,7 +127,7 @@ func Run(ctx context.Context, cfg Config) *Results {
 		r.Load["conntrack"] = readTrim("/proc/loadavg")
 		r.Conntrack, r.ConntrackErr = RunConntrack(ctx, cfg)
 	}
-	if cfg.wants("busy") && ctx.Err() == nil {
+	if (cfg.wants("busy") || cfg.wants("busy-nft")) && ctx.Err() == nil {
 		r.Load["busy"] = readTrim("/proc/loadavg")
 		r.Busy, r.BusyErr = RunBusy(ctx, cfg)
 	}

@@ -118,6 +118,9 @@ func TestQuickRun(t *testing.T) {
 			if len(x.Changes) == 0 || x.Probes == 0 {
 				t.Errorf("busy node, %d CIDRs, %s: %d changes measured, %d probes", x.N, ownedName(x.Owned), len(x.Changes), x.Probes)
 			}
+			if x.NFT && len(x.Ready) != len(x.Changes) {
+				t.Errorf("busy node, %d CIDRs, %s, an nft neighbour: %d changes, %d times to ready", x.N, ownedName(x.Owned), len(x.Changes), len(x.Ready))
+			}
 		}
 	}
 

@@ -244,7 +244,7 @@ func Markdown(r *Results) string {
 	w("## Rerun\n\n```sh\n" +
 		"make bench                # everything, about 10 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
 		"BENCH_QUICK=1 make bench  # a smoke run of seconds; prints the report, writes nothing\n" +
-		"go run ./bench/cmd/bench -help   # -only control,kernel,data,selectors,live,conntrack,busy,neighbour; -out FILE; -timeout\n" +
+		"go run ./bench/cmd/bench -help   # -only control,kernel,data,selectors,live,conntrack,busy,neighbour (busy-nft: busy's nft-neighbour rows alone); -out FILE; -timeout\n" +
 		"go test ./bench/          # the smoke run as a test (part of make test)\n" +
 		"```\n\n" +
 		"Needs root (it creates network namespaces; nothing is changed in the machine's own namespace), Linux with\n" +

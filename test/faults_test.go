@@ -674,6 +674,10 @@ func TestNetlinkFaults(t *testing.T) {
 		eventually(t, "the agent's report of the receive buffer overrun (ENOBUFS)", func() bool {
 			return strings.Contains(d.output()[mark:], "notifications lost (receive buffer overrun)")
 		})
+		// Nothing to go by: the table is read whole, not in parts.
+		if lines := d.output()[mark:]; !strings.Contains(lines, readWhole) || !strings.Contains(lines, "lost=true") {
+			t.Errorf("after the overrun the agent did not say it read the table whole:\n%s", lines)
+		}
 		t.Logf("ENOBUFS provoked (%d foreign transactions of 200,000 elements while the agent was stopped): "+
 			"the agent reported the overrun, read the table back and undid the tampering", rounds)
 

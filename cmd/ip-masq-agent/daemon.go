@@ -69,7 +69,7 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	// the generation after it (kernel.Netlink.Send) do not, and the
 	// release re-created the whole table a second time. Without the
 	// release, it owns the table as the daemon does.
-	k := &kernel.Netlink{NoOwner: !o.ownTable || (o.once && o.release)}
+	k := &kernel.Netlink{NoOwner: !o.ownTable || (o.once && o.release), Log: log}
 	defer k.Close()
 	m := metrics.New(version, func() ([]nft.RuleCounter, error) { return k.DecisionCounters(o.nft.Chain) })
 	// The daemon also watches nftables notifications: a change by another

@@ -12,6 +12,7 @@ package kernel
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -72,6 +73,22 @@ type Netlink struct {
 	change *change
 
 	lostRead *nft.Table // the last read thrown away for lost notifications only
+
+	// Log, if set, is told at debug level what a read of a table that is
+	// not owned read, and why: the touched parts, or the whole table.
+	Log   *slog.Logger
+	reads readCounts
+}
+
+// readCounts counts the reads of a table that is not owned, for tests:
+// whole tables, sets read whole after a foreign touch, and elements asked
+// one by one after one.
+type readCounts struct{ tables, sets, elements int }
+
+func (n *Netlink) debug(msg string, args ...any) {
+	if n.Log != nil {
+		n.Log.Debug(msg, args...)
+	}
 }
 
 // maxReuse bounds how long a read may be answered from the last one: a

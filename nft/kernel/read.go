@@ -152,10 +152,15 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 		// Another process touched the table, and its notifications
 		// name what: read that again, then make sure that no one
 		// touched the table meanwhile, as for a whole read.
-		t, ok, err := reread(conn, ours, last, what)
+		t, did, ok, err := reread(conn, ours, last, what)
 		if err != nil {
 			return nil, 0, err
 		}
+		n.reads.sets += len(did.sets)
+		n.reads.elements += did.elements
+		// whole: the parts did not make the whole (the table's count of
+		// its sets and chains disagrees): the table is read whole next.
+		n.debug("read again what other processes' transactions touched", "sets", did.sets, "chains", did.chains, "elements", did.elements, "whole", !ok)
 		if ok {
 			if err := fence(conn); err != nil {
 				return nil, 0, err
@@ -197,6 +202,8 @@ func (n *Netlink) readLocked(all bool) (*nft.Table, uint32, error) {
 	if err != nil {
 		return nil, 0, err
 	}
+	n.reads.tables++
+	n.debug("read the table whole", "touched", touched, "lost", lost, "fresh", fresh)
 	// Did a transaction that touched the table run during the read? The
 	// fence waits for any under way; the monitor says what they touched.
 	if err := fence(conn); err != nil {
