@@ -27,4 +27,11 @@ uname -r >"$out/uname"
 cd "$REPO/test" || exit 1
 CI=true IP_MASQ_AGENT_BIN="$BIN/ip-masq-agent" IP_MASQ_AGENT_ORIGINAL_BIN="$BIN/original" "$BIN/test.test" -test.v -test.count=1 -test.timeout="$TIMEOUT" \
 	-test.run "$TESTS" ${SKIP:+-test.skip "$SKIP"} >"$out/test.out" 2>&1
-echo $? >"$out/test.rc"
+rc=$?
+if [ "${KERNEL_PKG:-1}" != 0 ] && [ -x "$BIN/kernel.test" ]; then
+	# nft/kernel's tests, in their package directory (testdata/), their
+	# output after test/'s (one summary counts both).
+	cd "$REPO/nft/kernel" || exit 1
+	CI=true "$BIN/kernel.test" -test.v -test.count=1 -test.timeout="$TIMEOUT" >>"$out/test.out" 2>&1 || rc=1
+fi
+echo $rc >"$out/test.rc"

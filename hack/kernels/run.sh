@@ -43,6 +43,9 @@ code=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- . ':!docs/kernels.tsv' ':!docs/kernels.md' 2>/dev/null || code="$code+changes"
 CGO_ENABLED=0 $GO build -trimpath -o "$bin/ip-masq-agent" ./cmd/ip-masq-agent
 CGO_ENABLED=0 $GO test -c -o "$bin/test.test" ./test/
+# nft/kernel's own kernel tests (the fence, the read-backs, the monitor's
+# touches, the wire), all of them, after test/'s (KERNEL_PKG=0: not).
+CGO_ENABLED=0 $GO test -c -o "$bin/kernel.test" ./nft/kernel/
 # The stand-in original agent that the iptables tests run (a module of its
 # own, e2e/): the guests have no Go toolchain to build it.
 (cd e2e && GOWORK=off CGO_ENABLED=0 $GO build -trimpath -o "$bin/original" ./original)
@@ -62,6 +65,7 @@ BIN='$bin'
 TESTS='$tests'
 SKIP='$skip'
 TIMEOUT='$timeout'
+KERNEL_PKG='${KERNEL_PKG:-1}'
 EOT
 	start=$(secs)
 	pkg=- series=$k
