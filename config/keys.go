@@ -543,8 +543,19 @@ func writeList(b *strings.Builder, key string, ps []netip.Prefix) {
 		return
 	}
 	fmt.Fprintf(b, "%s:\n", key)
+	// Hash writes 100,000 CIDRs at every change: no fmt. A prefix's
+	// text needs no escapes, so %q of it is it in quotes.
+	b.Grow(len(ps) * len(`  - "255.255.255.255/32"`+"\n"))
+	var buf []byte
 	for _, p := range ps {
-		fmt.Fprintf(b, "  - %q\n", p.String()) // quoted: "::/0" is not a plain YAML scalar
+		buf = append(buf[:0], `  - "`...)
+		if p.IsValid() {
+			buf = p.AppendTo(buf)
+		} else {
+			buf = append(buf, p.String()...)
+		}
+		buf = append(buf, "\"\n"...) // quoted: "::/0" is not a plain YAML scalar
+		b.Write(buf)
 	}
 }
 

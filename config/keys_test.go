@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -179,5 +180,23 @@ func TestSNATAddress(t *testing.T) {
 	c.SNATAddress = netip.MustParseAddr("192.0.2.10")
 	if d := c.Diff(def); len(d) != 1 || d[0] != "snatAddress none->192.0.2.10" {
 		t.Errorf("Diff = %q", d)
+	}
+}
+
+// TestWriteListAsFmt: writeList, which String (and so Hash) writes every
+// CIDR with, writes what fmt's %q of each prefix's String does.
+func TestWriteListAsFmt(t *testing.T) {
+	ps := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::/0"),
+		netip.MustParsePrefix("::ffff:10.0.0.0/104"), netip.MustParsePrefix("2001:db8::/32"),
+		netip.MustParsePrefix("255.255.255.255/32"), {}}
+	var want strings.Builder
+	fmt.Fprintf(&want, "k:\n")
+	for _, p := range ps {
+		fmt.Fprintf(&want, "  - %q\n", p.String())
+	}
+	var got strings.Builder
+	writeList(&got, "k", ps)
+	if got.String() != want.String() {
+		t.Errorf("writeList wrote\n%s\nfmt writes\n%s", got.String(), want.String())
 	}
 }
