@@ -348,3 +348,62 @@ func TestPaintAsIPSetBuilder(t *testing.T) {
 		}
 	}
 }
+
+// union4, rangesOf's integer path for IPv4, gives what IPSetBuilder gives
+// for random lists in any order (sorted ones too: its sort is skipped),
+// with the top and the bottom of the address space.
+func TestUnion4AsIPSetBuilder(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	edges := prefixes("0.0.0.0/0", "255.255.255.255/32", "255.255.255.0/24", "0.0.0.0/32", "128.0.0.0/1")
+	for range 3000 {
+		ps := randomPrefixes(r, r.IntN(40), 4)
+		for _, e := range edges {
+			if r.IntN(10) == 0 {
+				ps = append(ps, e)
+			}
+		}
+		if r.IntN(3) == 0 {
+			slices.SortFunc(ps, comparePrefix)
+		}
+		got, ok := union4(ps)
+		if want := paintReference([]painted{ps})[0]; !ok || !slices.Equal(got, want) {
+			t.Fatalf("union4(%v) = %v, %v; want %v", ps, got, ok, want)
+		}
+	}
+	if _, ok := union4(prefixes("10.0.0.0/8", "fd00::/8")); ok {
+		t.Error("union4 took an IPv6 prefix")
+	}
+}
+
+// diffRanges, which skips the equal runs at both ends, gives the ranges
+// of each list that the other lacks, in order.
+func TestDiffRanges(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	lacks := func(a, b []netipx.IPRange) (out []netipx.IPRange) {
+		for _, x := range a {
+			if !slices.Contains(b, x) {
+				out = append(out, x)
+			}
+		}
+		return out
+	}
+	for range 3000 {
+		old := rangesOf(randomPrefixes(r, r.IntN(30), 4))
+		ps := randomPrefixes(r, r.IntN(30), 4)
+		if r.IntN(2) == 0 {
+			// A few elements off the old list: long equal runs.
+			ps = nil
+			for _, x := range old {
+				if r.IntN(8) != 0 {
+					ps = append(ps, x.Prefixes()...)
+				}
+			}
+			ps = append(ps, randomPrefixes(r, r.IntN(3), 4)...)
+		}
+		new := rangesOf(ps)
+		removed, added := diffRanges(old, new)
+		if !slices.Equal(removed, lacks(old, new)) || !slices.Equal(added, lacks(new, old)) {
+			t.Fatalf("diffRanges(%v, %v) = %v, %v", old, new, removed, added)
+		}
+	}
+}

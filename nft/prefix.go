@@ -16,6 +16,7 @@ import (
 // splitFamilies also unmaps IPv4-mapped IPv6 prefixes (::ffff:10.0.0.0/104
 // is 10.0.0.0/8), which the kernel would otherwise never match.
 func splitFamilies(ps []netip.Prefix) (v4, v6 []netip.Prefix) {
+	v4 = make([]netip.Prefix, 0, len(ps)+1) // room for link-local (decision.extra)
 	for _, p := range ps {
 		p, _ = config.UnmapPrefix(p)
 		if p.Addr().Is4() {
@@ -67,7 +68,45 @@ func comparePrefix(a, b netip.Prefix) int {
 // deletes one (docs/operation.md). explain names the listed CIDR behind
 // an element.
 func rangesOf(ps []netip.Prefix) []netipx.IPRange {
+	if rs, ok := union4(ps); ok {
+		return rs
+	}
 	return paint([]painted{ps})[0]
+}
+
+// union4 is rangesOf of IPv4 prefixes (ok false: not all are) as integer
+// math: each prefix its first and last address in one uint64, sorted (a
+// list written in address order is sorted already), then merged in one
+// pass. A one-CIDR change of 100,000 rebuilds the set: paint, with
+// netip.Addr and a stack, took 13 ms of the change's CPU.
+func union4(ps []netip.Prefix) ([]netipx.IPRange, bool) {
+	keys := make([]uint64, len(ps))
+	for i, p := range ps {
+		if !p.Addr().Is4() {
+			return nil, false
+		}
+		a := p.Addr().As4()
+		first := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+		first &^= uint32(uint64(1)<<(32-p.Bits()) - 1) // masked
+		last := first | uint32(uint64(1)<<(32-p.Bits())-1)
+		keys[i] = uint64(first)<<32 | uint64(last)
+	}
+	if !slices.IsSorted(keys) {
+		slices.Sort(keys)
+	}
+	out := make([]netipx.IPRange, 0, len(keys))
+	addr := func(v uint64) netip.Addr {
+		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	}
+	for i := 0; i < len(keys); {
+		from, to := keys[i]>>32, keys[i]&0xffffffff
+		// Take every prefix that starts within the range or right after it.
+		for i++; i < len(keys) && keys[i]>>32 <= to+1; i++ {
+			to = max(to, keys[i]&0xffffffff)
+		}
+		out = append(out, netipx.IPRangeFrom(addr(from), addr(to)))
+	}
+	return out, true
 }
 
 // prefixRanges returns one range per prefix, nested ones dropped and
@@ -174,6 +213,15 @@ func compareRange(a, b netipx.IPRange) int {
 // diffRanges returns the ranges of old not in new and of new not in old;
 // both inputs sorted.
 func diffRanges(old, new []netipx.IPRange) (removed, added []netipx.IPRange) {
+	// A change of a few CIDRs leaves long equal runs at both ends: skip
+	// them by equality, cheaper than ordering (what the merge does to
+	// equal elements).
+	for len(old) > 0 && len(new) > 0 && old[0] == new[0] {
+		old, new = old[1:], new[1:]
+	}
+	for len(old) > 0 && len(new) > 0 && old[len(old)-1] == new[len(new)-1] {
+		old, new = old[:len(old)-1], new[:len(new)-1]
+	}
 	i, j := 0, 0
 	for i < len(old) || j < len(new) {
 		switch {
