@@ -345,6 +345,9 @@ func (d *decoder) checkList(name string) []netip.Prefix {
 }
 
 func (d *decoder) cidr(key string, i int, s string) netip.Prefix {
+	if p, ok := parsePrefix4(s); ok {
+		return p // what ParsePrefix gives, aligned, IPv4
+	}
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
 		// net.ParseCIDR, which the original agent validated with, also
@@ -361,6 +364,41 @@ func (d *decoder) cidr(key string, i int, s string) netip.Prefix {
 		return netip.Prefix{}
 	}
 	return d.family(key, i, s, p)
+}
+
+// parsePrefix4 reads the common case of a list item, an aligned IPv4
+// CIDR in netip's canonical form ("10.0.0.0/8": decimal octets and length
+// without leading zeros), at a third of ParsePrefix's cost: 100,000 of
+// them at every change. Anything else (ok false) is left to ParsePrefix,
+// which gives the same for what this reads.
+func parsePrefix4(s string) (p netip.Prefix, ok bool) {
+	// num reads a decimal of 1 to max digits at s[i:], no leading zero.
+	num := func(i, max int) (v, next int, ok bool) {
+		start := i
+		for ; i < len(s) && i-start < max && s[i] >= '0' && s[i] <= '9'; i++ {
+			v = v*10 + int(s[i]-'0')
+		}
+		return v, i, i > start && (s[start] != '0' || i == start+1)
+	}
+	var a [4]byte
+	i := 0
+	for k := range a {
+		v, next, ok := num(i, 3)
+		sep := byte('.')
+		if k == 3 {
+			sep = '/'
+		}
+		if !ok || v > 255 || next >= len(s) || s[next] != sep {
+			return netip.Prefix{}, false
+		}
+		a[k], i = byte(v), next+1
+	}
+	bits, next, ok := num(i, 2)
+	if !ok || bits > 32 || next != len(s) {
+		return netip.Prefix{}, false
+	}
+	p = netip.PrefixFrom(netip.AddrFrom4(a), bits)
+	return p, p.Masked() == p
 }
 
 // family unmaps an IPv4-mapped CIDR and refuses an IPv6 one without
