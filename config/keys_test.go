@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -198,5 +200,22 @@ func TestWriteListAsFmt(t *testing.T) {
 	writeList(&got, "k", ps)
 	if got.String() != want.String() {
 		t.Errorf("writeList wrote\n%s\nfmt writes\n%s", got.String(), want.String())
+	}
+}
+
+// TestHashOfString: Hash, which writes c's text into the hash without
+// keeping it, is still the SHA-256 of String.
+func TestHashOfString(t *testing.T) {
+	c := Default(Flags{EnableIPv6: true})
+	for i := range 5000 {
+		c.NonMasqueradeCIDRs = append(c.NonMasqueradeCIDRs, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24))
+	}
+	c.MasqueradeCIDRs = []netip.Prefix{netip.MustParsePrefix("fd00::/8")}
+	c.EgressInterfaces = []string{"eth0", "ens*"}
+	for _, c := range []Config{Default(Flags{}), c} {
+		sum := sha256.Sum256([]byte(c.String()))
+		if got, want := c.Hash(), hex.EncodeToString(sum[:8]); got != want {
+			t.Errorf("Hash = %s, the SHA-256 of String %s", got, want)
+		}
 	}
 }

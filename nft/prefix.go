@@ -68,28 +68,36 @@ func comparePrefix(a, b netip.Prefix) int {
 // deletes one (docs/operation.md). explain names the listed CIDR behind
 // an element.
 func rangesOf(ps []netip.Prefix) []netipx.IPRange {
-	if rs, ok := union4(ps); ok {
-		return rs
+	if !slices.ContainsFunc(ps, func(p netip.Prefix) bool { return !p.Addr().Is4() }) {
+		return union4(ps)
 	}
 	return paint([]painted{ps})[0]
 }
 
-// union4 is rangesOf of IPv4 prefixes (ok false: not all are) as integer
-// math: each prefix its first and last address in one uint64, sorted (a
-// list written in address order is sorted already), then merged in one
-// pass. A one-CIDR change of 100,000 rebuilds the set: paint, with
-// netip.Addr and a stack, took 13 ms of the change's CPU.
-func union4(ps []netip.Prefix) ([]netipx.IPRange, bool) {
-	keys := make([]uint64, len(ps))
-	for i, p := range ps {
-		if !p.Addr().Is4() {
-			return nil, false
+// union4 is rangesOf of the IPv4 prefixes of lists (IPv4-mapped ones
+// unmapped, IPv6 ones left out), as integer math: each prefix its first
+// and last address in one uint64, sorted (a list written in address
+// order is sorted already), then merged in one pass. A one-CIDR change
+// of 100,000 rebuilds the set: paint, with netip.Addr and a stack, took
+// 13 ms of the change's CPU, and the lists are not copied first.
+func union4(lists ...[]netip.Prefix) []netipx.IPRange {
+	n := 0
+	for _, l := range lists {
+		n += len(l)
+	}
+	keys := make([]uint64, 0, n)
+	for _, l := range lists {
+		for _, p := range l {
+			p, _ = config.UnmapPrefix(p)
+			if !p.Addr().Is4() {
+				continue
+			}
+			a := p.Addr().As4()
+			first := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+			first &^= uint32(uint64(1)<<(32-p.Bits()) - 1) // masked
+			last := first | uint32(uint64(1)<<(32-p.Bits())-1)
+			keys = append(keys, uint64(first)<<32|uint64(last))
 		}
-		a := p.Addr().As4()
-		first := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-		first &^= uint32(uint64(1)<<(32-p.Bits()) - 1) // masked
-		last := first | uint32(uint64(1)<<(32-p.Bits())-1)
-		keys[i] = uint64(first)<<32 | uint64(last)
 	}
 	if !slices.IsSorted(keys) {
 		slices.Sort(keys)
@@ -106,7 +114,18 @@ func union4(ps []netip.Prefix) ([]netipx.IPRange, bool) {
 		}
 		out = append(out, netipx.IPRangeFrom(addr(from), addr(to)))
 	}
-	return out, true
+	return out
+}
+
+// only6 returns the IPv6 prefixes of ps (IPv4-mapped ones are IPv4's).
+func only6(ps []netip.Prefix) []netip.Prefix {
+	var v6 []netip.Prefix
+	for _, p := range ps {
+		if p, _ = config.UnmapPrefix(p); !p.Addr().Is4() {
+			v6 = append(v6, p)
+		}
+	}
+	return v6
 }
 
 // prefixRanges returns one range per prefix, nested ones dropped and
