@@ -1,10 +1,13 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +32,9 @@ type ChangeCPURow struct {
 	// process used idle over as long (Idle: per second, measured before).
 	CPU  []time.Duration
 	Idle time.Duration
+	// User and Sys split the changes' CPU, on average (from /proc/PID/stat,
+	// in clock ticks: summed over all the changes).
+	User, Sys time.Duration
 	// Resync is the CPU of one unchanged resync (the same file's bytes),
 	// each measured alike: a touch of the file, which the agent reads.
 	Resync []time.Duration
@@ -110,6 +116,7 @@ func changeCPURow(ctx context.Context, cfg Config, topo *testnet.Topology, chang
 	row.Idle = processCPU(pid) - c0
 	idle := func(d time.Duration) time.Duration { return row.Idle * d / time.Second }
 
+	u0, s0 := userSys(pid)
 	for i := range changes {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -124,6 +131,8 @@ func changeCPURow(ctx context.Context, cfg Config, topo *testnet.Topology, chang
 		sleepCtx(ctx, changeSettle)
 		row.CPU = append(row.CPU, processCPU(pid)-c0-idle(time.Since(start)))
 	}
+	u1, s1 := userSys(pid)
+	row.User, row.Sys = (u1-u0)/time.Duration(changes), (s1-s0)/time.Duration(changes)
 	// Unchanged resyncs: the same content swapped in again (the kubelet's
 	// update of another key of the ConfigMap does that); the agent reads
 	// the bytes, finds them the same and reads the table back.
@@ -145,6 +154,23 @@ func changeCPURow(ctx context.Context, cfg Config, topo *testnet.Topology, chang
 	return nil
 }
 
+// userSys is the user and system CPU time process pid has used so far
+// (/proc/PID/stat: utime, stime, in clock ticks of 10 ms).
+func userSys(pid int) (user, sys time.Duration) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0
+	}
+	// The fields after the command, which is in parentheses.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0, 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u) * 10 * time.Millisecond, time.Duration(s) * 10 * time.Millisecond
+}
+
 func changeCPUTargets(r *Results, add func(goal, measured string, met *bool)) {
 	const goal = "the agent's CPU per one-CIDR change at 100,000 CIDRs under 50 ms (issue 34)"
 	if r.ChangeCPU == nil {
@@ -159,7 +185,8 @@ func changeCPUTargets(r *Results, add func(goal, measured string, met *bool)) {
 		}
 		med := percentile(x.CPU, 50)
 		if x.Flag == "" {
-			m = fmt.Sprintf("median %s (max %s) over %d changes; an unchanged resync %s", fmtDur(med), fmtDur(slices.Max(x.CPU)), len(x.CPU), fmtDur(percentile(x.Resync, 50))) + m
+			m = fmt.Sprintf("median %s (max %s) over %d changes, of it on average %s user, %s system; an unchanged resync %s",
+				fmtDur(med), fmtDur(slices.Max(x.CPU)), len(x.CPU), fmtDur(x.User), fmtDur(x.Sys), fmtDur(percentile(x.Resync, 50))) + m
 			met = ptr(med < 50*time.Millisecond)
 		} else {
 			m += fmt.Sprintf("; with %s %s", x.Flag, fmtDur(med))
@@ -185,12 +212,12 @@ func changeCPUMarkdown(b *strings.Builder, r *Results) {
 		"swapped in again, its CPU counted over %s. With %s the agent does not dump the conntrack table\n"+
 		"after a change: the dump costs what the kernel's walk of its conntrack hash costs (every bucket, entries\n"+
 		"or not), whatever the CIDRs.\n\n", fmtDur(changeSettle), fmtDur(changeSettle), noCleanup)
-	w("| CIDRs | flags | changes | CPU per change: median | max | unchanged resync: median | idle CPU per second |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
+	w("| CIDRs | flags | changes | CPU per change: median | max | user, system (mean) | unchanged resync: median | idle CPU per second |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, x := range r.ChangeCPU.Rows {
 		if len(x.CPU) == 0 {
 			continue
 		}
-		w("| %s | %s | %d | %s | %s | %s | %s |\n", num(x.N), orDash(x.Flag), len(x.CPU), fmtDur(percentile(x.CPU, 50)), fmtDur(slices.Max(x.CPU)),
+		w("| %s | %s | %d | %s | %s | %s, %s | %s | %s |\n", num(x.N), orDash(x.Flag), len(x.CPU), fmtDur(percentile(x.CPU, 50)), fmtDur(slices.Max(x.CPU)), fmtDur(x.User), fmtDur(x.Sys),
 			fmtDur(percentile(x.Resync, 50)), fmtDur(x.Idle))
 	}
 	w("\n")
