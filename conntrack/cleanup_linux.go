@@ -121,7 +121,7 @@ func run(ns netns.NsHandle, mark int, stale func(entry, *localAddrs) bool) (Resu
 	}
 	// One dump of both families (AF_UNSPEC): the kernel walks every
 	// bucket of its conntrack hash for a dump, entries of this namespace
-	// or not (262,144 buckets: about 8 ms), so a dump per family cost
+	// or not (262,144 buckets: about 10 ms), so a dump per family cost
 	// that twice at every change.
 	var errs []error
 	toDelete := map[uint8][][]byte{}
