@@ -372,33 +372,37 @@ func (d *decoder) cidr(key string, i int, s string) netip.Prefix {
 // them at every change. Anything else (ok false) is left to ParsePrefix,
 // which gives the same for what this reads.
 func parsePrefix4(s string) (p netip.Prefix, ok bool) {
-	// num reads a decimal of 1 to max digits at s[i:], no leading zero.
-	num := func(i, max int) (v, next int, ok bool) {
-		start := i
-		for ; i < len(s) && i-start < max && s[i] >= '0' && s[i] <= '9'; i++ {
-			v = v*10 + int(s[i]-'0')
-		}
-		return v, i, i > start && (s[start] != '0' || i == start+1)
-	}
 	var a [4]byte
+	var v uint32 // the address
 	i := 0
-	for k := range a {
-		v, next, ok := num(i, 3)
+	for k := 0; k < 5; k++ {
+		// A decimal of 1 to 3 digits (the length: 2), no leading zero,
+		// then '.' (after the last octet '/'; after the length, the end).
+		n, start := 0, i
+		for ; i < len(s) && i-start < 3 && s[i] >= '0' && s[i] <= '9'; i++ {
+			n = n*10 + int(s[i]-'0')
+		}
+		digits := i - start
+		if digits == 0 || (digits > 1 && s[start] == '0') {
+			return netip.Prefix{}, false
+		}
+		if k == 4 {
+			if digits > 2 || n > 32 || i != len(s) || (n < 32 && v<<n != 0) {
+				return netip.Prefix{}, false // not a length, more after it, or not aligned
+			}
+			return netip.PrefixFrom(netip.AddrFrom4(a), n), true
+		}
 		sep := byte('.')
 		if k == 3 {
 			sep = '/'
 		}
-		if !ok || v > 255 || next >= len(s) || s[next] != sep {
+		if n > 255 || i >= len(s) || s[i] != sep {
 			return netip.Prefix{}, false
 		}
-		a[k], i = byte(v), next+1
+		a[k], v = byte(n), v<<8|uint32(n)
+		i++
 	}
-	bits, next, ok := num(i, 2)
-	if !ok || bits > 32 || next != len(s) {
-		return netip.Prefix{}, false
-	}
-	p = netip.PrefixFrom(netip.AddrFrom4(a), bits)
-	return p, p.Masked() == p
+	return netip.Prefix{}, false
 }
 
 // family unmaps an IPv4-mapped CIDR and refuses an IPv6 one without
