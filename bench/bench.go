@@ -47,8 +47,8 @@ type Config struct {
 	Quick bool      // tiny sizes, one or two repetitions: a smoke run of seconds
 	Log   io.Writer // progress lines; nil: discarded
 	// Parts to run: any of "control", "kernel", "data", "selectors", "live",
-	// "conntrack", "busy", "neighbour"; empty means all. "busy-nft" is
-	// busy's rows with an nft neighbour alone.
+	// "conntrack", "busy", "neighbour", "cpu"; empty means all. "busy-nft"
+	// is busy's rows with an nft neighbour alone.
 	Parts []string
 }
 
@@ -85,11 +85,13 @@ type Results struct {
 	BusyErr      error
 	Neighbour    *NeighbourResults
 	NeighbourErr error
+	ChangeCPU    *ChangeCPUResults
+	ChangeCPUErr error
 }
 
 // Err is the first error of any part, or nil.
 func (r *Results) Err() error {
-	return errors.Join(r.ControlErr, r.KernelErr, r.DataErr, r.SelectorsErr, r.LiveErr, r.ConntrackErr, r.BusyErr, r.NeighbourErr)
+	return errors.Join(r.ControlErr, r.KernelErr, r.DataErr, r.SelectorsErr, r.LiveErr, r.ConntrackErr, r.BusyErr, r.NeighbourErr, r.ChangeCPUErr)
 }
 
 // Run runs the parts the config asks for, one after the other, and returns
@@ -134,6 +136,10 @@ func Run(ctx context.Context, cfg Config) *Results {
 	if cfg.wants("neighbour") && ctx.Err() == nil {
 		r.Load["neighbour"] = readTrim("/proc/loadavg")
 		r.Neighbour, r.NeighbourErr = RunNeighbour(ctx, cfg)
+	}
+	if cfg.wants("cpu") && ctx.Err() == nil {
+		r.Load["cpu"] = readTrim("/proc/loadavg")
+		r.ChangeCPU, r.ChangeCPUErr = RunChangeCPU(ctx, cfg)
 	}
 	r.End = time.Now()
 	r.LoadEnd = readTrim("/proc/loadavg")

@@ -135,6 +135,16 @@ func TestQuickRun(t *testing.T) {
 		}
 	}
 
+	if r.ChangeCPU == nil || len(r.ChangeCPU.Rows) == 0 {
+		t.Error("no figures of the agent's CPU per change")
+	} else {
+		for _, x := range r.ChangeCPU.Rows {
+			if len(x.CPU) == 0 || len(x.Resync) == 0 {
+				t.Errorf("CPU per change, %d CIDRs: %d changes, %d resyncs measured", x.N, len(x.CPU), len(x.Resync))
+			}
+		}
+	}
+
 	if k := r.Kernel; k == nil {
 		t.Error("no kernel side figures")
 	} else {

@@ -192,6 +192,7 @@ func Targets(r *Results) []Target {
 	kernelTargets(r, add)
 	conntrackTargets(r, add)
 	busyTargets(r, add)
+	changeCPUTargets(r, add)
 	return ts
 }
 
@@ -218,8 +219,8 @@ func Markdown(r *Results) string {
 	w("| kernel | `%s` |\n| CPU | %s, %d CPUs (`nproc`) |\n| memory | %s |\n| Go | %s |\n", m.Kernel, m.CPU, m.CPUs, m.MemTotal, m.Go)
 	w("| nft | %s |\n| iptables | %s; %s |\n", m.NFT, m.IPTablesNFT, m.IPTablesLegacy)
 	w("| iptables-legacy in a network namespace | %s |\n", legacyStatus(r))
-	w("| load average (`/proc/loadavg`) | at the start `%s`; control plane `%s`; kernel side `%s`; data plane `%s`; every selector `%s`; live operation `%s`; conntrack cleanup `%s`; busy node `%s`; at the end `%s` |\n\n",
-		m.LoadStart, orDash(r.Load["control"]), orDash(r.Load["kernel"]), orDash(r.Load["data"]), orDash(r.Load["selectors"]), orDash(r.Load["live"]), orDash(r.Load["conntrack"]), orDash(r.Load["busy"]), r.LoadEnd)
+	w("| load average (`/proc/loadavg`) | at the start `%s`; control plane `%s`; kernel side `%s`; data plane `%s`; every selector `%s`; live operation `%s`; conntrack cleanup `%s`; busy node `%s`; CPU per change `%s`; at the end `%s` |\n\n",
+		m.LoadStart, orDash(r.Load["control"]), orDash(r.Load["kernel"]), orDash(r.Load["data"]), orDash(r.Load["selectors"]), orDash(r.Load["live"]), orDash(r.Load["conntrack"]), orDash(r.Load["busy"]), orDash(r.Load["cpu"]), r.LoadEnd)
 
 	w("## Targets\n\nThe goals of the issues that asked for these benchmarks (6; the others where marked), and this run's figures.\n\n")
 	w("| target | measured | |\n| --- | --- | --- |\n")
@@ -240,11 +241,12 @@ func Markdown(r *Results) string {
 	conntrackMarkdown(&b, r)
 	busyMarkdown(&b, r)
 	neighbourMarkdown(&b, r)
+	changeCPUMarkdown(&b, r)
 
 	w("## Rerun\n\n```sh\n" +
 		"make bench                # everything, about 10 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
 		"BENCH_QUICK=1 make bench  # a smoke run of seconds; prints the report, writes nothing\n" +
-		"go run ./bench/cmd/bench -help   # -only control,kernel,data,selectors,live,conntrack,busy,neighbour (busy-nft: busy's nft-neighbour rows alone); -out FILE; -timeout\n" +
+		"go run ./bench/cmd/bench -help   # -only control,kernel,data,selectors,live,conntrack,busy,neighbour,cpu (busy-nft: busy's nft-neighbour rows alone); -out FILE; -timeout\n" +
 		"go test ./bench/          # the smoke run as a test (part of make test)\n" +
 		"```\n\n" +
 		"Needs root (it creates network namespaces; nothing is changed in the machine's own namespace), Linux with\n" +

@@ -354,6 +354,9 @@ func (d *decoder) checkList(name string) []netip.Prefix {
 }
 
 func (d *decoder) cidr(key string, i int, s string) netip.Prefix {
+	if p, ok := parsePrefix4(s); ok {
+		return p // what ParsePrefix gives, aligned, IPv4
+	}
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
 		// net.ParseCIDR, which the original agent validated with, also
@@ -370,6 +373,45 @@ func (d *decoder) cidr(key string, i int, s string) netip.Prefix {
 		return netip.Prefix{}
 	}
 	return d.family(key, i, s, p)
+}
+
+// parsePrefix4 reads the common case of a list item, an aligned IPv4
+// CIDR in netip's canonical form ("10.0.0.0/8": decimal octets and length
+// without leading zeros), at a third of ParsePrefix's cost: 100,000 of
+// them at every change. Anything else (ok false) is left to ParsePrefix,
+// which gives the same for what this reads.
+func parsePrefix4(s string) (p netip.Prefix, ok bool) {
+	var a [4]byte
+	var v uint32 // the address
+	i := 0
+	for k := 0; k < 5; k++ {
+		// A decimal of 1 to 3 digits (the length: 2), no leading zero,
+		// then '.' (after the last octet '/'; after the length, the end).
+		n, start := 0, i
+		for ; i < len(s) && i-start < 3 && s[i] >= '0' && s[i] <= '9'; i++ {
+			n = n*10 + int(s[i]-'0')
+		}
+		digits := i - start
+		if digits == 0 || (digits > 1 && s[start] == '0') {
+			return netip.Prefix{}, false
+		}
+		if k == 4 {
+			if digits > 2 || n > 32 || i != len(s) || (n < 32 && v<<n != 0) {
+				return netip.Prefix{}, false // not a length, more after it, or not aligned
+			}
+			return netip.PrefixFrom(netip.AddrFrom4(a), n), true
+		}
+		sep := byte('.')
+		if k == 3 {
+			sep = '/'
+		}
+		if n > 255 || i >= len(s) || s[i] != sep {
+			return netip.Prefix{}, false
+		}
+		a[k], v = byte(n), v<<8|uint32(n)
+		i++
+	}
+	return netip.Prefix{}, false
 }
 
 // family unmaps an IPv4-mapped CIDR and refuses an IPv6 one without

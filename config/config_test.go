@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -1063,5 +1064,40 @@ func TestParseExtensionNote(t *testing.T) {
 func TestParseMoreDocuments(t *testing.T) {
 	for _, in := range []string{"cidrLimit: 5\n---\ncidrLimit: 7\n", "cidrLimit: 5\n---\n: : bad [\n", "cidrLimit: 5\n...\ngarbage: [\n"} {
 		check(t, in, v4Only, with(v4Only, func(c *Config) { c.CIDRLimit = 5 }), "", msgMoreDocuments)
+	}
+}
+
+// parsePrefix4, the list items' shortcut, reads what netip.ParsePrefix
+// reads, aligned, and leaves everything else to it: random strings of
+// the characters of CIDRs, and the edges.
+func TestParsePrefix4AsParsePrefix(t *testing.T) {
+	check := func(s string) {
+		t.Helper()
+		got, ok := parsePrefix4(s)
+		want, err := netip.ParsePrefix(s)
+		if ok && (err != nil || got != want || want.Masked() != want) {
+			t.Fatalf("parsePrefix4(%q) = %v; ParsePrefix: %v, %v", s, got, want, err)
+		}
+	}
+	for _, s := range []string{"10.0.0.0/8", "0.0.0.0/0", "255.255.255.255/32", "10.0.0.1/8", "010.0.0.0/8",
+		"10.0.0.0/08", "10.0.0.0/33", "256.0.0.0/8", "1.2.3/24", "1.2.3.4.5/32", "1.2.3.4/", "1.2.3.4", "/8",
+		"1.2.3.4/32 ", " 1.2.3.4/32", "1.2.3.4/320", "1.2.3.0004/32", "1..2.3/8", "::ffff:1.2.3.4/128", "1.2.3.4/1a"} {
+		check(s)
+	}
+	for _, s := range []string{"10.0.0.0/8", "0.0.0.0/0", "255.255.255.255/32", "192.168.1.0/24", "100.64.0.8/29"} {
+		if _, ok := parsePrefix4(s); !ok {
+			t.Errorf("parsePrefix4(%q) left it to ParsePrefix", s)
+		}
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	const chars = "0123456789./"
+	for range 200000 {
+		b := make([]byte, 1+r.IntN(18))
+		for i := range b {
+			b[i] = chars[r.IntN(len(chars))]
+		}
+		check(string(b))
+		// And near-valid ones: four octets and a length, some with zeros.
+		check(fmt.Sprintf("%d.%d.%d.%d/%d", r.IntN(300), r.IntN(3)*r.IntN(256), r.IntN(2)*r.IntN(256), r.IntN(4)*r.IntN(256), r.IntN(35)))
 	}
 }

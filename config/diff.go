@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -22,24 +23,45 @@ func (c Config) Diff(old Config) []string {
 // diffList is the change of a CIDR list: its CIDRs added, then removed,
 // at most 10; "" when none.
 func diffList(key string, o, n []netip.Prefix) string {
-	// Sets, not slices.Contains: 100,000 CIDRs would take seconds.
-	in := func(ps []netip.Prefix) map[netip.Prefix]bool {
+	// A reload changes a few CIDRs of a list that is otherwise the same:
+	// what both lists begin and end with is in both. The rest is looked
+	// up in the whole other list: by a scan when it is a few CIDRs, by
+	// a set otherwise (slices.Contains for each of 100,000 CIDRs would
+	// take seconds; two sets of 100,000, 40 ms).
+	head := 0
+	for head < len(o) && head < len(n) && o[head] == n[head] {
+		head++
+	}
+	tail := 0
+	for tail < len(o)-head && tail < len(n)-head && o[len(o)-1-tail] == n[len(n)-1-tail] {
+		tail++
+	}
+	om, nm := o[head:len(o)-tail], n[head:len(n)-tail]
+	in := func(ps []netip.Prefix) func(netip.Prefix) bool {
+		if len(om)+len(nm) <= 64 {
+			return func(p netip.Prefix) bool { return slices.Contains(ps, p) }
+		}
 		m := make(map[netip.Prefix]bool, len(ps))
 		for _, p := range ps {
 			m[p] = true
 		}
-		return m
+		return func(p netip.Prefix) bool { return m[p] }
 	}
-	om, nm := in(o), in(n)
 	var parts []string
-	for _, p := range n {
-		if !om[p] {
-			parts = append(parts, "+"+p.String())
+	if len(nm) > 0 {
+		inOld := in(o)
+		for _, p := range nm {
+			if !inOld(p) {
+				parts = append(parts, "+"+p.String())
+			}
 		}
 	}
-	for _, p := range o {
-		if !nm[p] {
-			parts = append(parts, "-"+p.String())
+	if len(om) > 0 {
+		inNew := in(n)
+		for _, p := range om {
+			if !inNew(p) {
+				parts = append(parts, "-"+p.String())
+			}
 		}
 	}
 	if len(parts) > 10 {

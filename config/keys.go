@@ -1,9 +1,11 @@
 package config
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -118,7 +120,7 @@ type key interface {
 	setDefault(c *Config, f Flags)
 	decodeInto(d *decoder, c *Config, key string, v any) (set bool)
 	equal(a, b *Config) bool
-	write(b *strings.Builder, c *Config)
+	write(b textWriter, c *Config)
 	diff(old, c *Config) string // "" when the same
 	mergeInto(c *Config, set []*Config)
 }
@@ -175,12 +177,15 @@ func (k *keyOf[T]) equal(a, b *Config) bool {
 		return slices.Equal(*l, *k.names(b))
 	}
 	if l := k.cidrs(a); l != nil {
+		if o := *k.cidrs(b); len(o) == len(*l) && len(o) > 0 && &o[0] == &(*l)[0] {
+			return true // one list: the Loader's config of unchanged bytes, at every resync
+		}
 		return slices.Equal(*l, *k.cidrs(b)) // a nil and an empty list are the same
 	}
 	return any(*k.field(a)) == any(*k.field(b))
 }
 
-func (k *keyOf[T]) write(b *strings.Builder, c *Config) {
+func (k *keyOf[T]) write(b textWriter, c *Config) {
 	if l := k.cidrs(c); l != nil {
 		if k.own && len(*l) == 0 {
 			return
@@ -523,28 +528,56 @@ func (c Config) Equal(o Config) bool {
 // Equal configs have equal hashes (comments, key order and spelling of the
 // file do not matter; the flags' defaults do).
 func (c Config) Hash() string {
-	sum := sha256.Sum256([]byte(c.String()))
-	return hex.EncodeToString(sum[:8])
+	// Written into the hash as String writes it, not kept: 100,000 CIDRs
+	// are 2.3 MB of text at every change.
+	h := sha256.New()
+	b := bufio.NewWriterSize(h, 32<<10)
+	c.write(b)
+	b.Flush()
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// textWriter is what String and Hash write c's text to.
+type textWriter interface {
+	io.Writer
+	io.StringWriter
 }
 
 // String renders c as YAML, one CIDR per line so that two renderings diff well.
 // Parsing it with the same Flags gives back c.
 func (c Config) String() string {
 	var b strings.Builder
-	for _, k := range keys {
-		k.write(&b, &c)
-	}
+	c.write(&b)
 	return b.String()
 }
 
-func writeList(b *strings.Builder, key string, ps []netip.Prefix) {
+func (c *Config) write(b textWriter) {
+	for _, k := range keys {
+		k.write(b, c)
+	}
+}
+
+func writeList(b textWriter, key string, ps []netip.Prefix) {
 	if len(ps) == 0 {
 		fmt.Fprintf(b, "%s: []\n", key)
 		return
 	}
 	fmt.Fprintf(b, "%s:\n", key)
+	// Hash writes 100,000 CIDRs at every change: no fmt. A prefix's
+	// text needs no escapes, so %q of it is it in quotes.
+	if sb, ok := b.(*strings.Builder); ok {
+		sb.Grow(len(ps) * len(`  - "255.255.255.255/32"`+"\n"))
+	}
+	var buf []byte
 	for _, p := range ps {
-		fmt.Fprintf(b, "  - %q\n", p.String()) // quoted: "::/0" is not a plain YAML scalar
+		buf = append(buf[:0], `  - "`...)
+		if p.IsValid() {
+			buf = p.AppendTo(buf)
+		} else {
+			buf = append(buf, p.String()...)
+		}
+		buf = append(buf, "\"\n"...) // quoted: "::/0" is not a plain YAML scalar
+		b.Write(buf)
 	}
 }
 

@@ -1,6 +1,9 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -179,5 +182,40 @@ func TestSNATAddress(t *testing.T) {
 	c.SNATAddress = netip.MustParseAddr("192.0.2.10")
 	if d := c.Diff(def); len(d) != 1 || d[0] != "snatAddress none->192.0.2.10" {
 		t.Errorf("Diff = %q", d)
+	}
+}
+
+// TestWriteListAsFmt: writeList, which String (and so Hash) writes every
+// CIDR with, writes what fmt's %q of each prefix's String does.
+func TestWriteListAsFmt(t *testing.T) {
+	ps := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::/0"),
+		netip.MustParsePrefix("::ffff:10.0.0.0/104"), netip.MustParsePrefix("2001:db8::/32"),
+		netip.MustParsePrefix("255.255.255.255/32"), {}}
+	var want strings.Builder
+	fmt.Fprintf(&want, "k:\n")
+	for _, p := range ps {
+		fmt.Fprintf(&want, "  - %q\n", p.String())
+	}
+	var got strings.Builder
+	writeList(&got, "k", ps)
+	if got.String() != want.String() {
+		t.Errorf("writeList wrote\n%s\nfmt writes\n%s", got.String(), want.String())
+	}
+}
+
+// TestHashOfString: Hash, which writes c's text into the hash without
+// keeping it, is still the SHA-256 of String.
+func TestHashOfString(t *testing.T) {
+	c := Default(Flags{EnableIPv6: true})
+	for i := range 5000 {
+		c.NonMasqueradeCIDRs = append(c.NonMasqueradeCIDRs, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24))
+	}
+	c.MasqueradeCIDRs = []netip.Prefix{netip.MustParsePrefix("fd00::/8")}
+	c.EgressInterfaces = []string{"eth0", "ens*"}
+	for _, c := range []Config{Default(Flags{}), c} {
+		sum := sha256.Sum256([]byte(c.String()))
+		if got, want := c.Hash(), hex.EncodeToString(sum[:8]); got != want {
+			t.Errorf("Hash = %s, the SHA-256 of String %s", got, want)
+		}
 	}
 }

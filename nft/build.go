@@ -222,24 +222,33 @@ func elementsOf(c config.Config, enableIPv6 bool) (out [2][][]netipx.IPRange) {
 			}
 			continue
 		}
+		var extra [2][]netip.Prefix
+		for f, fam := range []Family{4, 6} {
+			if d.extra != nil && (fam == 4 || enableIPv6) {
+				extra[f] = d.extra(c, fam)
+			}
+		}
+		if c.CIDRMatch != config.MostSpecific || !d.mostSpecific {
+			// Each family's union; the list is not split first (100,000
+			// CIDRs at every change).
+			out[0][j] = union4(d.list(c), extra[0])
+			var v6 []netip.Prefix
+			if enableIPv6 {
+				v6 = append(only6(d.list(c)), extra[1]...)
+			}
+			out[1][j] = rangesOf(v6)
+			continue
+		}
 		ps[0], ps[1] = splitFamilies(d.list(c))
 		if !enableIPv6 {
 			ps[1] = nil
 		}
-		for f, fam := range []Family{4, 6} {
-			if d.extra != nil && (fam == 4 || enableIPv6) {
-				ps[f] = append(ps[f], d.extra(c, fam)...)
-			}
-		}
-		if c.CIDRMatch == config.MostSpecific && d.mostSpecific {
-			rows = append(rows, j)
-			for f := range ps {
-				lists[f] = append(lists[f], ps[f])
-			}
-			continue
-		}
 		for f := range ps {
-			out[f][j] = rangesOf(ps[f])
+			ps[f] = append(ps[f], extra[f]...)
+		}
+		rows = append(rows, j)
+		for f := range ps {
+			lists[f] = append(lists[f], ps[f])
 		}
 	}
 	for f := range lists {

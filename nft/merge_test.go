@@ -368,3 +368,72 @@ func TestPaintAsIPSetBuilder(t *testing.T) {
 		}
 	}
 }
+
+// union4, rangesOf's integer path for IPv4, gives what paint gives (one
+// range per outermost prefix) for random lists in any order (sorted ones
+// too: its sort is skipped), with the top and the bottom of the address
+// space.
+func TestUnion4AsPaint(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	edges := prefixes("0.0.0.0/0", "255.255.255.255/32", "255.255.255.0/24", "0.0.0.0/32", "128.0.0.0/1")
+	for range 3000 {
+		ps := randomPrefixes(r, r.IntN(40), 4)
+		for _, e := range edges {
+			if r.IntN(10) == 0 {
+				ps = append(ps, e)
+			}
+		}
+		if r.IntN(3) == 0 {
+			slices.SortFunc(ps, comparePrefix)
+		}
+		want := paint([]painted{ps})[0] // one range per outermost prefix (TestPaintAsIPSetBuilder)
+		if got := union4(ps); !slices.Equal(got, want) {
+			t.Fatalf("union4(%v) = %v; want %v", ps, got, want)
+		}
+		// In two lists, with IPv6 and IPv4-mapped prefixes among them.
+		k := r.IntN(len(ps) + 1)
+		a, b := slices.Clone(ps[:k]), slices.Clone(ps[k:])
+		for i, p := range a {
+			if r.IntN(4) == 0 {
+				a[i] = netip.PrefixFrom(netip.AddrFrom16(p.Addr().As16()), p.Bits()+96)
+			}
+		}
+		b = append(b, prefixes("fd00::/8", "::/0")...)
+		if got := union4(a, b); !slices.Equal(got, want) {
+			t.Fatalf("union4(%v, %v) = %v; want %v", a, b, got, want)
+		}
+	}
+}
+
+// diffRanges, which skips the equal runs at both ends, gives the ranges
+// of each list that the other lacks, in order.
+func TestDiffRanges(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	lacks := func(a, b []netipx.IPRange) (out []netipx.IPRange) {
+		for _, x := range a {
+			if !slices.Contains(b, x) {
+				out = append(out, x)
+			}
+		}
+		return out
+	}
+	for range 3000 {
+		old := rangesOf(randomPrefixes(r, r.IntN(30), 4))
+		ps := randomPrefixes(r, r.IntN(30), 4)
+		if r.IntN(2) == 0 {
+			// A few elements off the old list: long equal runs.
+			ps = nil
+			for _, x := range old {
+				if r.IntN(8) != 0 {
+					ps = append(ps, x.Prefixes()...)
+				}
+			}
+			ps = append(ps, randomPrefixes(r, r.IntN(3), 4)...)
+		}
+		new := rangesOf(ps)
+		removed, added := diffRanges(old, new)
+		if !slices.Equal(removed, lacks(old, new)) || !slices.Equal(added, lacks(new, old)) {
+			t.Fatalf("diffRanges(%v, %v) = %v, %v", old, new, removed, added)
+		}
+	}
+}

@@ -426,7 +426,18 @@ func (t *Table) uses(name string) bool {
 // ExecPlan runs a whole plan on a copy of t, all or nothing, as a
 // transaction: it returns the new table, or the first refusal.
 func ExecPlan(t *Table, p Plan) (*Table, error) {
-	cur := t.Clone()
+	// Room for the elements the plan adds, so that adding one to a set
+	// of 100,000 does not copy it a second time.
+	var room map[string]int
+	for _, op := range p.Ops {
+		if op.Kind == KindElements && op.Verb == Add {
+			if room == nil {
+				room = map[string]int{}
+			}
+			room[op.Name] += len(op.Elements)
+		}
+	}
+	cur := t.clone(room)
 	for i, op := range p.Ops {
 		if err := Exec(&cur, op); err != nil {
 			return t, fmt.Errorf("%s (operation %d of %d): %w", op, i+1, len(p.Ops), err)
@@ -436,14 +447,22 @@ func ExecPlan(t *Table, p Plan) (*Table, error) {
 }
 
 // Clone returns a deep copy (nil for nil).
-func (t *Table) Clone() *Table {
+func (t *Table) Clone() *Table { return t.clone(nil) }
+
+// clone is Clone with room for room[name] more elements in set name.
+func (t *Table) clone(room map[string]int) *Table {
 	if t == nil {
 		return nil
 	}
 	c := *t
 	c.Sets = slices.Clone(t.Sets)
 	for i := range c.Sets {
-		c.Sets[i].Elements = slices.Clone(c.Sets[i].Elements)
+		s := &c.Sets[i]
+		if n := room[s.Name]; n > 0 {
+			s.Elements = append(make([]netipx.IPRange, 0, len(s.Elements)+n), s.Elements...)
+		} else {
+			s.Elements = slices.Clone(s.Elements)
+		}
 	}
 	c.Chains = slices.Clone(t.Chains)
 	for i := range c.Chains {

@@ -16,6 +16,7 @@ import (
 // splitFamilies also unmaps IPv4-mapped IPv6 prefixes (::ffff:10.0.0.0/104
 // is 10.0.0.0/8), which the kernel would otherwise never match.
 func splitFamilies(ps []netip.Prefix) (v4, v6 []netip.Prefix) {
+	v4 = make([]netip.Prefix, 0, len(ps)+1) // room for link-local (decision.extra)
 	for _, p := range ps {
 		p, _ = config.UnmapPrefix(p)
 		if p.Addr().Is4() {
@@ -65,7 +66,65 @@ func comparePrefix(a, b netip.Prefix) int {
 // users: nft reads every element of every interval set before a batch
 // that adds or deletes one (docs/operation.md).
 func rangesOf(ps []netip.Prefix) []netipx.IPRange {
+	if !slices.ContainsFunc(ps, func(p netip.Prefix) bool { return !p.Addr().Is4() }) {
+		return union4(ps)
+	}
 	return paint([]painted{ps})[0]
+}
+
+// union4 is rangesOf of the IPv4 prefixes of lists (IPv4-mapped ones
+// unmapped, IPv6 ones left out), as integer math: each prefix its first
+// and last address in one uint64, sorted (a list written in address
+// order is sorted already), then nested ones dropped in one pass. A one-CIDR change
+// of 100,000 rebuilds the set: paint, with netip.Addr and a stack, took
+// 13 ms of the change's CPU, and the lists are not copied first.
+func union4(lists ...[]netip.Prefix) []netipx.IPRange {
+	n := 0
+	for _, l := range lists {
+		n += len(l)
+	}
+	keys := make([]uint64, 0, n)
+	for _, l := range lists {
+		for _, p := range l {
+			p, _ = config.UnmapPrefix(p)
+			if !p.Addr().Is4() {
+				continue
+			}
+			a := p.Addr().As4()
+			first := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+			first &^= uint32(uint64(1)<<(32-p.Bits()) - 1) // masked
+			last := first | uint32(uint64(1)<<(32-p.Bits())-1)
+			keys = append(keys, uint64(first)<<32|uint64(last))
+		}
+	}
+	if !slices.IsSorted(keys) {
+		slices.Sort(keys)
+	}
+	out := make([]netipx.IPRange, 0, len(keys))
+	addr := func(v uint64) netip.Addr {
+		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	}
+	for i := 0; i < len(keys); {
+		from, to := keys[i]>>32, keys[i]&0xffffffff
+		// Take every prefix that starts within the range: nested in it
+		// (prefixes nest or are disjoint); one right after it stays apart.
+		for i++; i < len(keys) && keys[i]>>32 <= to; i++ {
+			to = max(to, keys[i]&0xffffffff)
+		}
+		out = append(out, netipx.IPRangeFrom(addr(from), addr(to)))
+	}
+	return out
+}
+
+// only6 returns the IPv6 prefixes of ps (IPv4-mapped ones are IPv4's).
+func only6(ps []netip.Prefix) []netip.Prefix {
+	var v6 []netip.Prefix
+	for _, p := range ps {
+		if p, _ = config.UnmapPrefix(p); !p.Addr().Is4() {
+			v6 = append(v6, p)
+		}
+	}
+	return v6
 }
 
 // prefixRanges returns one range per prefix, nested ones dropped and
@@ -189,6 +248,15 @@ func compareRange(a, b netipx.IPRange) int {
 // diffRanges returns the ranges of old not in new and of new not in old;
 // both inputs sorted.
 func diffRanges(old, new []netipx.IPRange) (removed, added []netipx.IPRange) {
+	// A change of a few CIDRs leaves long equal runs at both ends: skip
+	// them by equality, cheaper than ordering (what the merge does to
+	// equal elements).
+	for len(old) > 0 && len(new) > 0 && old[0] == new[0] {
+		old, new = old[1:], new[1:]
+	}
+	for len(old) > 0 && len(new) > 0 && old[len(old)-1] == new[len(new)-1] {
+		old, new = old[:len(old)-1], new[:len(new)-1]
+	}
 	i, j := 0, 0
 	for i < len(old) || j < len(new) {
 		switch {

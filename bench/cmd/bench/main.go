@@ -24,7 +24,7 @@ func main() {
 func run() int {
 	agent := flag.String("agent", "bin/ip-masq-agent", "the agent binary (make build)")
 	out := flag.String("out", "", "write the Markdown report to this file (default: BENCHMARKS.md, or standard output with -quick)")
-	only := flag.String("only", "", "comma-separated parts to run: control, kernel, data, selectors, live, conntrack, busy, neighbour (default: all); busy-nft: busy's rows with an nft neighbour alone")
+	only := flag.String("only", "", "comma-separated parts to run: control, kernel, data, selectors, live, conntrack, busy, neighbour, cpu (default: all); busy-nft: busy's rows with an nft neighbour alone")
 	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") != "" && os.Getenv("BENCH_QUICK") != "0", "tiny sizes, single repetitions: a smoke run of seconds (also BENCH_QUICK=1)")
 	timeout := flag.Duration("timeout", 20*time.Minute, "stop and report what was measured after this long")
 	flag.Parse()
