@@ -37,6 +37,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 )
@@ -356,6 +357,23 @@ func cidrAt(family, list, i int) netip.Prefix {
 
 // oneChanged returns list with its middle prefix replaced by one that is
 // in neither list (IPv4: the /29 right after it; IPv6: in fd44::/16).
+// oneCIDRApart are two config files of n IPv4 nonMasqueradeCIDRs, the
+// second with its middle one changed (oneChanged), resyncing hourly.
+func oneCIDRApart(n int) [2]string {
+	var out [2]string
+	for i := range out {
+		c := config.Default(config.Flags{})
+		c.NonMasqueradeCIDRs = cidrList(4, 0, n)
+		if i == 1 {
+			c.NonMasqueradeCIDRs = oneChanged(4, c.NonMasqueradeCIDRs)
+		}
+		c.CIDRLimit = max(n, 64)
+		c.ResyncInterval = time.Hour
+		out[i] = c.String()
+	}
+	return out
+}
+
 func oneChanged(family int, list []netip.Prefix) []netip.Prefix {
 	out := slices.Clone(list)
 	if len(out) == 0 {

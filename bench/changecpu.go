@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 )
 
@@ -80,17 +79,7 @@ func RunChangeCPU(ctx context.Context, cfg Config) (*ChangeCPUResults, error) {
 }
 
 func changeCPURow(ctx context.Context, cfg Config, topo *testnet.Topology, changes int, row *ChangeCPURow) (err error) {
-	var configs [2]string
-	for i := range configs {
-		c := config.Default(config.Flags{})
-		c.NonMasqueradeCIDRs = cidrList(4, 0, row.N)
-		if i == 1 {
-			c.NonMasqueradeCIDRs = oneChanged(4, c.NonMasqueradeCIDRs)
-		}
-		c.CIDRLimit = max(row.N, 64)
-		c.ResyncInterval = time.Hour
-		configs[i] = c.String()
-	}
+	configs := oneCIDRApart(row.N)
 	cm, remove, err := newConfigMap("cpu", configs[0])
 	if err != nil {
 		return err

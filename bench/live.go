@@ -16,7 +16,6 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/harness"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -98,17 +97,7 @@ func RunLive(ctx context.Context, cfg Config) (*LiveResults, error) {
 }
 
 func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int, row *LiveRow) (err error) {
-	configs := [2]string{}
-	for i := range configs {
-		c := config.Default(config.Flags{})
-		c.NonMasqueradeCIDRs = cidrList(4, 0, row.N)
-		if i == 1 {
-			c.NonMasqueradeCIDRs = oneChanged(4, c.NonMasqueradeCIDRs)
-		}
-		c.CIDRLimit = max(row.N, 64)
-		c.ResyncInterval = time.Hour
-		configs[i] = c.String()
-	}
+	configs := oneCIDRApart(row.N)
 	cm, remove, err := newConfigMap("live", configs[0])
 	if err != nil {
 		return err

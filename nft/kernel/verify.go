@@ -147,7 +147,10 @@ func verifyCreated(conn transport, t *nft.Table) (bool, error) {
 // cannot tell one apart), or a count that disagrees: the set is read
 // whole.
 func verifyCreatedSet(conn transport, want *nft.Set) (bool, error) {
-	bs := len(nft.Bounds(want.Elements))
+	bs := 2 * len(want.Elements) // as many as nft.Bounds makes, without making them
+	if n := len(want.Elements); n > 0 && !want.Elements[n-1].To().Next().IsValid() {
+		bs-- // the range that reaches the top has no end element
+	}
 	if bs <= maxElementGets || bs%2 != 0 {
 		return verifySet(conn, want.Name, want)
 	}
