@@ -42,7 +42,8 @@ deps-kernels:
 ## booted in its own qemu guest over the host's root; the host's kernel
 ## directly). One summary line per kernel; records docs/kernels.tsv and the
 ## table in docs/kernels.md. KERNELS="5.10 6.1" for some; KERNEL_TESTS=regexp
-## for some tests (hack/kernels/run.sh). The full run takes hours: over an
+## for some tests; KERNEL_JOBS=N guests at once (hack/kernels/run.sh).
+## The full run takes hours: over an
 ## hour a kernel in a guest (docs/kernels.md; leaving the long fault and
 ## load tests out with KERNEL_SKIP, about 40 minutes for the four kernels)
 test-kernels: deps-kernels

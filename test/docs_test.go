@@ -333,3 +333,43 @@ func TestDocsCommentPaths(t *testing.T) {
 	}
 	t.Logf("%d paths named in the comments of %d files", checked, len(files))
 }
+
+// tableProblems returns the table rows of a Markdown text that no table
+// holds: a row ("| ... |") whose line above is not a row must be a
+// table's header, followed by its delimiter row (| --- |). A blank line
+// inside a table ends it, and GitHub shows the rows after it as text.
+func tableProblems(text string) []string {
+	lines, numbers := markdownLines(text)
+	row := func(i int) bool { return i >= 0 && i < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[i]), "|") }
+	var problems []string
+	for i := range lines {
+		if !row(i) || row(i-1) {
+			continue
+		}
+		if !row(i+1) || !tableDelimiter.MatchString(strings.TrimSpace(lines[i+1])) {
+			problems = append(problems, "line "+strconv.Itoa(numbers[i])+": a table row outside a table (a blank line above it ends the table, or it lacks its | --- | line)")
+		}
+	}
+	return problems
+}
+
+var tableDelimiter = regexp.MustCompile(`^\|(\s*:?-{3,}:?\s*\|)+$`)
+
+func TestDocsTables(t *testing.T) {
+	for _, path := range markdownFiles(t) {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range tableProblems(string(data)) {
+			t.Errorf("%s: %s", path, p)
+		}
+	}
+	good := "| a | b |\n| --- | --- |\n| 1 | 2 |\n"
+	if p := tableProblems(good); len(p) != 0 {
+		t.Errorf("a whole table: %v", p)
+	}
+	if p := tableProblems(good + "\n| 3 | 4 |\n"); len(p) != 1 {
+		t.Errorf("a row after a blank line: %v, want one problem", p)
+	}
+}

@@ -2,7 +2,8 @@
 # run.sh [KERNEL...]: `make test-kernels`. Runs the kernel tests (test/,
 # built with `go test -c`) and the smoke test (TestKernelSmoke) on each
 # KERNEL: 5.10, 6.1 and 6.12 (Debian's packages, fetched by fetch.sh and
-# cached in .cache/kernels/) each in its own qemu guest (TCG, one at a time),
+# cached in .cache/kernels/) each in its own qemu guest (TCG; one at a time
+# unless KERNEL_JOBS says more),
 # and "host", the running kernel, directly. Prints one summary line per
 # kernel and records them in docs/kernels.tsv (see docs/kernels.md).
 #
@@ -16,7 +17,8 @@
 # KERNEL_TIMEOUT: the
 # go test timeout per kernel (default 90m); KERNEL_VM_TIMEOUT: the guest's
 # (default 3h); KERNEL_SMP (2), KERNEL_MEM
-# (2G); RECORD=0: do not write docs/kernels.tsv.
+# (2G); KERNEL_JOBS: guests at once (1); RECORD=0: do not write
+# docs/kernels.tsv.
 set -eu
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
@@ -57,8 +59,12 @@ secs() { date +%s; }
 
 summary=$cache/out/summary
 : >"$summary"
-status=0
-for k in $kernels; do
+
+# one K: boots K's guest (or runs on the host's kernel) and leaves in
+# $cache/out/K its output, its status (status: 0 or 1) and, for the
+# table, its row (row).
+one() {
+	k=$1
 	out=$cache/out/$k
 	rm -rf "$out" && mkdir -p "$out"
 	cat >"$out/env" <<EOT
@@ -82,8 +88,8 @@ EOT
 			why=$(sed -n 's/^fetch\.sh: cannot fetch kernel [^ ]* (\(.*\)): \(.*\)$/\1: \2/p' "$out/fetch.err" | tail -1)
 			[ -n "$why" ] || why=$(grep 'fetch\.sh:' "$out/fetch.err" | tail -1 | sed 's/^fetch\.sh: //')
 			echo "kernel $k: cannot fetch ${why:-it: fetch.sh failed without a reason (see above)}" | tee -a "$summary"
-			status=1
-			continue
+			echo 1 >"$out/status"
+			return
 		}
 		cat "$out/fetch.err" >&2
 		ver=$(cat "$kdir/version") pkg=$(cat "$kdir/package")
@@ -109,8 +115,7 @@ EOT
 		done
 		(cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1) >"$out/initramfs.gz"
 		rm -rf "$ird"
-		# One guest at a time; TCG (KVM guests hang on this kind of
-		# machine). The console goes to console.log.
+		# TCG (KVM guests hang on this kind of machine). The console goes to console.log.
 		timeout "${KERNEL_VM_TIMEOUT:-3h}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "${KERNEL_MEM:-2G}" -smp "${KERNEL_SMP:-2}" \
 			-display none -monitor none -serial "file:$out/console.log" -no-reboot \
 			-kernel "$kdir/vmlinuz" -initrd "$out/initramfs.gz" -append "console=ttyS0 panic=-1 quiet" \
@@ -123,8 +128,8 @@ EOT
 	if [ ! -f "$out/test.rc" ]; then
 		echo "kernel $series ($uname): the tests did not run (see $out/console.log)" | tee -a "$summary"
 		tail -20 "$out/console.log" 2>/dev/null >&2
-		status=1
-		continue
+		echo 1 >"$out/status"
+		return
 	fi
 	# Top-level tests: subtests are counted with their test, but for the
 	# skipped ones (go test -v indents them), counted apart: a test that
@@ -136,22 +141,50 @@ EOT
 	mode=$(sed -n 's/.*kernel mode: \([a-z-]*\).*/\1/p' "$out/test.out" | head -1)
 	[ -n "$mode" ] || mode="?"
 	rc=$(cat "$out/test.rc")
-	[ "$rc" = 0 ] || status=1
+	if [ "$rc" = 0 ]; then echo 0 >"$out/status"; else echo 1 >"$out/status"; fi
 	line="kernel $series ($uname): $mode; $passed passed, $failed failed, $skipped skipped, $subskipped subtests skipped (${took}s)"
 	echo "$line" | tee -a "$summary"
 	if [ "$rc" != 0 ]; then
 		grep -E '^\s*--- FAIL|^panic|^FAIL' "$out/test.out" | head -20 >&2
 	fi
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$series" "$uname" "$pkg" "$mode" "$passed" "$failed" "$skipped" \
+		"$took" "$tests" "${skip:--}" "$(date -u +%Y-%m-%d)" "$code" "$subskipped" >"$out/row"
+}
+
+# KERNEL_JOBS=N: N guests at once (default 1). The tests wait for events,
+# not for time, so guests that share the host's cores take longer each but
+# less in all: their tests spend much of their time waiting.
+jobs=${KERNEL_JOBS:-1}
+n=0
+for k in $kernels; do
+	if [ "$jobs" -le 1 ]; then
+		one "$k"
+	else
+		one "$k" &
+		n=$((n + 1))
+		if [ "$n" -ge "$jobs" ]; then
+			wait
+			n=0
+		fi
+	fi
+done
+wait
+
+status=0
+for k in $kernels; do
+	out=$cache/out/$k
+	[ "$(cat "$out/status" 2>/dev/null)" = 0 ] || status=1
+	[ -f "$out/row" ] || continue
 	if [ "${RECORD:-1}" = 1 ]; then
 		# docs/kernels.tsv: one line per kernel series, the last run's.
 		f=docs/kernels.tsv
+		series=$(cut -f1 "$out/row")
 		[ -f "$f" ] || printf 'series\tkernel\tpackage\tmode\tpassed\tfailed\tskipped\tseconds\ttests\tskip\tdate\tcommit\tsubskipped\n' >"$f"
 		# A file from before the subskipped column gets it, "-" (not
 		# counted) in its rows.
 		awk -F'\t' -v OFS='\t' -v s="$series" 'NR == 1 { sub_ = ($NF == "subskipped"); if (!sub_) $0 = $0 OFS "subskipped"; print; next }
 			$1 != s { if (!sub_) $0 = $0 OFS "-"; print }' "$f" >"$f.new"
-		printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$series" "$uname" "$pkg" "$mode" "$passed" "$failed" "$skipped" \
-			"$took" "$tests" "${skip:--}" "$(date -u +%Y-%m-%d)" "$code" "$subskipped" >>"$f.new"
+		cat "$out/row" >>"$f.new"
 		mv "$f.new" "$f"
 	fi
 done
