@@ -340,7 +340,9 @@ func TestDocsCommentPaths(t *testing.T) {
 // inside a table ends it, and GitHub shows the rows after it as text.
 func tableProblems(text string) []string {
 	lines, numbers := markdownLines(text)
-	row := func(i int) bool { return i >= 0 && i < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[i]), "|") }
+	row := func(i int) bool {
+		return i >= 0 && i < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[i]), "|")
+	}
 	var problems []string
 	for i := range lines {
 		if !row(i) || row(i-1) {
