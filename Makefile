@@ -192,6 +192,16 @@ FORCE:
 clean:
 	rm -rf bin bench.out
 
+## original-parity: the stand-in original's rules against the real one's (root)
+## (ORIGINAL=the real kubernetes-sigs ip-masq-agent, built from its source,
+## which no module proxy serves; each case of hack/original-parity.cases in
+## namespaces of its own; see docs/testing.md)
+.PHONY: original-parity
+original-parity:
+	@test -n "$(ORIGINAL)" || { echo "make original-parity: ORIGINAL=path of the real ip-masq-agent binary (docs/testing.md)"; exit 2; }
+	cd e2e && GOWORK=off CGO_ENABLED=0 $(GO) build -o $(CURDIR)/bin/original ./original
+	sh hack/original-parity.sh $(ORIGINAL) $(CURDIR)/bin/original
+
 ## e2e-cluster: the agent as a DaemonSet on a real one-node Kubernetes (root)
 ## (v1.36, built from the Go module proxy and cached in e2e/.cache, about 15
 ## minutes the first time), with containerd and the bridge CNI in namespaces

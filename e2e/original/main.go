@@ -23,6 +23,8 @@
 // rule per protocol (tcp, udp, sctp) and range before the last one, all
 // but the last range of each protocol behind "-m statistic --mode random
 // --probability" (each range's share of what is left).
+// make original-parity (hack/original-parity.sh) checks that it writes the
+// same rules as the real agent built from its source.
 // -once does one resync and exits (the harness uses it to leave the
 // original's rules on a node, as a node whose old agent just stopped has).
 package main
