@@ -66,6 +66,26 @@ func CleanupMarked(ns netns.NsHandle, mode Mode, old, new Decider, mark int) (Re
 	})
 }
 
+// CleanupReplies deletes, in the network namespace ns, the entries that
+// replies made the other way round after CleanupMarked (prev) deleted
+// their flow's entry so that it be masqueraded: an entry whose original
+// tuple is, byte for byte, the reply tuple of one prev deleted (the
+// server's datagram to the pod's address and port, in flight when the
+// entry went). The flow's next packets from the pod would match it as
+// replies and leave unmasqueraded for as long as the flow goes on; once
+// it is deleted, the next one makes an entry that the rules masquerade.
+// No flow started from outside can have that tuple while the deleted
+// entry existed. Call it a round trip or more after CleanupMarked; again,
+// while it finds some, for a flow whose replies keep coming.
+func CleanupReplies(ns netns.NsHandle, prev Result) (Result, error) {
+	if len(prev.replies) == 0 {
+		return Result{}, nil
+	}
+	res, err := run(ns, -1, func(e entry, _ *localAddrs) bool { return prev.replies[replyKey(e.origTuple)] })
+	res.replies = prev.replies
+	return res, err
+}
+
 // CleanupNATedTo deletes, in the network namespace ns, the conntrack
 // entries of mode's protocols that are source-NATed to one of the
 // addresses to, and carry the label bit mark (any, when mark is -1): after
@@ -132,6 +152,13 @@ func run(ns netns.NsHandle, mark int, stale func(entry, *localAddrs) bool) (Resu
 		}
 		if fam := msg[0]; (fam == unix.AF_INET || fam == unix.AF_INET6) && stale(e, locals) {
 			toDelete[fam] = append(toDelete[fam], ref.request())
+			// Not NATed, and deleted: to be masqueraded from now on.
+			if !e.statusSNAT && e.replyDst == e.origSrc && ref.reply != nil {
+				if res.replies == nil {
+					res.replies = map[string]bool{}
+				}
+				res.replies[replyKey(ref.reply)] = true
+			}
 		}
 	})
 	res.Examined += n

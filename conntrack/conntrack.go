@@ -92,7 +92,16 @@ type Result struct {
 	Deleted  int           // entries deleted (or gone by the time of their deletion)
 	Failed   int           // entries whose deletion failed
 	Duration time.Duration // dump, decisions and deletions
+	// replies: the reply tuples of the entries deleted so that their flow
+	// be masqueraded (not NATed before): a reply in flight when its entry
+	// went makes a new entry the other way round, which the flow's next
+	// packets then match as replies, never masqueraded (CleanupReplies).
+	replies map[string]bool
 }
+
+// Replies is the number of deleted entries whose reply could re-create
+// them the other way round (see CleanupReplies).
+func (r Result) Replies() int { return len(r.replies) }
 
 func (r Result) String() string {
 	return fmt.Sprintf("examined %d conntrack entries, deleted %d (%d failed) in %s", r.Examined, r.Deleted, r.Failed, r.Duration.Round(time.Microsecond))
@@ -105,6 +114,7 @@ type entry struct {
 	replySrc, replyDst netip.Addr
 	statusSNAT         bool   // IPS_SRC_NAT in the entry's status
 	labels             []byte // CTA_LABELS: the label bitmap (unsigned longs of the host), nil without labels
+	origTuple          []byte // CTA_TUPLE_ORIG's payload, as dumped (valid during the dump only)
 }
 
 // hasLabel reports whether the entry carries the label bit (the kernel's

@@ -239,7 +239,12 @@ func attrs(b []byte, f func(typ uint16, val, raw []byte)) bool {
 
 // entryRef holds the attributes that name a dumped entry: its original
 // tuple, zone and id, as dumped (valid during the dump callback only).
-type entryRef struct{ orig, zone, id []byte }
+type entryRef struct{ orig, zone, id, reply []byte }
+
+// replyKey is a tuple's payload (addresses, protocol, ports, zone) as a
+// map key: an entry's reply tuple equals, byte for byte, the original
+// tuple of an entry made the other way round by that reply.
+func replyKey(val []byte) string { return string(val) }
 
 // request copies them: the attributes of the entry's delete request.
 func (r entryRef) request() []byte {
@@ -257,8 +262,10 @@ func parseEntry(msg []byte) (e entry, ref entryRef, ok bool) {
 		switch typ {
 		case ctaTupleOrig:
 			ref.orig = raw
+			e.origTuple = val
 			e.origSrc, e.origDst, e.proto = parseTuple(val)
 		case ctaTupleReply:
+			ref.reply = val
 			e.replySrc, e.replyDst, _ = parseTuple(val)
 		case ctaStatus:
 			if len(val) >= 4 {

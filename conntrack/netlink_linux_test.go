@@ -41,9 +41,17 @@ func TestConntrackParseEntry(t *testing.T) {
 		msg = append(msg, a.Serialize()...)
 	}
 	e, ref, ok := parseEntry(msg)
-	want := entry{proto: unix.IPPROTO_UDP, origSrc: pod, origDst: ext, replySrc: ext, replyDst: node, statusSNAT: true}
+	want := entry{proto: unix.IPPROTO_UDP, origSrc: pod, origDst: ext, replySrc: ext, replyDst: node, statusSNAT: true,
+		origTuple: orig.Serialize()[4:]}
 	if !ok || !reflect.DeepEqual(e, want) {
 		t.Fatalf("parseEntry = %+v, %v; want %+v", e, ok, want)
+	}
+	// A reply tuple is keyed as the original tuple of the entry that reply
+	// makes the other way round (CleanupReplies).
+	reply := tupleAttr(ctaTupleReply, ext, node, unix.IPPROTO_UDP, 8080, 61000).Serialize()[4:]
+	reverse := tupleAttr(ctaTupleOrig, ext, node, unix.IPPROTO_UDP, 8080, 61000).Serialize()[4:]
+	if !bytes.Equal(ref.reply, reply) || replyKey(ref.reply) != replyKey(reverse) {
+		t.Errorf("reply tuple %x (key of the entry the other way round %x), want %x", ref.reply, reverse, reply)
 	}
 	wantReq := append(append(orig.Serialize(), zone.Serialize()...), id.Serialize()...)
 	if got := ref.request(); !bytes.Equal(got, wantReq) {
@@ -56,6 +64,7 @@ func TestConntrackParseEntry(t *testing.T) {
 		msg6 = append(msg6, a.Serialize()...)
 	}
 	e, _, ok = parseEntry(msg6)
+	e.origTuple = nil // checked above
 	if want := (entry{proto: unix.IPPROTO_TCP, origSrc: pod6, origDst: ext6, replySrc: ext6, replyDst: pod6}); !ok || !reflect.DeepEqual(e, want) {
 		t.Errorf("IPv6: parseEntry = %+v, %v; want %+v", e, ok, want)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -405,5 +406,64 @@ func TestConntrackDaemon(t *testing.T) {
 				return strings.Contains(d.output(), "conntrack cleanup: examined") && strings.Contains(d.output(), "deleted 1 ")
 			})
 		})
+	}
+}
+
+// TestConntrackRepliesRecreated: a UDP flow the old rules did not
+// masquerade and the new ones do has its entry deleted; the server's
+// answer to its last datagram, in flight then, makes an entry the other
+// way round (the server to the pod's address and port), which the flow's
+// next datagrams match as replies: they leave unmasqueraded for as long as
+// the flow goes on, as packets show. CleanupReplies deletes that entry,
+// and only it (an entry to another port of the pod stays); the next
+// datagram is masqueraded.
+func TestConntrackRepliesRecreated(t *testing.T) {
+	testnet.Require(t, "conntrack")
+	topo := newTopology(t)
+	addDestinations(t, topo, internet1)
+	if err := topo.EnableConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	old := applyConntrackConfig(t, topo, "nonMasqueradeCIDRs: [10.0.0.0/8, 203.0.113.0/24]\n", false)
+	s := startUDPStream(t, topo, internet1)
+	from := s.waitFor(t, topo.Pod4)
+	s.close()
+	newD := applyConntrackConfig(t, topo, "", false)
+	res := cleanup(t, topo, conntrack.ModeUDP, old, newD)
+	if res.Deleted != 1 || res.Replies() != 1 {
+		t.Fatalf("cleanup: deleted %d, %d flows a reply could re-create, want 1 and 1", res.Deleted, res.Replies())
+	}
+	// What the answer in flight makes, and an entry of another flow.
+	reverse := func(dport uint16) {
+		t.Helper()
+		p := strconv.Itoa(int(dport))
+		if out, err := testnet.Exec(topo.NodeNS, "conntrack", "-I", "-p", "udp", "-s", internet1, "-d", topo.Pod4.String(),
+			"--sport", strconv.Itoa(testnet.ServerPort), "--dport", p, "-r", topo.Pod4.String(), "-q", internet1,
+			"--reply-port-src", p, "--reply-port-dst", strconv.Itoa(testnet.ServerPort), "-t", "120"); err != nil {
+			t.Fatalf("conntrack -I: %v\n%s", err, out)
+		}
+	}
+	reverse(from.Port())
+	other := from.Port() + 1
+	reverse(other)
+	c, err := topo.DialPodUDPFromPort(from, netip.MustParseAddr(internet1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := streamOn(t, c, internet1)
+	again.waitFor(t, topo.Pod4) // a reply to the server's entry: not masqueraded
+
+	r, err := conntrack.CleanupReplies(topo.NodeHandle(), res)
+	if err != nil {
+		t.Fatalf("CleanupReplies: %v", err)
+	}
+	t.Logf("CleanupReplies: %s", r)
+	if r.Deleted != 1 {
+		t.Errorf("CleanupReplies deleted %d entries, want 1", r.Deleted)
+	}
+	again.waitFor(t, topo.NodeUplink4)
+	out, err := testnet.Exec(topo.NodeNS, "conntrack", "-L", "-p", "udp", "--dport", strconv.Itoa(int(other)))
+	if err != nil || !strings.Contains(string(out), "dport="+strconv.Itoa(int(other))) {
+		t.Errorf("the other flow's entry is gone: %v\n%s", err, out)
 	}
 }

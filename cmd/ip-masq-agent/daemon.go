@@ -267,6 +267,9 @@ func (c conntrackCleanup) Applied(old, new nft.Table) {
 	} else {
 		c.log.Debug("conntrack cleanup: "+res.String(), attrs...)
 	}
+	if res.Replies() > 0 {
+		go c.replies(res)
+	}
 	// A change of snatAddress: the flows NATed to an address the new
 	// rules no longer give them.
 	if moved := snatMoved(old, new, linkAddrs); len(moved) > 0 {
@@ -278,6 +281,32 @@ func (c conntrackCleanup) Applied(old, new nft.Table) {
 			return
 		}
 		c.log.Info("conntrack cleanup after a change of snatAddress: "+res.String(), attrs...)
+	}
+}
+
+// replyPasses are the waits before each look for entries that a reply
+// made the other way round after a cleanup (conntrack.CleanupReplies): a
+// round trip or more each, and fewer than a UDP entry's 30 s timeout in
+// all. The looks stop at the first that finds none.
+var replyPasses = []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second}
+
+// replies deletes the entries that replies in flight re-created the other
+// way round after the cleanup res: their flow's next packets would match
+// them as replies, unmasqueraded for as long as the flow goes on.
+func (c conntrackCleanup) replies(res conntrack.Result) {
+	for _, wait := range replyPasses {
+		time.Sleep(wait)
+		r, err := conntrack.CleanupReplies(netns.None(), res)
+		c.m.ConntrackDeleted(r.Deleted)
+		if err != nil {
+			c.log.Error("conntrack cleanup of entries re-created by replies failed; those flows stay unmasqueraded until idle", "err", err)
+			return
+		}
+		if r.Deleted == 0 && r.Failed == 0 {
+			c.log.Debug("conntrack cleanup: no entry re-created by a reply", "flows", res.Replies())
+			return
+		}
+		c.log.Info("conntrack cleanup: entries a reply re-created the other way round (the flow's next packet is masqueraded): "+r.String(), "flows", res.Replies())
 	}
 }
 

@@ -29,3 +29,22 @@ func (t *Topology) DialPodUDP(dst netip.Addr) (*net.UDPConn, error) {
 // ParseSeen parses a server's answer, "ADDRESS PORT\n": the source address
 // and port the server saw.
 func ParseSeen(s string) (netip.AddrPort, error) { return parseSeen(s) }
+
+// DialPodUDPFromPort is DialPodUDP from the pod socket src (address and
+// port): a flow's socket opened again with its 5-tuple.
+func (t *Topology) DialPodUDPFromPort(src netip.AddrPort, dst netip.Addr) (*net.UDPConn, error) {
+	owner, err := t.owner(dst)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := t.server(owner); err != nil {
+		return nil, err
+	}
+	var c *net.UDPConn
+	err = InNS(t.ns[t.PodNS], func() error {
+		var err error
+		c, err = net.DialUDP("udp", net.UDPAddrFromAddrPort(src), net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst.Unmap(), ServerPort)))
+		return err
+	})
+	return c, err
+}
