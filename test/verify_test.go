@@ -412,9 +412,9 @@ func TestResyncNotStarvedByRepairs(t *testing.T) {
 	if strings.Contains(d.output(), "config file changed") {
 		t.Fatalf("the change was seen as a file event; the test needs it unseen:\n%s", d.output())
 	}
-	if n := strings.Count(d.output(), repairLine); n < 2 {
-		t.Errorf("%d repairs, want the foreign touches repaired meanwhile", n)
-	}
+	// The toucher went on throughout (a slow kernel guest may have had
+	// one touch only before the resync): its touches are repaired too.
+	eventually(t, "the foreign touches repaired meanwhile", func() bool { return strings.Count(d.output(), repairLine) >= 2 })
 }
 
 // TestHiddenRuleChangeRepaired: a masquerade expression with flags that
