@@ -19,7 +19,9 @@
 # KERNEL_TIMEOUT: the
 # go test timeout per kernel (default 90m); KERNEL_VM_TIMEOUT: the guest's
 # (default 3h); KERNEL_SMP (2), KERNEL_MEM
-# (2G); KERNEL_JOBS: guests at once (1); RECORD=0: do not write
+# (2G); KERNEL_JOBS: guests at once (1); KERNEL_BIN: where the binaries
+# for the guests are built (bin/kernels; another for a second run at the
+# same time); RECORD=0: do not write
 # docs/kernels.tsv.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -30,7 +32,7 @@ kernels=${*:-5.10 6.1 6.12 host}
 tests=${KERNEL_TESTS:-.}
 skip=${KERNEL_SKIP-'^(TestContainer|TestManifests|TestBusyNode|TestHostileConfigs|TestReleaseBuildInfo)'}
 timeout=${KERNEL_TIMEOUT:-90m}
-bin=$repo/bin/kernels
+bin=${KERNEL_BIN:-$repo/bin/kernels}
 
 for c in qemu-system-x86_64 busybox cpio depmod modprobe xz dpkg-deb apt-get; do
 	if ! command -v "$c" >/dev/null 2>&1; then
