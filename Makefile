@@ -43,9 +43,9 @@ deps-kernels:
 ## directly). One summary line per kernel; records docs/kernels.tsv and the
 ## table in docs/kernels.md. KERNELS="5.10 6.1" for some; KERNEL_TESTS=regexp
 ## for some tests; KERNEL_JOBS=N guests at once (hack/kernels/run.sh).
-## The full run takes hours: over an
-## hour a kernel in a guest (docs/kernels.md; leaving the long fault and
-## load tests out with KERNEL_SKIP, about 40 minutes for the four kernels)
+## The full run takes about an hour a guest (docs/kernels.md: the four
+## at once with KERNEL_JOBS=4 took 66 minutes; leaving the long fault and
+## load tests out with KERNEL_SKIP, about 40 minutes one after another)
 test-kernels: deps-kernels
 	GO='$(GO)' sh hack/kernels/run.sh $(KERNELS)
 
