@@ -61,7 +61,7 @@ func CleanupMarked(ns netns.NsHandle, mode Mode, old, new Decider, mark int) (Re
 	if old == nil || new == nil {
 		return res, errNilDecider
 	}
-	return run(ns, mark, func(e entry, locals *localAddrs) bool {
+	return run(ns, mark, true, func(e entry, locals *localAddrs) bool {
 		return judge(e, mode, old, new, locals.contains, mark) == deleteStale
 	})
 }
@@ -81,7 +81,7 @@ func CleanupReplies(ns netns.NsHandle, prev Result) (Result, error) {
 	if len(prev.replies) == 0 {
 		return Result{}, nil
 	}
-	res, err := run(ns, -1, func(e entry, _ *localAddrs) bool { return prev.replies[replyKey(e.origTuple)] })
+	res, err := run(ns, -1, false, func(e entry, _ *localAddrs) bool { return prev.replies[replyKey(e.origTuple)] })
 	res.replies = prev.replies
 	return res, err
 }
@@ -107,12 +107,13 @@ func CleanupNATedTo(ns netns.NsHandle, mode Mode, to []netip.Addr, mark int) (Re
 	for _, a := range to {
 		set[a.Unmap()] = true
 	}
-	return run(ns, mark, func(e entry, _ *localAddrs) bool { return judgeNATedTo(e, mode, set, mark) == deleteStale })
+	return run(ns, mark, false, func(e entry, _ *localAddrs) bool { return judgeNATedTo(e, mode, set, mark) == deleteStale })
 }
 
 // run dumps the conntrack table of ns, both families, and deletes the
-// entries stale says are.
-func run(ns netns.NsHandle, mark int, stale func(entry, *localAddrs) bool) (Result, error) {
+// entries stale says are. replies: record the reply tuples of the deleted
+// entries that were not NATed (CleanupMarked's, for CleanupReplies).
+func run(ns netns.NsHandle, mark int, replies bool, stale func(entry, *localAddrs) bool) (Result, error) {
 	start := time.Now()
 	var res Result
 	if mark > 127 {
@@ -153,7 +154,7 @@ func run(ns netns.NsHandle, mark int, stale func(entry, *localAddrs) bool) (Resu
 		if fam := msg[0]; (fam == unix.AF_INET || fam == unix.AF_INET6) && stale(e, locals) {
 			toDelete[fam] = append(toDelete[fam], ref.request())
 			// Not NATed, and deleted: to be masqueraded from now on.
-			if !e.statusSNAT && e.replyDst == e.origSrc && ref.reply != nil {
+			if replies && !e.statusSNAT && e.replyDst == e.origSrc && ref.reply != nil {
 				if res.replies == nil {
 					res.replies = map[string]bool{}
 				}

@@ -22,11 +22,7 @@ func (t *Topology) AddPodAddress(p netip.Prefix) error {
 // SourceSeenFrom is SourceSeen for a NEW TCP connection from a pod socket
 // bound to src (Pod4, Pod6 or an address AddPodAddress added).
 func (t *Topology) SourceSeenFrom(src, dst netip.Addr) (netip.Addr, error) {
-	owner, err := t.owner(dst)
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	if _, err := t.server(owner); err != nil {
+	if err := t.serve(dst); err != nil {
 		return netip.Addr{}, err
 	}
 	return t.seenOver(t.PodNS, PodIf, "tcp", src, dst)
@@ -34,11 +30,7 @@ func (t *Topology) SourceSeenFrom(src, dst netip.Addr) (netip.Addr, error) {
 
 // DialPodUDPFrom is DialPodUDP from a pod socket bound to src.
 func (t *Topology) DialPodUDPFrom(src, dst netip.Addr) (*net.UDPConn, error) {
-	owner, err := t.owner(dst)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := t.server(owner); err != nil {
+	if err := t.serve(dst); err != nil {
 		return nil, err
 	}
 	c, err := t.dial(t.PodNS, PodIf, "udp", src, dst, ServerPort)

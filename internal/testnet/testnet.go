@@ -467,6 +467,17 @@ func onThread(f func() error) error {
 	return <-errc
 }
 
+// serve starts the server of the namespace that owns dst, if it is not
+// running yet.
+func (t *Topology) serve(dst netip.Addr) error {
+	owner, err := t.owner(dst)
+	if err != nil {
+		return err
+	}
+	_, err = t.server(owner)
+	return err
+}
+
 // server returns the (lazily started) servers of namespace ns.
 func (t *Topology) server(ns string) (*server, error) {
 	t.mu.Lock()
@@ -687,11 +698,7 @@ func (t *Topology) podDial(network string, dst netip.Addr, port uint16) (net.Con
 // link-local dst without zone gets the zone PodIf (of the pod namespace).
 func (t *Topology) ConnectPodTo(dst netip.Addr, port uint16) (net.Conn, error) {
 	if port == ServerPort {
-		owner, err := t.owner(dst)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := t.server(owner); err != nil {
+		if err := t.serve(dst); err != nil {
 			return nil, err
 		}
 	}
@@ -757,11 +764,7 @@ func (t *Topology) seenOver(ns, ifname, network string, src, dst netip.Addr) (ne
 // AddDestination address arrives unchanged when it is not masqueraded, and
 // from the uplink's own link-local address when it is.
 func (t *Topology) SourceSeenFromNode(src, dst netip.Addr) (netip.Addr, error) {
-	owner, err := t.owner(dst)
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	if _, err := t.server(owner); err != nil {
+	if err := t.serve(dst); err != nil {
 		return netip.Addr{}, err
 	}
 	return t.seenOver(t.NodeNS, NodeUplinkIf, "tcp", src, dst)
@@ -776,11 +779,7 @@ func (t *Topology) SourceSeenUDP(dst netip.Addr) (netip.Addr, error) {
 }
 
 func (t *Topology) sourceSeenUDP(dst netip.Addr) (netip.AddrPort, error) {
-	owner, err := t.owner(dst)
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	if _, err := t.server(owner); err != nil {
+	if err := t.serve(dst); err != nil {
 		return netip.AddrPort{}, err
 	}
 	c, err := t.podDial("udp", dst, ServerPort)

@@ -12,11 +12,7 @@ import (
 // 5-tuple, so one conntrack entry for as long as they keep it alive: a
 // long-lived UDP flow. The caller closes the socket.
 func (t *Topology) DialPodUDP(dst netip.Addr) (*net.UDPConn, error) {
-	owner, err := t.owner(dst)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := t.server(owner); err != nil {
+	if err := t.serve(dst); err != nil {
 		return nil, err
 	}
 	c, err := t.podDial("udp", dst, ServerPort)
@@ -33,15 +29,11 @@ func ParseSeen(s string) (netip.AddrPort, error) { return parseSeen(s) }
 // DialPodUDPFromPort is DialPodUDP from the pod socket src (address and
 // port): a flow's socket opened again with its 5-tuple.
 func (t *Topology) DialPodUDPFromPort(src netip.AddrPort, dst netip.Addr) (*net.UDPConn, error) {
-	owner, err := t.owner(dst)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := t.server(owner); err != nil {
+	if err := t.serve(dst); err != nil {
 		return nil, err
 	}
 	var c *net.UDPConn
-	err = InNS(t.ns[t.PodNS], func() error {
+	err := InNS(t.ns[t.PodNS], func() error {
 		var err error
 		c, err = net.DialUDP("udp", net.UDPAddrFromAddrPort(src), net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst.Unmap(), ServerPort)))
 		return err

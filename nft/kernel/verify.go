@@ -268,8 +268,50 @@ func holds(rs []netipx.IPRange, b nft.Bound) bool {
 // getElements sends one GETSETELEM request per bound, in one datagram,
 // each acknowledged, and reports which of them the kernel holds exactly;
 // plain false: an answer was more than a bound (data, a timeout, a
-// comment, a range as one element), or the kernel refused a get.
+// comment, a range as one element), or the kernel refused a get, or an
+// interval-end get would be unsafe (below): the caller reads the set
+// whole.
+//
+// The array-based interval lookup (Linux 7.0; 6.18.14 and 6.19.4 took it
+// back) answers an interval-end get of a key in the open interval at the
+// top of the address space (a start with no end: 240.0.0.0/4, ::/0) with
+// the end element that interval does not have, a NULL pointer the kernel
+// then reads (proposed fix: "nft_set_rbtree: reject interval-end get for
+// open intervals", 2026-06-30). So before any interval-end get, a plain get
+// of the top address asks for that interval's start, and no interval-end
+// get at or above it is sent. A foreign transaction between the two gets
+// can still open one (a process with CAP_NET_ADMIN can crash such a kernel
+// by itself anyway); our own commits never do while we verify them.
 func getElements(conn transport, set string, bs []nft.Bound) (held []bool, plain bool, err error) {
+	if i := slices.IndexFunc(bs, func(b nft.Bound) bool { return b.End }); i >= 0 {
+		var top netip.Addr
+		if bs[i].Addr.Is4() {
+			top = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+		} else {
+			top = netip.AddrFrom16([16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+		}
+		got, found, plain, err := getBounds(conn, set, []nft.Bound{{Addr: top}})
+		if err != nil || !plain {
+			return nil, false, err
+		}
+		if open := got[0].Addr; found[0] && slices.ContainsFunc(bs, func(b nft.Bound) bool { return b.End && !b.Addr.Less(open) }) {
+			return nil, false, nil
+		}
+	}
+	got, found, plain, err := getBounds(conn, set, bs)
+	if err != nil || !plain {
+		return nil, plain, err
+	}
+	held = make([]bool, len(bs))
+	for i := range bs {
+		held[i] = found[i] && got[i] == bs[i]
+	}
+	return held, true, nil
+}
+
+// getBounds sends getElements' requests and returns each answer (found:
+// the kernel answered with an element).
+func getBounds(conn transport, set string, bs []nft.Bound) (got []nft.Bound, found []bool, plain bool, err error) {
 	seq := rand.Uint32()>>1 + 1
 	msgs := make([]netlink.Message, len(bs))
 	size := 0
@@ -279,19 +321,19 @@ func getElements(conn transport, set string, bs []nft.Bound) (held []bool, plain
 		size += unix.NLMSG_HDRLEN + len(msgs[i].Data) + 4
 	}
 	if err := sendAll(conn, msgs, size); err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	if err := conn.SetReadDeadline(time.Now().Add(replyTimeout)); err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	defer conn.SetReadDeadline(time.Time{})
-	held, plain = make([]bool, len(bs)), true
+	got, found, plain = make([]nft.Bound, len(bs)), make([]bool, len(bs)), true
 	done := 0
 	buf, from := make([]byte, 64<<10), datagramsOf(conn)
 	for done < len(bs) {
 		answers, err := receive(from, buf)
 		if err != nil {
-			return nil, false, err
+			return nil, nil, false, err
 		}
 		for _, m := range answers {
 			i := int(m.Header.Seq - seq)
@@ -301,7 +343,7 @@ func getElements(conn transport, set string, bs []nft.Bound) (held []bool, plain
 			switch m.Header.Type {
 			case unix.NLMSG_ERROR:
 				if len(m.Data) < 4 {
-					return nil, false, errors.New("short netlink error message")
+					return nil, nil, false, errors.New("short netlink error message")
 				}
 				if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 && !absent(syscall.Errno(-code)) {
 					// A kernel that cannot get one element of such a set
@@ -310,13 +352,13 @@ func getElements(conn transport, set string, bs []nft.Bound) (held []bool, plain
 				}
 				done++
 			case unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSETELEM:
-				got, ok := answerBound(m.Data)
+				b, ok := answerBound(m.Data)
 				plain = plain && ok
-				held[i] = ok && got == bs[i]
+				got[i], found[i] = b, ok
 			}
 		}
 	}
-	return held, plain, nil
+	return got, found, plain, nil
 }
 
 // answerBound reads the one element of a GETSETELEM answer as a bound;

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -360,4 +361,81 @@ func writeTemp(t *testing.T, content string) string {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// endGetGuard passes datagrams to the kernel but refuses, and counts, an
+// interval-end get of a key at or above open: the start of an open
+// interval at the top of the address space, a key that the array-based
+// lookup answers by reading a NULL pointer (getElements). Refusing makes a
+// broken guard a failed test, not a crashed kernel.
+type endGetGuard struct {
+	*netlink.Conn
+	open    netip.Addr
+	refused int
+	gets    int
+}
+
+func (g *endGetGuard) writeDatagram(b []byte) error {
+	msgs, err := syscall.ParseNetlinkMessage(b)
+	if err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		if m.Header.Type != unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETSETELEM {
+			continue
+		}
+		g.gets++
+		// A request's elements are laid out as an answer's.
+		if b, ok := answerBound(m.Data); ok && b.End && !b.Addr.Less(g.open) {
+			g.refused++
+			return fmt.Errorf("interval-end get of %s in the open interval from %s", b.Addr, g.open)
+		}
+	}
+	return rawSocket{g.Conn}.writeDatagram(b)
+}
+
+func (g *endGetGuard) readDatagram(b []byte) (int, error) { return rawSocket{g.Conn}.readDatagram(b) }
+func (g *endGetGuard) growSendBuffer(size int) error      { return rawSocket{g.Conn}.growSendBuffer(size) }
+
+// TestNoEndGetInOpenInterval: a set whose last interval is open (240.0.0.0/4
+// reaches the top) is verified by gets only below it; an interval-end get
+// at or above its start (the end of a range it swallowed) is not sent, and
+// the set is read whole instead.
+func TestNoEndGetInOpenInterval(t *testing.T) {
+	n, _ := kernelNetlink(t)
+	if _, err := nft.Ensure(n, withCIDRs("198.51.100.0/24", "240.0.0.0/4")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := dial(n.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	g := &endGetGuard{Conn: c, open: netip.MustParseAddr("240.0.0.0")}
+	below := []nft.Bound{{Addr: netip.MustParseAddr("198.51.100.0")}, {Addr: netip.MustParseAddr("198.51.101.0"), End: true}}
+	held, plain, err := getElements(g, nft.SetNonMasqV4, below)
+	if err != nil || !plain || !held[0] || !held[1] {
+		t.Fatalf("the bounds of 198.51.100.0/24: held %v, plain %v, %v", held, plain, err)
+	}
+	// 250.0.0.0/8's end, as a plan that swallowed it into 240.0.0.0/4
+	// would verify its deletion.
+	swallowed := append(below, nft.Bound{Addr: netip.MustParseAddr("251.0.0.0"), End: true})
+	gets := g.gets
+	_, plain, err = getElements(g, nft.SetNonMasqV4, swallowed)
+	if err != nil || plain {
+		t.Fatalf("an end in the open interval: plain %v, %v; want not plain (read the set whole)", plain, err)
+	}
+	if g.refused > 0 {
+		t.Fatalf("%d interval-end gets in the open interval sent", g.refused)
+	}
+	if g.gets-gets != 1 {
+		t.Errorf("%d gets for an end in the open interval; want 1 (the top address)", g.gets-gets)
+	}
+	// And Ensure of a change that swallows a range verifies without one.
+	if _, err := nft.Ensure(n, withCIDRs("198.51.100.0/24", "250.0.0.0/8")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nft.Ensure(n, withCIDRs("198.51.100.0/24", "240.0.0.0/4")); err != nil {
+		t.Fatal(err)
+	}
 }
