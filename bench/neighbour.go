@@ -25,17 +25,19 @@ import (
 // node before a batch that adds or deletes an element, so a neighbour's
 // one-element batch (kube-proxy's nftables mode sends such batches on
 // most syncs) slows with the agent's element count. The agent writes one
-// element per CIDR (nested ones dropped); merged, the fewest ranges that
-// cover them would be fewer elements, but the agent does not merge
-// (nft/prefix.go's paint says why): the row shows what merging would save.
+// element per CIDR (nested ones dropped) where the kernel's interval
+// lookup is the tree's, and the fewest ranges that cover them (merged)
+// where it is the array's (Linux 7.0, 6.18.14 on; nft/prefix.go's paint
+// and kernel.Netlink.IntervalLookup say why and how): the row shows both.
 
 // NeighbourRow is one list size: the elements of the agent's sets
-// (Before: one per CIDR, as the agent writes them) and merged (After: the
-// fewest ranges, not written), and a neighbour's `nft -f` of a
+// (Before: one per CIDR, as the agent writes them on a tree-lookup
+// kernel) and merged (After: the fewest ranges, as it writes them on an
+// array-lookup kernel), and a neighbour's `nft -f` of a
 // one-element batch beside each table.
 type NeighbourRow struct {
 	N             int // CIDRs in nonMasqueradeCIDRs (cloud-shaped: awsShaped)
-	Before, After int // elements in the agent's sets: one per CIDR (nested dropped, as written), merged (not written)
+	Before, After int // elements in the agent's sets: one per CIDR (nested dropped; tree lookup), merged (array lookup)
 	// Wall and CPU (user+system) time of one `nft -f` of a batch with one
 	// element operation, beside the agent's table of Before and of After
 	// elements (and, in Empty*, with no agent table).
@@ -103,9 +105,10 @@ func awsShaped(n int) []netip.Prefix {
 	return out
 }
 
-// elementsOf returns the table the agent writes for the list (one element
-// per CIDR, nested ones dropped), and the same with the fewest ranges
-// that cover them (merged: what the agent does not write).
+// elementsOf returns the table the agent writes for the list on a kernel
+// whose interval lookup is the tree's (one element per CIDR, nested ones
+// dropped), and the same with the fewest ranges that cover them (merged:
+// what it writes where the lookup is the array's).
 func elementsOf(ps []netip.Prefix) (merged, agent nft.Table) {
 	c := config.Default(config.Flags{})
 	c.NonMasqueradeCIDRs = ps
@@ -133,8 +136,9 @@ func elementCount(t nft.Table) int {
 }
 
 // RunNeighbour measures, at 64, 10,000 and 100,000 CIDRs, a neighbour's
-// `nft -f` of a one-element batch beside the agent's table as it writes it
-// and as it would be merged.
+// `nft -f` of a one-element batch beside the agent's table with one
+// element per CIDR and merged (as it writes it on a tree-lookup and on an
+// array-lookup kernel).
 func RunNeighbour(ctx context.Context, cfg Config) (*NeighbourResults, error) {
 	res := &NeighbourResults{}
 	for _, n := range []int{7_905} {
@@ -151,7 +155,7 @@ func RunNeighbour(ctx context.Context, cfg Config) (*NeighbourResults, error) {
 		}
 		after, before := elementsOf(awsShaped(n))
 		row := NeighbourRow{N: n, Before: elementCount(before), After: elementCount(after)}
-		cfg.logf("neighbour: %s CIDRs, %s elements as the agent writes them, %s merged", num(n), num(row.Before), num(row.After))
+		cfg.logf("neighbour: %s CIDRs, %s elements one per CIDR, %s merged", num(n), num(row.Before), num(row.After))
 		err := withTopology("nbr", func(topo *testnet.Topology) error {
 			return neighbourRow(ctx, topo, reps, before, after, &row)
 		})
@@ -233,15 +237,15 @@ func neighbourMarkdown(b *strings.Builder, r *Results) {
 		"element. A neighbour (a table `ip neighbour` of its own) runs `nft -f` of a batch that adds, or deletes,\n" +
 		"one element, beside the agent's table for a list of CIDRs shaped like a cloud provider's (runs of adjacent\n" +
 		"prefixes, some repeated: `awsShaped` in bench/neighbour.go): first with one element per CIDR (nested ones\n" +
-		"dropped: what the agent writes), then with the fewest ranges that cover them (merged: what the agent does\n" +
-		"not write, because Linux before 7.0 may miss a held address while a transaction moves the start of its\n" +
-		"interval; docs/operation.md). Wall\n" +
+		"dropped: what the agent writes where the kernel's interval lookup is a tree walk, which may miss a held\n" +
+		"address while a transaction moves the start of its interval), then with the fewest ranges that cover them\n" +
+		"(merged: what the agent writes where the lookup is the array's, Linux 7.0 and 6.18.14 on; docs/operation.md). Wall\n" +
 		"time and the nft process's CPU time (user+system), medians; the same batch with no agent table for\n" +
 		"reference.\n\n")
 	for _, x := range nr.Counts {
-		w("Element counts of %s CIDRs (the size of AWS's IPv4 list): %s as the agent writes them, %s merged.\n\n", num(x.N), num(x.Before), num(x.After))
+		w("Element counts of %s CIDRs (the size of AWS's IPv4 list): %s one per CIDR, %s merged.\n\n", num(x.N), num(x.Before), num(x.After))
 	}
-	w("| CIDRs | elements (agent) | elements (merged) | `nft -f`, no agent table | beside the agent's: wall / CPU | beside merged: wall / CPU |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	w("| CIDRs | elements: one per CIDR | elements: merged | `nft -f`, no agent table | beside one per CIDR: wall / CPU | beside merged: wall / CPU |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, x := range nr.Rows {
 		w("| %s | %s | %s | %s / %s | %s / %s | %s / %s |\n", num(x.N), num(x.Before), num(x.After),
 			fmtDur(median(x.EmptyWall)), fmtDur(median(x.EmptyCPU)),

@@ -172,6 +172,15 @@ func Build(c config.Config, o Options) Table {
 	var t Table
 	decision := Chain{Name: o.Chain}
 	elems := elementsOf(c, o.EnableIPv6)
+	if o.MergeAdjacent {
+		for i := range elems {
+			for j, d := range decisions {
+				if d.sel.isAddr() {
+					elems[i][j] = joinAdjacent(elems[i][j])
+				}
+			}
+		}
+	}
 	for i, f := range []Family{4, 6} {
 		// Without --enable-ipv6 the agent leaves IPv6 alone: no rules, empty sets.
 		want := f == 4 || o.EnableIPv6

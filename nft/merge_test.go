@@ -37,6 +37,25 @@ func TestRangesOfOnePerPrefix(t *testing.T) {
 	}
 }
 
+// With MergeAdjacent, adjacent ranges of a set are one element; interface
+// names never join.
+func TestBuildMergeAdjacent(t *testing.T) {
+	c := config.Default(config.Flags{})
+	c.NonMasqueradeCIDRs = prefixes("10.0.0.0/24", "10.0.1.0/24", "10.0.2.0/23", "192.0.2.0/24")
+	merged, apart := Build(c, Options{Chain: DefaultChain, MergeAdjacent: true}), Build(c, Options{Chain: DefaultChain})
+	got := merged.Set(SetNonMasqV4).Elements
+	var s []string
+	for _, r := range got {
+		s = append(s, rangeString(r))
+	}
+	if want := "10.0.0.0/22 169.254.0.0/16 192.0.2.0/24"; strings.Join(s, " ") != want {
+		t.Errorf("merged: %v, want %s", s, want)
+	}
+	if n := len(apart.Set(SetNonMasqV4).Elements); n != 5 {
+		t.Errorf("apart: %d elements, want 5", n)
+	}
+}
+
 // randomPrefixes returns n prefixes of family f crowded into a small
 // space (10.0.0.0/16, 2001:db8::/112), so that they nest and touch.
 func randomPrefixes(r *rand.Rand, n int, f Family) []netip.Prefix {
@@ -165,6 +184,34 @@ func checkMinimal(t *testing.T, tb Table) {
 	}
 }
 
+// checkJoined: no two ranges of an address set of merged touch, and each
+// set covers what apart's does (Options.MergeAdjacent).
+func checkJoined(t *testing.T, merged, apart Table) {
+	t.Helper()
+	for _, s := range merged.Sets {
+		if s.Key == KeyIfname {
+			continue
+		}
+		for i := 1; i < len(s.Elements); i++ {
+			if s.Elements[i-1].To().Next() == s.Elements[i].From() {
+				t.Fatalf("set %s: elements %s and %s touch: not joined", s.Name, rangeString(s.Elements[i-1]), rangeString(s.Elements[i]))
+			}
+		}
+		var b, c netipx.IPSetBuilder
+		for _, r := range s.Elements {
+			b.AddRange(r)
+		}
+		for _, r := range apart.Set(s.Name).Elements {
+			c.AddRange(r)
+		}
+		x, _ := b.IPSet()
+		y, _ := c.IPSet()
+		if !x.Equal(y) {
+			t.Fatalf("set %s: joined covers %v, apart %v", s.Name, x.Ranges(), y.Ranges())
+		}
+	}
+}
+
 // For random CIDR lists, the merged sets decide exactly as the unmerged
 // lists do, for random addresses, under both cidrMatch values; and
 // explain's reason names a listed CIDR that holds the address.
@@ -175,11 +222,16 @@ func TestMergedSetsDecideAsLists(t *testing.T) {
 		if match == config.MostSpecific {
 			ref = refMostSpecific
 		}
-		for range 150 {
+		for i := range 150 {
 			c := randomConfig(r, match)
-			o := Options{Chain: DefaultChain, EnableIPv6: true}
+			// Every other config with adjacent ranges joined, as on a
+			// kernel whose lookup is the array's.
+			o := Options{Chain: DefaultChain, EnableIPv6: true, MergeAdjacent: i%2 == 1}
 			tb := Build(c, o)
 			checkMinimal(t, tb)
+			if o.MergeAdjacent {
+				checkJoined(t, tb, Build(c, Options{Chain: DefaultChain, EnableIPv6: true}))
+			}
 			for k := range 100 {
 				f := Family(4)
 				if r.IntN(2) == 0 {

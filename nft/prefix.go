@@ -116,6 +116,21 @@ func union4(lists ...[]netip.Prefix) []netipx.IPRange {
 	return out
 }
 
+// joinAdjacent joins, in place, each range of sorted, disjoint ranges rs
+// with the next when that starts right after it: one set, one decision,
+// fewer elements (Options.MergeAdjacent).
+func joinAdjacent(rs []netipx.IPRange) []netipx.IPRange {
+	out := rs[:0]
+	for _, r := range rs {
+		if n := len(out); n > 0 && out[n-1].To().Next() == r.From() {
+			out[n-1] = netipx.IPRangeFrom(out[n-1].From(), r.To())
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
 // only6 returns the IPv6 prefixes of ps (IPv4-mapped ones are IPv4's).
 func only6(ps []netip.Prefix) []netip.Prefix {
 	var v6 []netip.Prefix
@@ -158,7 +173,8 @@ type painted []netip.Prefix
 // (TestIntervalLookupDuringCommit): a packet to a destination that no
 // change touched would be masqueraded. Apart, each listed prefix keeps its
 // own start element, and the plan sends only the bounds that change
-// (nft/kernel's sentBounds).
+// (nft/kernel's sentBounds). Where the kernel's lookup is the array's
+// (kernel.Netlink.IntervalLookup), Build joins them (Options.MergeAdjacent).
 func paint(lists []painted) [][]netipx.IPRange {
 	type entry struct {
 		p    netip.Prefix

@@ -234,6 +234,22 @@ func (t *Table) DecisionChain() *Chain {
 	return nil
 }
 
+// HasAdjacent reports whether an address set of t holds two ranges that
+// touch (Options.MergeAdjacent would join them).
+func (t Table) HasAdjacent() bool {
+	for _, s := range t.Sets {
+		if s.Key == KeyIfname {
+			continue
+		}
+		for i := 1; i < len(s.Elements); i++ {
+			if s.Elements[i-1].To().Next() == s.Elements[i].From() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Equal reports whether the kernel's table found holds exactly what t
 // wants: ownership, sets with their elements, chains with their hooks and
 // rules in order, and nothing else. Counter values are not compared, nor
@@ -305,6 +321,13 @@ type Options struct {
 	// has snatAddress or snatAddressIPv6), so the start probe asks the
 	// kernel for snat (kernel.ProbeFor). Build does not read it.
 	SNAT bool
+	// MergeAdjacent: the kernel's interval sets look up in an array built
+	// at each commit (kernel.Netlink.IntervalLookup, from its answer to a
+	// get), so a packet sees the set before a transaction or after it,
+	// never a start element in between: adjacent ranges of a set are one
+	// element (10.0.0.0/24 and 10.0.1.0/24: 10.0.0.0/23). Otherwise each
+	// listed CIDR keeps its own start element (paint says why).
+	MergeAdjacent bool
 }
 
 // MarkLabel returns the conntrack label bit with which the table's

@@ -254,23 +254,30 @@ func readOriginal(chain string) (original.Rules, error) {
 
 // liveTable reads the kernel's table for a command that takes no other
 // arguments; when ok is false, code is the command's exit code.
-func liveTable(c *command, pos []string, stderr io.Writer) (t *nft.Table, code int, ok bool) {
+func liveTable(c *command, pos []string, stderr io.Writer) (t *nft.Table, merged bool, code int, ok bool) {
 	if len(pos) > 0 {
-		return nil, usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " ")), false
+		return nil, false, usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " ")), false
 	}
-	t, err := readTable()
+	t, merged, err := readTable()
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent %s: %v\n", c.name, hint(err))
-		return nil, 2, false
+		return nil, false, 2, false
 	}
-	return t, 0, true
+	return t, merged, 0, true
 }
 
-// readTable reads the kernel's table once (nil: there is none).
-func readTable() (*nft.Table, error) {
+// readTable reads the kernel's table once (nil: there is none), and says
+// whether the agent joins adjacent CIDRs on this kernel, as far as the
+// table lets the kernel say (nft.Options.MergeAdjacent).
+func readTable() (*nft.Table, bool, error) {
 	k := &kernel.Netlink{}
 	defer k.Close()
-	return k.ReadAll()
+	t, err := k.ReadAll()
+	if err != nil {
+		return nil, false, err
+	}
+	merged, _ := k.IntervalLookup(t)
+	return t, merged, nil
 }
 
 // hint adds what an operator needs to know to the errors that need it.

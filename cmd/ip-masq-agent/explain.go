@@ -94,11 +94,12 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	table, err := readTable()
+	table, merged, err := readTable()
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %v\n", hint(err))
 		return 2
 	}
+	r.nft.MergeAdjacent = merged // the set elements named as the agent builds them here
 	orig, oerr := readOriginal("")
 	if oerr != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: cannot look for the original agent's iptables rules: %v\n", hint(oerr))

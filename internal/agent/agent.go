@@ -38,6 +38,14 @@ type OriginalRules interface {
 	RemoveOriginal(chain, fingerprint string, families ...nft.Family) (original.Rules, error)
 }
 
+// IntervalLookup says whether the kernel's interval sets look up in an
+// array built at each commit, from its answer about table t
+// (kernel.Netlink has it): then adjacent CIDRs are joined
+// (nft.Options.MergeAdjacent). known: the kernel could say.
+type IntervalLookup interface {
+	IntervalLookup(t *nft.Table) (array, known bool)
+}
+
 // Options are what the agent is run with.
 type Options struct {
 	ConfigPath string
@@ -82,6 +90,9 @@ type Agent struct {
 	repairs        []time.Time    // when recent repairs had to write, for rival detection
 	rival          time.Duration  // the current back-off against a rival writer; 0: none
 	waiting        bool           // another process owns the table (logged once)
+	lookupKnown    bool           // the kernel said which interval lookup it has
+	merge          bool           // and it is the array's: adjacent CIDRs are joined
+	merged         bool           // want was built so
 
 	lastWarnings []string
 	lastErr      string
@@ -302,22 +313,52 @@ func (a *Agent) apply(now time.Time, cfg config.Config, partial bool) error {
 	// The node's interfaces that hold the snat addresses are looked up
 	// at every sync (only with a snat address): one that appears, moves
 	// or goes rebuilds the table.
-	snat := nft.SNATLinks(cfg, a.opts.NFT)
-	same := a.cfg != nil && a.cfg.Equal(cfg) && slices.Equal(snat, a.snat)
+	if a.cfg == nil && !a.lookupKnown {
+		// A table there already (a restart) says which lookup the kernel
+		// has before the first build, which then matches it.
+		if t, _, err := a.kernel.Read(); err == nil {
+			a.learnLookup(t)
+		}
+	}
+	o := a.opts.NFT
+	o.MergeAdjacent = a.merge
+	snat := nft.SNATLinks(cfg, o)
+	same := a.cfg != nil && a.cfg.Equal(cfg) && slices.Equal(snat, a.snat) && a.merged == o.MergeAdjacent
 	a.warnSNAT(cfg, snat)
 	var want nft.Table
 	if same {
 		want = *a.want
 	} else {
-		want = nft.Build(cfg, a.opts.NFT)
+		want = nft.Build(cfg, o)
 	}
 	start := time.Now()
 	res, err := nft.EnsureBy(a.kernel, want, a.retryBy(now))
-	took := time.Since(start)
 	if err != nil {
-		a.kernelFailed(now, err, took)
+		a.kernelFailed(now, err, time.Since(start))
 		return err
 	}
+	joined := false
+	if !a.lookupKnown {
+		// The table just verified holds what want says: ask about it,
+		// and join now what the kernel lets us (one sync, one log line).
+		if a.learnLookup(&want); a.merge {
+			o.MergeAdjacent = true
+			if want.HasAdjacent() {
+				j := nft.Build(cfg, o)
+				if res2, err := nft.EnsureBy(a.kernel, j, a.retryBy(now)); err != nil {
+					// The table apart is in force and decides alike; the
+					// next sync joins.
+					a.logError("joining adjacent CIDRs failed; they stay apart until the next sync", err)
+					o.MergeAdjacent = false
+				} else {
+					want, joined = j, !res2.Unchanged
+					res.Messages, res.Bytes, res.Undone = res.Messages+res2.Messages, res.Bytes+res2.Bytes, res.Undone+res2.Undone
+					res.Unchanged = res.Unchanged && res2.Unchanged
+				}
+			}
+		}
+	}
+	took := time.Since(start)
 	a.adopted()
 	a.failures = 0
 	a.verified()
@@ -329,19 +370,54 @@ func (a *Agent) apply(now time.Time, cfg config.Config, partial bool) error {
 	if !partial {
 		a.lastErr = ""
 	}
-	a.logApplied(now, cfg, want, res, took, partial)
+	a.logApplied(now, cfg, want, res, took, partial, joined)
 	a.wrote(res, want)
-	a.cfg, a.want, a.snat = &cfg, &want, snat
+	a.cfg, a.want, a.snat, a.merged = &cfg, &want, snat, o.MergeAdjacent
 	a.deadline = now.Add(cfg.ResyncInterval)
 	return nil
 }
 
+// joinedOnly reports whether the kernel's table found before a sync was
+// apart, the table last applied with adjacent CIDRs apart: nothing but the
+// join changed it.
+func joinedOnly(found, apart nft.Table) bool {
+	apart.Owner, apart.Dormant = found.Owner, found.Dormant
+	return apart.Equal(found)
+}
+
+// learnLookup asks the kernel which interval-set lookup it has, about
+// table t, once it can say: the array's, built at each commit, lets the
+// sets join adjacent CIDRs into one element (fewer elements for every nft
+// batch on the node to read); the tree's does not (nft/prefix.go's paint
+// says why).
+func (a *Agent) learnLookup(t *nft.Table) {
+	l, ok := a.kernel.(IntervalLookup)
+	if !ok || a.lookupKnown || t == nil {
+		return
+	}
+	array, known := l.IntervalLookup(t)
+	if !known {
+		return
+	}
+	a.lookupKnown, a.merge = true, array
+	if array {
+		a.log.Info("the kernel's interval sets look up in an array built at each commit (its answer to a get): adjacent CIDRs of a set are joined into one element")
+	} else {
+		a.log.Info("the kernel's interval sets look up in a tree (its answer to a get): each listed CIDR keeps its own set element, so that no change moves the start of another's interval")
+	}
+}
+
 // logApplied says what a successful sync found and did.
-func (a *Agent) logApplied(now time.Time, cfg config.Config, want nft.Table, res nft.Result, took time.Duration, partial bool) {
+func (a *Agent) logApplied(now time.Time, cfg config.Config, want nft.Table, res nft.Result, took time.Duration, partial, joined bool) {
 	same := a.cfg != nil && a.cfg.Equal(cfg)
 	attrs := []any{"took", took.Round(time.Microsecond), "messages", res.Messages, "bytes", res.Bytes}
 	for _, s := range want.Sets {
 		attrs = append(attrs, s.Name, len(s.Elements))
+	}
+	if joined {
+		// Adjacent CIDRs joined in a second transaction (learnLookup):
+		// the element counts are the joined table's.
+		attrs = append(attrs, "adjacent-cidrs", "joined")
 	}
 	adopted := len(res.Plan.Ops) == 1 && res.Plan.Ops[0].Kind == nft.KindTable && res.Plan.Ops[0].Verb == nft.Update
 	switch {
@@ -351,6 +427,8 @@ func (a *Agent) logApplied(now time.Time, cfg config.Config, want nft.Table, res
 		a.log.Info("applied config", append(attrs, "created", res.Created, "recreated", res.Recreated)...)
 	case !same:
 		a.log.Info("applied new config", append(attrs, "changes", strings.Join(cfg.Diff(*a.cfg), "; "))...)
+	case a.merged != a.merge && !res.Unchanged && res.Found != nil && joinedOnly(*res.Found, *a.want):
+		a.log.Info("joined adjacent CIDRs into one set element each; no decision changed", attrs...)
 	case res.Unchanged:
 		a.log.Debug("resync: the table read back is the wanted one; nothing sent")
 	default:

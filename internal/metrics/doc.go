@@ -25,7 +25,7 @@
 //	ip_masq_agent_config_last_reload_success_timestamp_seconds          gauge      Unix time of the last good load
 //	ip_masq_agent_config_info{hash}                                     gauge      always 1; the hash of the config in force
 //	ip_masq_agent_cidrs{set,family,kind}                                gauge      CIDRs in a set; kind: masquerade, nonmasquerade
-//	ip_masq_agent_intervals{set,family,kind}                            gauge      intervals in the kernel set (one per CIDR not inside another)
+//	ip_masq_agent_intervals{set,family,kind}                            gauge      intervals in the kernel set (one per CIDR not inside another; adjacent ones joined on array-lookup kernels)
 //	ip_masq_agent_repairs_total{what}                                   counter    what: table-deleted, chain-changed, set-changed, other
 //	ip_masq_agent_rival_writer                                          gauge      1 while another process owns or keeps rewriting the table
 //	ip_masq_agent_waiting_for_owner                                     gauge      1 while another process owns the table and the agent waits

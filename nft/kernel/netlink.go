@@ -73,6 +73,7 @@ type Netlink struct {
 	change *change
 
 	lostRead *nft.Table // the last read thrown away for lost notifications only
+	lookup   int        // the kernel's interval-set lookup, once learnt (lookup.go)
 
 	// Log, if set, is told at debug level what a read of a table that is
 	// not owned read, and why: the touched parts, or the whole table.

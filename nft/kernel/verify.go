@@ -283,20 +283,8 @@ func holds(rs []netipx.IPRange, b nft.Bound) bool {
 // can still open one (a process with CAP_NET_ADMIN can crash such a kernel
 // by itself anyway); our own commits never do while we verify them.
 func getElements(conn transport, set string, bs []nft.Bound) (held []bool, plain bool, err error) {
-	if i := slices.IndexFunc(bs, func(b nft.Bound) bool { return b.End }); i >= 0 {
-		var top netip.Addr
-		if bs[i].Addr.Is4() {
-			top = netip.AddrFrom4([4]byte{255, 255, 255, 255})
-		} else {
-			top = netip.AddrFrom16([16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
-		}
-		got, found, plain, err := getBounds(conn, set, []nft.Bound{{Addr: top}})
-		if err != nil || !plain {
-			return nil, false, err
-		}
-		if open := got[0].Addr; found[0] && slices.ContainsFunc(bs, func(b nft.Bound) bool { return b.End && !b.Addr.Less(open) }) {
-			return nil, false, nil
-		}
+	if ok, err := endGetsSafe(conn, set, bs); !ok || err != nil {
+		return nil, false, err
 	}
 	got, found, plain, err := getBounds(conn, set, bs)
 	if err != nil || !plain {
@@ -307,6 +295,29 @@ func getElements(conn transport, set string, bs []nft.Bound) (held []bool, plain
 		held[i] = found[i] && got[i] == bs[i]
 	}
 	return held, true, nil
+}
+
+// endGetsSafe reports whether the interval-end gets among bs are safe to
+// send: none is at or above the start of an open interval at the top of
+// the address space, which a plain get of the top address asks for (see
+// getElements).
+func endGetsSafe(conn transport, set string, bs []nft.Bound) (bool, error) {
+	i := slices.IndexFunc(bs, func(b nft.Bound) bool { return b.End })
+	if i < 0 {
+		return true, nil
+	}
+	var top netip.Addr
+	if bs[i].Addr.Is4() {
+		top = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+	} else {
+		top = netip.AddrFrom16([16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	}
+	got, found, plain, err := getBounds(conn, set, []nft.Bound{{Addr: top}})
+	if err != nil || !plain {
+		return false, err
+	}
+	open := got[0].Addr
+	return !found[0] || !slices.ContainsFunc(bs, func(b nft.Bound) bool { return b.End && !b.Addr.Less(open) }), nil
 }
 
 // getBounds sends getElements' requests and returns each answer (found:
