@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
+	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
 )
 
 // TestIntervalLookupDuringCommit measures what the kernel's interval set
@@ -51,6 +53,16 @@ func TestIntervalLookupDuringCommit(t *testing.T) {
 	set := &nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: "probe"}, Name: "s", KeyType: nftables.TypeIPAddr, Interval: true}
 	kind := lookupKind(t, topo.NodeHandle(), "probe", "s", netip.MustParseAddr("198.51.100.0"), netip.MustParseAddr("198.51.101.0"))
 	t.Logf("this kernel's interval-set lookup, by its answer to a get: %s", kind)
+	// The agent's own question (in a table of its own) gets the same
+	// answer, and leaves no table behind.
+	k := &kernel.Netlink{NetNS: int(topo.NodeHandle())}
+	defer k.Close()
+	if array, err := k.IntervalLookup(); err != nil || array != (kind == lookupArray) {
+		t.Errorf("kernel.Netlink.IntervalLookup: array %v, %v; this test's get says %s", array, err, kind)
+	}
+	if out, err := topo.NFT("list", "tables"); err != nil || strings.Contains(out, "lookup") {
+		t.Errorf("after IntervalLookup, the tables: %v\n%s", err, out)
+	}
 	start := func(a string) nftables.SetElement { return nftables.SetElement{Key: netip.MustParseAddr(a).AsSlice()} }
 	end := func(a string) nftables.SetElement {
 		return nftables.SetElement{Key: netip.MustParseAddr(a).AsSlice(), IntervalEnd: true}
@@ -70,6 +82,10 @@ func TestIntervalLookupDuringCommit(t *testing.T) {
 			change{[]nftables.SetElement{end("198.51.102.0")}, []nftables.SetElement{end("198.51.101.0")}}, true},
 		{"only the start moved down", change{[]nftables.SetElement{start("198.51.100.0")}, []nftables.SetElement{start("198.51.99.0")}},
 			change{[]nftables.SetElement{start("198.51.99.0")}, []nftables.SetElement{start("198.51.100.0")}}, false},
+		// Joining with an adjacent interval below moves the held
+		// address's start down; a split below it moves it up.
+		{"only the start moved up", change{[]nftables.SetElement{start("198.51.100.0")}, []nftables.SetElement{start("198.51.100.5")}},
+			change{[]nftables.SetElement{start("198.51.100.5")}, []nftables.SetElement{start("198.51.100.0")}}, false},
 		{"an adjacent interval added below", change{nil, []nftables.SetElement{start("198.51.99.0"), end("198.51.100.0")}},
 			change{[]nftables.SetElement{start("198.51.99.0"), end("198.51.100.0")}, nil}, true},
 		{"an interval added above", change{nil, []nftables.SetElement{start("198.51.102.0"), end("198.51.103.0")}},

@@ -254,31 +254,47 @@ func readOriginal(chain string) (original.Rules, error) {
 
 // liveTable reads the kernel's table for a command that takes no other
 // arguments; when ok is false, code is the command's exit code.
-func liveTable(c *command, pos []string, stderr io.Writer) (t *nft.Table, merged bool, code int, ok bool) {
+func liveTable(c *command, pos []string, stderr io.Writer) (t *nft.Table, code int, ok bool) {
 	if len(pos) > 0 {
-		return nil, false, usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " ")), false
+		return nil, usageError(c, stderr, "unexpected arguments: %s", strings.Join(pos, " ")), false
 	}
-	t, merged, err := readTable()
+	t, err := readTable()
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent %s: %v\n", c.name, hint(err))
-		return nil, false, 2, false
+		return nil, 2, false
 	}
-	return t, merged, 0, true
+	return t, 0, true
 }
 
-// readTable reads the kernel's table once (nil: there is none), and says
-// whether the agent joins adjacent CIDRs on this kernel, as far as the
-// table lets the kernel say (nft.Options.MergeAdjacent).
-func readTable() (*nft.Table, bool, error) {
+// readTable reads the kernel's table once (nil: there is none).
+func readTable() (*nft.Table, error) {
 	k := &kernel.Netlink{}
 	defer k.Close()
-	t, err := k.ReadAll()
-	if err != nil {
-		return nil, false, err
-	}
-	merged, _ := k.IntervalLookup(t)
-	return t, merged, nil
+	return k.ReadAll()
 }
 
 // hint adds what an operator needs to know to the errors that need it.
 func hint(err error) error { return agent.Hint(err) }
+
+// asBuilt returns o as the agent built table t from cfg: with adjacent
+// CIDRs joined (nft.Options.MergeAdjacent; the agent joins them on a
+// kernel whose interval lookup is the array's) when that build is the
+// closer to t, so that diff and explain --live compare with the layout the
+// agent writes on this kernel, not with the other one.
+func asBuilt(t *nft.Table, cfg config.Config, o nft.Options) nft.Options {
+	j := o
+	j.MergeAdjacent = true
+	if t == nil || !nft.Build(cfg, o).HasAdjacent() {
+		return o
+	}
+	size := func(p nft.Plan) (n int) {
+		for _, op := range p.Ops {
+			n += 1 + len(op.Elements)
+		}
+		return n
+	}
+	if size(nft.DiffPlan(t, nft.Build(cfg, j))) < size(nft.DiffPlan(t, nft.Build(cfg, o))) {
+		return j
+	}
+	return o
+}

@@ -102,7 +102,7 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	table, merged, code, ok := liveTable(c, pos, stderr)
+	table, code, ok := liveTable(c, pos, stderr)
 	if !ok {
 		if cfgErr != nil {
 			fmt.Fprintf(stderr, "ip-masq-agent diff: %s\n", badConfigLine(cfgErr))
@@ -132,8 +132,7 @@ func runDiff(c *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "table inet %s missing: the agent would create it\n", nft.TableName)
 		return 1
 	}
-	r.nft.MergeAdjacent = merged // as the agent builds it on this kernel
-	p := nft.DiffPlan(table, nft.Build(cfg, r.nft))
+	p := nft.DiffPlan(table, nft.Build(cfg, asBuilt(table, cfg, r.nft)))
 	if p.Empty() {
 		if first > 0 {
 			fmt.Fprintln(stdout, "table inet "+nft.TableName+" in sync, but the original agent's rules decide first")

@@ -94,12 +94,11 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	table, merged, err := readTable()
+	table, err := readTable()
 	if err != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: %v\n", hint(err))
 		return 2
 	}
-	r.nft.MergeAdjacent = merged // the set elements named as the agent builds them here
 	orig, oerr := readOriginal("")
 	if oerr != nil {
 		fmt.Fprintf(stderr, "ip-masq-agent explain --live: cannot look for the original agent's iptables rules: %v\n", hint(oerr))
@@ -112,6 +111,10 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 	var cmp original.Comparison
 	if oerr == nil && cfgErr == nil {
 		cmp = original.Compare(orig, cfg, r.flags, r.nft)
+	}
+	built := r.nft // the options the agent built the live table with
+	if cfgErr == nil {
+		built = asBuilt(table, cfg, r.nft)
 	}
 	disagree := 0
 	for _, a := range addrs {
@@ -137,7 +140,7 @@ func runExplain(c *command, args []string, stdout, stderr io.Writer) int {
 			}
 			continue
 		}
-		want := nft.Explain(cfg, r.nft, pkt)
+		want := nft.Explain(cfg, built, pkt)
 		fmt.Fprintf(stdout, "%s\n  config: %s: %s\n  kernel: %s: %s\n", a, want.Verdict(), want.Reason, got.Verdict(), got.Reason)
 		if *via == "" && pkt.OutIf != "" && (matchesOutIf(nft.Build(cfg, r.nft)) || (table != nil && matchesOutIf(*table))) {
 			fmt.Fprintf(stdout, "  route:  leaves through %s (the node's route now)\n", pkt.OutIf)

@@ -31,7 +31,7 @@ func runList(c *command, args []string, stdout, stderr io.Writer) int {
 	if done {
 		return code
 	}
-	table, _, code, ok := liveTable(c, pos, stderr)
+	table, code, ok := liveTable(c, pos, stderr)
 	if !ok {
 		return code
 	}

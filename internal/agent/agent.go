@@ -39,11 +39,11 @@ type OriginalRules interface {
 }
 
 // IntervalLookup says whether the kernel's interval sets look up in an
-// array built at each commit, from its answer about table t
-// (kernel.Netlink has it): then adjacent CIDRs are joined
-// (nft.Options.MergeAdjacent). known: the kernel could say.
+// array built at each commit, from its answer (kernel.Netlink has it):
+// then adjacent CIDRs are joined (nft.Options.MergeAdjacent). An error:
+// the kernel could not say; asked again at the next sync.
 type IntervalLookup interface {
-	IntervalLookup(t *nft.Table) (array, known bool)
+	IntervalLookup() (array bool, err error)
 }
 
 // Options are what the agent is run with.
@@ -313,13 +313,7 @@ func (a *Agent) apply(now time.Time, cfg config.Config, partial bool) error {
 	// The node's interfaces that hold the snat addresses are looked up
 	// at every sync (only with a snat address): one that appears, moves
 	// or goes rebuilds the table.
-	if a.cfg == nil && !a.lookupKnown {
-		// A table there already (a restart) says which lookup the kernel
-		// has before the first build, which then matches it.
-		if t, _, err := a.kernel.Read(); err == nil {
-			a.learnLookup(t)
-		}
-	}
+	a.learnLookup()
 	o := a.opts.NFT
 	o.MergeAdjacent = a.merge
 	snat := nft.SNATLinks(cfg, o)
@@ -337,27 +331,6 @@ func (a *Agent) apply(now time.Time, cfg config.Config, partial bool) error {
 		a.kernelFailed(now, err, time.Since(start))
 		return err
 	}
-	joined := false
-	if !a.lookupKnown {
-		// The table just verified holds what want says: ask about it,
-		// and join now what the kernel lets us (one sync, one log line).
-		if a.learnLookup(&want); a.merge {
-			o.MergeAdjacent = true
-			if want.HasAdjacent() {
-				j := nft.Build(cfg, o)
-				if res2, err := nft.EnsureBy(a.kernel, j, a.retryBy(now)); err != nil {
-					// The table apart is in force and decides alike; the
-					// next sync joins.
-					a.logError("joining adjacent CIDRs failed; they stay apart until the next sync", err)
-					o.MergeAdjacent = false
-				} else {
-					want, joined = j, !res2.Unchanged
-					res.Messages, res.Bytes, res.Undone = res.Messages+res2.Messages, res.Bytes+res2.Bytes, res.Undone+res2.Undone
-					res.Unchanged = res.Unchanged && res2.Unchanged
-				}
-			}
-		}
-	}
 	took := time.Since(start)
 	a.adopted()
 	a.failures = 0
@@ -370,7 +343,7 @@ func (a *Agent) apply(now time.Time, cfg config.Config, partial bool) error {
 	if !partial {
 		a.lastErr = ""
 	}
-	a.logApplied(now, cfg, want, res, took, partial, joined)
+	a.logApplied(now, cfg, want, res, took, partial)
 	a.wrote(res, want)
 	a.cfg, a.want, a.snat, a.merged = &cfg, &want, snat, o.MergeAdjacent
 	a.deadline = now.Add(cfg.ResyncInterval)
@@ -385,18 +358,20 @@ func joinedOnly(found, apart nft.Table) bool {
 	return apart.Equal(found)
 }
 
-// learnLookup asks the kernel which interval-set lookup it has, about
-// table t, once it can say: the array's, built at each commit, lets the
-// sets join adjacent CIDRs into one element (fewer elements for every nft
-// batch on the node to read); the tree's does not (nft/prefix.go's paint
-// says why).
-func (a *Agent) learnLookup(t *nft.Table) {
+// learnLookup asks the kernel, until it can say, which interval-set
+// lookup it has: the array's, built at each commit, lets the sets join
+// adjacent CIDRs into one element (fewer elements for every nft batch on
+// the node to read, and for each of our commits to rebuild); the tree's
+// does not (nft/prefix.go's paint says why). Asked before a build, so
+// that the table is built once as the kernel allows.
+func (a *Agent) learnLookup() {
 	l, ok := a.kernel.(IntervalLookup)
-	if !ok || a.lookupKnown || t == nil {
+	if !ok || a.lookupKnown {
 		return
 	}
-	array, known := l.IntervalLookup(t)
-	if !known {
+	array, err := l.IntervalLookup()
+	if err != nil {
+		a.log.Debug("the kernel did not say which interval-set lookup it has; adjacent CIDRs stay apart", "err", err)
 		return
 	}
 	a.lookupKnown, a.merge = true, array
@@ -408,16 +383,11 @@ func (a *Agent) learnLookup(t *nft.Table) {
 }
 
 // logApplied says what a successful sync found and did.
-func (a *Agent) logApplied(now time.Time, cfg config.Config, want nft.Table, res nft.Result, took time.Duration, partial, joined bool) {
+func (a *Agent) logApplied(now time.Time, cfg config.Config, want nft.Table, res nft.Result, took time.Duration, partial bool) {
 	same := a.cfg != nil && a.cfg.Equal(cfg)
 	attrs := []any{"took", took.Round(time.Microsecond), "messages", res.Messages, "bytes", res.Bytes}
 	for _, s := range want.Sets {
 		attrs = append(attrs, s.Name, len(s.Elements))
-	}
-	if joined {
-		// Adjacent CIDRs joined in a second transaction (learnLookup):
-		// the element counts are the joined table's.
-		attrs = append(attrs, "adjacent-cidrs", "joined")
 	}
 	adopted := len(res.Plan.Ops) == 1 && res.Plan.Ops[0].Kind == nft.KindTable && res.Plan.Ops[0].Verb == nft.Update
 	switch {

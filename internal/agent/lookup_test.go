@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -13,58 +14,63 @@ import (
 )
 
 // lookupKernel is the fake kernel with an interval-set lookup: the
-// array's (array) or the tree's. Like kernel.Netlink it can say only
-// about a table with an element.
+// array's (array) or the tree's; until it answers (unknownFor: that many
+// asks fail), it cannot say.
 type lookupKernel struct {
 	*nft.Fake
-	array bool
-	asked int
+	array      bool
+	unknownFor int
+	asked      int
 }
 
-func (k *lookupKernel) IntervalLookup(t *nft.Table) (bool, bool) {
+func (k *lookupKernel) IntervalLookup() (bool, error) {
 	k.asked++
-	if t == nil {
-		return false, false
+	if k.asked <= k.unknownFor {
+		return false, errors.New("no answer")
 	}
-	for _, s := range t.Sets {
-		if len(s.Elements) > 0 {
-			return k.array, true
-		}
-	}
-	return false, false
+	return k.array, nil
 }
 
 // On a kernel whose lookup is the array's the agent joins adjacent CIDRs
-// in its first sync, right after its first apply (one more transaction,
-// which changes no decision; the sync's one log line says
-// adjacent-cidrs=joined); on the tree's it keeps them apart. A resync
-// then sends nothing, and a restart takes the table over unchanged.
+// from its first build; on the tree's it keeps them apart. A resync then
+// sends nothing, and a restart takes the table over unchanged. A kernel
+// that could not say at first is asked again at the next sync, which then
+// joins (logged as such, no decision changed).
 func TestJoinsAdjacentOnArrayLookup(t *testing.T) {
 	const yaml = "nonMasqueradeCIDRs: [10.0.0.0/24, 10.0.1.0/24, 192.0.2.0/24]\n"
-	for _, array := range []bool{true, false} {
-		t.Run(map[bool]string{true: "array", false: "tree"}[array], func(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		array      bool
+		unknownFor int
+	}{{"array", true, 0}, {"tree", false, 0}, {"array, said late", true, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, nil)
-			k := &lookupKernel{Fake: h.fake, array: array}
+			k := &lookupKernel{Fake: h.fake, array: tc.array, unknownFor: tc.unknownFor}
 			h.a.kernel = k
 			h.write(yaml)
-			if err := h.a.Sync(time.Now()); err != nil {
-				t.Fatal(err)
-			}
 			cfg, _, err := config.Parse([]byte(yaml), h.a.opts.Flags)
 			if err != nil {
 				t.Fatal(err)
 			}
 			o := h.a.opts.NFT
-			o.MergeAdjacent = array
+			o.MergeAdjacent = tc.array
 			want := nft.Build(cfg, o)
 			want.Owner, want.Persist = nft.OwnedByUs, true
-			h.holds(want, "after the first sync")
-			if n := len(want.Set(nft.SetNonMasqV4).Elements); array && n != 3 || !array && n != 4 {
+			if n := len(want.Set(nft.SetNonMasqV4).Elements); tc.array && n != 3 || !tc.array && n != 4 {
 				t.Fatalf("%d elements in %s", n, nft.SetNonMasqV4)
 			}
-			if joined := strings.Contains(h.logs.String(), "adjacent-cidrs=joined"); joined != array {
-				t.Errorf("joined logged: %v; want %v:\n%s", joined, array, h.logs)
+			if err := h.a.Sync(time.Now()); err != nil {
+				t.Fatal(err)
 			}
+			if tc.unknownFor > 0 {
+				if err := h.a.Sync(time.Now()); err != nil {
+					t.Fatal(err)
+				}
+				if !strings.Contains(h.logs.String(), "joined adjacent CIDRs into one set element each; no decision changed") {
+					t.Errorf("the late join was not logged:\n%s", h.logs)
+				}
+			}
+			h.holds(want, "after the first syncs")
 			sent := h.sent()
 			if err := h.a.Sync(time.Now()); err != nil {
 				t.Fatal(err)
@@ -72,8 +78,11 @@ func TestJoinsAdjacentOnArrayLookup(t *testing.T) {
 			if h.sent() != sent {
 				t.Errorf("a resync sent %v", h.fake.Sent()[sent:])
 			}
-			// A restart: the table there says which lookup, before the build.
-			k2 := &lookupKernel{Fake: h.fake, array: array}
+			if k.asked != tc.unknownFor+1 {
+				t.Errorf("the kernel was asked %d times, want %d", k.asked, tc.unknownFor+1)
+			}
+			// A restart builds as the kernel allows before its first write.
+			k2 := &lookupKernel{Fake: h.fake, array: tc.array}
 			a2 := New(h.a.opts, k2, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New("test", nil))
 			if err := a2.Sync(time.Now()); err != nil {
 				t.Fatal(err)

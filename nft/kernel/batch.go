@@ -217,9 +217,14 @@ func elementsMessage(verb nft.Verb, set string, bs []nft.Bound) netlink.Message 
 // elementsPayload is the payload of an element message: the set's
 // elements bs.
 func elementsPayload(set string, bs []nft.Bound) []byte {
+	return elementsPayloadIn(nft.TableName, set, bs)
+}
+
+// elementsPayloadIn is elementsPayload for a set of table inet tbl.
+func elementsPayloadIn(tbl, set string, bs []nft.Bound) []byte {
 	// An element takes at most 36 bytes (an IPv6 key with its flag).
-	b := append(make([]byte, 0, 64+len(set)+36*len(bs)), nfgenmsg(unix.NFPROTO_INET, 0)...)
-	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_TABLE, cstring(nft.TableName))
+	b := append(make([]byte, 0, 64+len(tbl)+len(set)+36*len(bs)), nfgenmsg(unix.NFPROTO_INET, 0)...)
+	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_TABLE, cstring(tbl))
 	b = appendAttr(b, unix.NFTA_SET_ELEM_LIST_SET, cstring(set))
 	list := len(b)
 	b = appendAttr(b, unix.NLA_F_NESTED|unix.NFTA_SET_ELEM_LIST_ELEMENTS, nil)

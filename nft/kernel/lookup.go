@@ -1,7 +1,16 @@
 package kernel
 
 import (
-	"go4.org/netipx"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"strconv"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
@@ -21,66 +30,74 @@ const (
 	lookupArray
 )
 
+// lookupTable is the prefix of IntervalLookup's tables; a random suffix
+// each time, as the probe's (probeTable).
+const lookupTable = nft.TableName + "-lookup-"
+
+// lookupInterval is the one interval of IntervalLookup's set.
+var lookupInterval = [2]nft.Bound{{Addr: netip.MustParseAddr("192.0.2.0")}, {Addr: netip.MustParseAddr("192.0.3.0"), End: true}}
+
 // IntervalLookup says whether the kernel's interval sets look up in an
-// array built at each commit (array), from its answer to one get on
-// table t, as this Netlink last read or wrote it: the start of an
-// isolated interval of one of t's address sets, asked with the
-// interval-end flag. The tree's get answers with the start element itself
-// (an exact key match, whatever the flag), the array's with the end
-// element of the interval that holds the key. known is false when t has
-// no such interval, or the answer is neither (the set is not t's); once
-// known, the answer is kept (a kernel does not change under a process).
-func (n *Netlink) IntervalLookup(t *nft.Table) (array, known bool) {
+// array built at each commit, from the kernel's answer, once (a kernel does
+// not change under a process). In a table of its own, owned by a socket of
+// its own (so that no other process can change it, and gone with that
+// socket), one set holds one interval, 192.0.2.0/24; a get of its start
+// with the interval-end flag then tells: the tree's get answers with the
+// start element itself (an exact key match, whatever the flag), the
+// array's with the end element of the interval that holds the key. The
+// table is deleted before it returns. A kernel that refuses an owned table
+// is older than 5.12, so has the tree's (the array came with 7.0, 6.18.14
+// and 6.19.4). An error: the kernel could not say (the agent then keeps
+// adjacent CIDRs apart, which is right on either).
+func (n *Netlink) IntervalLookup() (array bool, err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.lookup != lookupUnknown || t == nil {
-		return n.lookup == lookupArray, n.lookup != lookupUnknown
+	if n.lookup != lookupUnknown {
+		return n.lookup == lookupArray, nil
 	}
-	set, r, ok := isolatedInterval(t)
-	if !ok {
-		return false, false
-	}
-	conn, err := n.reader()
+	conn, err := dial(n.NetNS)
 	if err != nil {
-		return false, false
+		return false, err
 	}
-	ask := []nft.Bound{{Addr: r.From(), End: true}}
-	if ok, err := endGetsSafe(conn, set, ask); !ok || err != nil {
-		return false, false
+	defer conn.Close() // the owned table goes with it, if the deletion below failed
+	name := lookupTable + strconv.FormatUint(rand.Uint64(), 36)
+	b := &batch{}
+	cc, _ := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+		if req == nil {
+			return []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}, nil
+		}
+		b.msgs = append(b.msgs, req[1:len(req)-1]...)
+		return nil, nil
+	}))
+	cc.AddSet(&nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: name}, Name: "s", KeyType: nftables.TypeIPAddr, Interval: true, KeyByteOrder: binaryutil.BigEndian}, nil)
+	if err := cc.Flush(); err != nil {
+		return false, err
 	}
-	got, found, plain, err := getBounds(conn, set, ask)
+	b.msgs = append([]netlink.Message{tableMsg(unix.NFT_MSG_NEWTABLE, name, netlink.Create|netlink.Excl, tableFlagOwner)}, b.msgs...)
+	b.msgs = append(b.msgs, rawMessage(unix.NFT_MSG_NEWSETELEM, netlink.Request|netlink.Create, elementsPayloadIn(name, "s", lookupInterval[:])))
+	b.op = make([]int, len(b.msgs))
+	failed, err := b.send(conn, 0)
+	if failed == 0 && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP)) {
+		n.lookup = lookupTree // no owned tables: before 5.12
+		n.debug("the kernel refuses an owned table: its interval-set lookup is the tree's", "err", err)
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("create table inet %s: %w", name, err)
+	}
+	defer (&batch{msgs: []netlink.Message{tableMsg(unix.NFT_MSG_DELTABLE, name, 0, 0)}, op: []int{0}}).send(conn, 0)
+	got, found, plain, err := getBoundsIn(conn, name, "s", []nft.Bound{{Addr: lookupInterval[0].Addr, End: true}})
 	if err != nil || !plain || !found[0] {
-		return false, false
+		return false, fmt.Errorf("get element %s of table inet %s: answer %v, %v", lookupInterval[0].Addr, name, got, err)
 	}
 	switch got[0] {
-	case nft.Bound{Addr: r.From()}:
+	case lookupInterval[0]:
 		n.lookup = lookupTree
-	case nft.Bound{Addr: r.To().Next(), End: true}:
+	case lookupInterval[1]:
 		n.lookup = lookupArray
 	default:
-		return false, false
+		return false, fmt.Errorf("get element %s of table inet %s with the interval-end flag: answer %v, neither lookup's", lookupInterval[0].Addr, name, got[0])
 	}
-	n.debug("learnt the kernel's interval-set lookup from its answer to a get", "set", set, "asked", r.From(), "answer", got[0].Addr, "array", n.lookup == lookupArray)
-	return n.lookup == lookupArray, true
-}
-
-// isolatedInterval returns an element of one of t's address sets that ends
-// below the top of the address space and touches no other: the one
-// interval that holds its start, whichever lookup asks.
-func isolatedInterval(t *nft.Table) (string, netipx.IPRange, bool) {
-	for _, s := range t.Sets {
-		if s.Key == nft.KeyIfname || s.Odd != "" {
-			continue
-		}
-		for i, r := range s.Elements {
-			end := r.To().Next()
-			if !end.IsValid() ||
-				i > 0 && s.Elements[i-1].To().Next() == r.From() ||
-				i+1 < len(s.Elements) && s.Elements[i+1].From() == end {
-				continue
-			}
-			return s.Name, r, true
-		}
-	}
-	return "", netipx.IPRange{}, false
+	n.debug("learnt the kernel's interval-set lookup from its answer to a get", "answer", got[0].Addr, "array", n.lookup == lookupArray)
+	return n.lookup == lookupArray, nil
 }

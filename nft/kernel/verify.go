@@ -323,11 +323,16 @@ func endGetsSafe(conn transport, set string, bs []nft.Bound) (bool, error) {
 // getBounds sends getElements' requests and returns each answer (found:
 // the kernel answered with an element).
 func getBounds(conn transport, set string, bs []nft.Bound) (got []nft.Bound, found []bool, plain bool, err error) {
+	return getBoundsIn(conn, nft.TableName, set, bs)
+}
+
+// getBoundsIn is getBounds for a set of table inet tbl.
+func getBoundsIn(conn transport, tbl, set string, bs []nft.Bound) (got []nft.Bound, found []bool, plain bool, err error) {
 	seq := rand.Uint32()>>1 + 1
 	msgs := make([]netlink.Message, len(bs))
 	size := 0
 	for i, b := range bs {
-		msgs[i] = rawMessage(unix.NFT_MSG_GETSETELEM, netlink.Request|netlink.Acknowledge, elementsPayload(set, []nft.Bound{b}))
+		msgs[i] = rawMessage(unix.NFT_MSG_GETSETELEM, netlink.Request|netlink.Acknowledge, elementsPayloadIn(tbl, set, []nft.Bound{b}))
 		msgs[i].Header.Sequence = seq + uint32(i)
 		size += unix.NLMSG_HDRLEN + len(msgs[i].Data) + 4
 	}

@@ -431,11 +431,23 @@ func TestNoEndGetInOpenInterval(t *testing.T) {
 	if g.gets-gets != 1 {
 		t.Errorf("%d gets for an end in the open interval; want 1 (the top address)", g.gets-gets)
 	}
-	// And Ensure of a change that swallows a range verifies without one.
+	// And Ensure of a change that swallows a range verifies without one:
+	// its reads, too, through a guard (once the open interval is back).
 	if _, err := nft.Ensure(n, withCIDRs("198.51.100.0/24", "250.0.0.0/8")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := nft.Ensure(n, withCIDRs("198.51.100.0/24", "240.0.0.0/4")); err != nil {
+	rc, err := dial(n.NetNS)
+	if err != nil {
 		t.Fatal(err)
+	}
+	rg := &endGetGuard{Conn: rc, open: netip.MustParseAddr("240.0.0.0")}
+	n.mu.Lock()
+	if n.rconn != nil {
+		n.rconn.Close()
+	}
+	n.rconn = rg
+	n.mu.Unlock()
+	if _, err := nft.Ensure(n, withCIDRs("198.51.100.0/24", "240.0.0.0/4")); err != nil || rg.refused > 0 {
+		t.Fatalf("the change that swallows 250.0.0.0/8: %v (%d interval-end gets in the open interval)", err, rg.refused)
 	}
 }
