@@ -51,7 +51,7 @@ func TestAdjacentSetsKernel(t *testing.T) {
 	if got := setElements(t, listed, nft.SetNonMasqV4); !slices.Equal(got, want1) {
 		t.Errorf("nft lists %s: %q, want %q (array lookup: %v)\n%s", nft.SetNonMasqV4, got, want1, array, listed)
 	}
-	// A restart reads the table first, so builds it as it is: no change.
+	// A restart asks the kernel first, so builds the table as it is: no change.
 	if out, err := runAgent(t, topo, "--once", "--config", writeConfig(t, cfg)); err != nil || !strings.Contains(out, "without changing its contents") {
 		t.Errorf("a second --once changed the table: %v\n%s", err, out)
 	}

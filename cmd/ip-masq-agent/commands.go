@@ -280,12 +280,14 @@ func hint(err error) error { return agent.Hint(err) }
 // CIDRs joined (nft.Options.MergeAdjacent; the agent joins them on a
 // kernel whose interval lookup is the array's) when that build is the
 // closer to t, so that diff and explain --live compare with the layout the
-// agent writes on this kernel, not with the other one.
+// agent writes on this kernel, not with the other one. A table out of sync
+// may be closer to the other layout than the agent's: then diff shows the
+// changes in that layout (the same decisions).
 func asBuilt(t *nft.Table, cfg config.Config, o nft.Options) nft.Options {
 	j := o
 	j.MergeAdjacent = true
-	if t == nil || !nft.Build(cfg, o).HasAdjacent() {
-		return o
+	if t == nil || t.HasAdjacent() || !nft.Build(cfg, o).HasAdjacent() {
+		return o // the agent never writes adjacent ranges joined; or nothing to join
 	}
 	size := func(p nft.Plan) (n int) {
 		for _, op := range p.Ops {

@@ -91,6 +91,8 @@ type Agent struct {
 	rival          time.Duration  // the current back-off against a rival writer; 0: none
 	waiting        bool           // another process owns the table (logged once)
 	lookupKnown    bool           // the kernel said which interval lookup it has
+	lookupFailed   bool           // it did not answer once (logged)
+	askLookup      bool           // it did not answer, and the config has adjacent CIDRs: ask at the next sync
 	merge          bool           // and it is the array's: adjacent CIDRs are joined
 	merged         bool           // want was built so
 
@@ -313,17 +315,28 @@ func (a *Agent) apply(now time.Time, cfg config.Config, partial bool) error {
 	// The node's interfaces that hold the snat addresses are looked up
 	// at every sync (only with a snat address): one that appears, moves
 	// or goes rebuilds the table.
-	a.learnLookup()
 	o := a.opts.NFT
 	o.MergeAdjacent = a.merge
 	snat := nft.SNATLinks(cfg, o)
-	same := a.cfg != nil && a.cfg.Equal(cfg) && slices.Equal(snat, a.snat) && a.merged == o.MergeAdjacent
+	same := a.cfg != nil && a.cfg.Equal(cfg) && slices.Equal(snat, a.snat) && a.merged == o.MergeAdjacent && !a.askLookup
 	a.warnSNAT(cfg, snat)
 	var want nft.Table
 	if same {
 		want = *a.want
 	} else {
 		want = nft.Build(cfg, o)
+		// Which interval lookup the kernel has matters only when there
+		// is something to join: asked then (a table of its own, two
+		// commits), and again at each sync until the kernel answers.
+		if a.askLookup = !a.lookupKnown && want.HasAdjacent(); a.askLookup {
+			if a.learnLookup(); a.lookupKnown {
+				a.askLookup = false
+				if a.merge {
+					o.MergeAdjacent = true
+					want = nft.Build(cfg, o)
+				}
+			}
+		}
 	}
 	start := time.Now()
 	res, err := nft.EnsureBy(a.kernel, want, a.retryBy(now))
@@ -343,8 +356,14 @@ func (a *Agent) apply(now time.Time, cfg config.Config, partial bool) error {
 	if !partial {
 		a.lastErr = ""
 	}
-	a.logApplied(now, cfg, want, res, took, partial)
-	a.wrote(res, want)
+	// A join alone (the kernel said late that it allows it) changes no
+	// decision: no conntrack cleanup.
+	joined := !same && a.cfg != nil && a.cfg.Equal(cfg) && a.merged != o.MergeAdjacent && !res.Unchanged &&
+		res.Found != nil && joinedOnly(*res.Found, *a.want)
+	a.logApplied(now, cfg, want, res, took, partial, joined)
+	if !joined {
+		a.wrote(res, want)
+	}
 	a.cfg, a.want, a.snat, a.merged = &cfg, &want, snat, o.MergeAdjacent
 	a.deadline = now.Add(cfg.ResyncInterval)
 	return nil
@@ -362,8 +381,9 @@ func joinedOnly(found, apart nft.Table) bool {
 // lookup it has: the array's, built at each commit, lets the sets join
 // adjacent CIDRs into one element (fewer elements for every nft batch on
 // the node to read, and for each of our commits to rebuild); the tree's
-// does not (nft/prefix.go's paint says why). Asked before a build, so
-// that the table is built once as the kernel allows.
+// does not (nft/prefix.go's paint says why). Asked before a table with
+// adjacent CIDRs is written, so that it is written once as the kernel
+// allows.
 func (a *Agent) learnLookup() {
 	l, ok := a.kernel.(IntervalLookup)
 	if !ok || a.lookupKnown {
@@ -371,7 +391,12 @@ func (a *Agent) learnLookup() {
 	}
 	array, err := l.IntervalLookup()
 	if err != nil {
-		a.log.Debug("the kernel did not say which interval-set lookup it has; adjacent CIDRs stay apart", "err", err)
+		// Asked again at the next sync (a socket, a table created and
+		// deleted); said once.
+		if !a.lookupFailed {
+			a.lookupFailed = true
+			a.log.Info("the kernel did not say which interval-set lookup it has; adjacent CIDRs stay apart, asked again at each sync", "err", err)
+		}
 		return
 	}
 	a.lookupKnown, a.merge = true, array
@@ -383,7 +408,7 @@ func (a *Agent) learnLookup() {
 }
 
 // logApplied says what a successful sync found and did.
-func (a *Agent) logApplied(now time.Time, cfg config.Config, want nft.Table, res nft.Result, took time.Duration, partial bool) {
+func (a *Agent) logApplied(now time.Time, cfg config.Config, want nft.Table, res nft.Result, took time.Duration, partial, joined bool) {
 	same := a.cfg != nil && a.cfg.Equal(cfg)
 	attrs := []any{"took", took.Round(time.Microsecond), "messages", res.Messages, "bytes", res.Bytes}
 	for _, s := range want.Sets {
@@ -397,7 +422,7 @@ func (a *Agent) logApplied(now time.Time, cfg config.Config, want nft.Table, res
 		a.log.Info("applied config", append(attrs, "created", res.Created, "recreated", res.Recreated)...)
 	case !same:
 		a.log.Info("applied new config", append(attrs, "changes", strings.Join(cfg.Diff(*a.cfg), "; "))...)
-	case a.merged != a.merge && !res.Unchanged && res.Found != nil && joinedOnly(*res.Found, *a.want):
+	case joined:
 		a.log.Info("joined adjacent CIDRs into one set element each; no decision changed", attrs...)
 	case res.Unchanged:
 		a.log.Debug("resync: the table read back is the wanted one; nothing sent")

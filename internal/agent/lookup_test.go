@@ -69,6 +69,9 @@ func TestJoinsAdjacentOnArrayLookup(t *testing.T) {
 				if !strings.Contains(h.logs.String(), "joined adjacent CIDRs into one set element each; no decision changed") {
 					t.Errorf("the late join was not logged:\n%s", h.logs)
 				}
+				if len(h.applied) != 1 {
+					t.Errorf("the conntrack cleanup ran %d times; want once (the first apply; a join changes no decision)", len(h.applied))
+				}
 			}
 			h.holds(want, "after the first syncs")
 			sent := h.sent()
@@ -96,5 +99,30 @@ func TestJoinsAdjacentOnArrayLookup(t *testing.T) {
 			}
 			h.holds(want, "after a restart")
 		})
+	}
+}
+
+// A config with no adjacent CIDRs has nothing to join: the kernel is not
+// asked (its question commits a table of its own twice).
+func TestNoLookupWithoutAdjacent(t *testing.T) {
+	h := newHarness(t, nil)
+	k := &lookupKernel{Fake: h.fake, array: true}
+	h.a.kernel = k
+	h.write("nonMasqueradeCIDRs: [10.0.0.0/24, 10.0.2.0/24]\n")
+	for range 2 {
+		if err := h.a.Sync(time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if k.asked != 0 {
+		t.Errorf("the kernel was asked %d times", k.asked)
+	}
+	// Then a config with some: asked once, and joined from its first write.
+	h.write("nonMasqueradeCIDRs: [10.0.0.0/24, 10.0.1.0/24]\n")
+	if err := h.a.Sync(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if k.asked != 1 || len(h.fake.Table().Set(nft.SetNonMasqV4).Elements) != 2 {
+		t.Errorf("asked %d times; %s holds %v", k.asked, nft.SetNonMasqV4, h.fake.Table().Set(nft.SetNonMasqV4).Elements)
 	}
 }

@@ -131,7 +131,7 @@ func New(version string, readCounters func() ([]RuleCounter, error)) *Agent {
 		intervals: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "intervals",
-			Help:      "Intervals in the kernel's set: one per CIDR not inside another (adjacent ones joined where the kernel's interval lookup is the array's, Linux 7.0 and 6.18.14 on), by set, family and kind.",
+			Help:      "Intervals in the kernel's set: one per CIDR not inside another (adjacent ones joined where the kernel's interval lookup is the array's: Linux 7.0, 6.18.14, 6.19.4 and later), by set, family and kind.",
 		}, []string{"set", "family", "kind"}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace,

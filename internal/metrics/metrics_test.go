@@ -113,7 +113,7 @@ ip_masq_agent_config_loads_total{result="success"} 2
 # TYPE ip_masq_agent_cidrs gauge
 ip_masq_agent_cidrs{family="ipv4",kind="nonmasquerade",set="nonmasq4"} 10
 ip_masq_agent_cidrs{family="ipv6",kind="masquerade",set="masq6"} 2
-# HELP ip_masq_agent_intervals Intervals in the kernel's set: one per CIDR not inside another (adjacent ones joined where the kernel's interval lookup is the array's, Linux 7.0 and 6.18.14 on), by set, family and kind.
+# HELP ip_masq_agent_intervals Intervals in the kernel's set: one per CIDR not inside another (adjacent ones joined where the kernel's interval lookup is the array's: Linux 7.0, 6.18.14, 6.19.4 and later), by set, family and kind.
 # TYPE ip_masq_agent_intervals gauge
 ip_masq_agent_intervals{family="ipv4",kind="nonmasquerade",set="nonmasq4"} 8
 ip_masq_agent_intervals{family="ipv6",kind="masquerade",set="masq6"} 1

@@ -47,8 +47,9 @@ var lookupInterval = [2]nft.Bound{{Addr: netip.MustParseAddr("192.0.2.0")}, {Add
 // array's with the end element of the interval that holds the key. The
 // table is deleted before it returns. A kernel that refuses an owned table
 // is older than 5.12, so has the tree's (the array came with 7.0, 6.18.14
-// and 6.19.4). An error: the kernel could not say (the agent then keeps
-// adjacent CIDRs apart, which is right on either).
+// and 6.19.4), and so has one that answers otherwise. An error: the kernel
+// did not answer (the agent then keeps adjacent CIDRs apart, which is right
+// on either, and asks again at its next sync).
 func (n *Netlink) IntervalLookup() (array bool, err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -87,17 +88,17 @@ func (n *Netlink) IntervalLookup() (array bool, err error) {
 	}
 	defer (&batch{msgs: []netlink.Message{tableMsg(unix.NFT_MSG_DELTABLE, name, 0, 0)}, op: []int{0}}).send(conn, 0)
 	got, found, plain, err := getBoundsIn(conn, name, "s", []nft.Bound{{Addr: lookupInterval[0].Addr, End: true}})
-	if err != nil || !plain || !found[0] {
-		return false, fmt.Errorf("get element %s of table inet %s: answer %v, %v", lookupInterval[0].Addr, name, got, err)
+	if err != nil {
+		return false, fmt.Errorf("get element %s of table inet %s: %w", lookupInterval[0].Addr, name, err)
 	}
-	switch got[0] {
-	case lookupInterval[0]:
-		n.lookup = lookupTree
-	case lookupInterval[1]:
+	// Any answer but the array's is taken for the tree's, for good: adjacent
+	// CIDRs apart are right on either lookup. (The get changed with the
+	// lookup, in one series: "use binary search array in get command"
+	// needs the array.)
+	n.lookup = lookupTree
+	if plain && found[0] && got[0] == lookupInterval[1] {
 		n.lookup = lookupArray
-	default:
-		return false, fmt.Errorf("get element %s of table inet %s with the interval-end flag: answer %v, neither lookup's", lookupInterval[0].Addr, name, got[0])
 	}
-	n.debug("learnt the kernel's interval-set lookup from its answer to a get", "answer", got[0].Addr, "array", n.lookup == lookupArray)
+	n.debug("learnt the kernel's interval-set lookup from its answer to a get", "answer", got[0], "found", found[0], "array", n.lookup == lookupArray)
 	return n.lookup == lookupArray, nil
 }
