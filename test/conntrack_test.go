@@ -20,6 +20,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft/kernel"
+	"github.com/vishvananda/netns"
 )
 
 // Bounds of the conntrack tests: a stream sends one datagram every
@@ -155,6 +156,35 @@ func (s *udpStream) waitFor(t *testing.T, addr netip.Addr) netip.AddrPort {
 	}
 }
 
+// waitForAfterCleanup is waitFor after CleanupMarked deleted the stream's
+// entry (res), doing what the daemon does after it: each answer that still
+// shows another source may be the flow's datagram matching an entry that
+// the server's reply, in flight at the deletion, made the other way round
+// (conntrack.md), so CleanupReplies looks again.
+func (s *udpStream) waitForAfterCleanup(t *testing.T, ns netns.NsHandle, addr netip.Addr, res conntrack.Result) netip.AddrPort {
+	t.Helper()
+	timeout := time.After(seenBound)
+	var last []netip.AddrPort
+	for {
+		select {
+		case ap := <-s.seen:
+			if ap.Addr() == addr {
+				return ap
+			}
+			if last = append(last, ap); len(last) > 5 {
+				last = last[1:]
+			}
+			if r, err := conntrack.CleanupReplies(ns, res); err != nil {
+				t.Fatalf("CleanupReplies: %v", err)
+			} else if r.Deleted > 0 {
+				t.Logf("CleanupReplies: %s", r)
+			}
+		case <-timeout:
+			t.Fatalf("the stream to %s never showed source %s within %s; last answers %v%s", s.dst, addr, seenBound, last, s.senderState())
+		}
+	}
+}
+
 // expectOnly drops the answers already received and checks that the next
 // n all show source want (address and port: the same conntrack entry).
 func (s *udpStream) expectOnly(t *testing.T, want netip.AddrPort, n int) {
@@ -255,7 +285,7 @@ func TestConntrackUDPStream(t *testing.T) {
 			if tc.masqBefore == tc.wantMasqAfter {
 				s.expectOnly(t, before, 20) // 1 s of datagrams: still the old entry
 			} else {
-				s.waitFor(t, source(tc.wantMasqAfter))
+				s.waitForAfterCleanup(t, topo.NodeHandle(), source(tc.wantMasqAfter), res)
 			}
 			s.close()
 		})
