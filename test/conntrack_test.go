@@ -139,6 +139,13 @@ func (s *udpStream) close() {
 // after seenBound.
 func (s *udpStream) waitFor(t *testing.T, addr netip.Addr) netip.AddrPort {
 	t.Helper()
+	return s.waitForOr(t, addr, nil)
+}
+
+// waitForOr is waitFor, calling other after each answer that shows
+// another source.
+func (s *udpStream) waitForOr(t *testing.T, addr netip.Addr, other func()) netip.AddrPort {
+	t.Helper()
 	timeout := time.After(seenBound)
 	var last []netip.AddrPort
 	for {
@@ -149,6 +156,9 @@ func (s *udpStream) waitFor(t *testing.T, addr netip.Addr) netip.AddrPort {
 			}
 			if last = append(last, ap); len(last) > 5 {
 				last = last[1:]
+			}
+			if other != nil {
+				other()
 			}
 		case <-timeout:
 			t.Fatalf("the stream to %s never showed source %s within %s; last answers %v%s", s.dst, addr, seenBound, last, s.senderState())
@@ -163,26 +173,13 @@ func (s *udpStream) waitFor(t *testing.T, addr netip.Addr) netip.AddrPort {
 // (conntrack.md), so CleanupReplies looks again.
 func (s *udpStream) waitForAfterCleanup(t *testing.T, ns netns.NsHandle, addr netip.Addr, res conntrack.Result) netip.AddrPort {
 	t.Helper()
-	timeout := time.After(seenBound)
-	var last []netip.AddrPort
-	for {
-		select {
-		case ap := <-s.seen:
-			if ap.Addr() == addr {
-				return ap
-			}
-			if last = append(last, ap); len(last) > 5 {
-				last = last[1:]
-			}
-			if r, err := conntrack.CleanupReplies(ns, res); err != nil {
-				t.Fatalf("CleanupReplies: %v", err)
-			} else if r.Deleted > 0 {
-				t.Logf("CleanupReplies: %s", r)
-			}
-		case <-timeout:
-			t.Fatalf("the stream to %s never showed source %s within %s; last answers %v%s", s.dst, addr, seenBound, last, s.senderState())
+	return s.waitForOr(t, addr, func() {
+		if r, err := conntrack.CleanupReplies(ns, res); err != nil {
+			t.Fatalf("CleanupReplies: %v", err)
+		} else if r.Deleted > 0 {
+			t.Logf("CleanupReplies: %s", r)
 		}
-	}
+	})
 }
 
 // expectOnly drops the answers already received and checks that the next
