@@ -44,14 +44,7 @@ const elementsPerMessage = 512
 // encode turns a plan into the messages of one transaction.
 func encode(p nft.Plan) (*batch, error) {
 	b := &batch{}
-	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
-	b.cc, _ = nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
-		if req == nil { // Flush waiting for an ack
-			return ack, nil
-		}
-		b.msgs = append(b.msgs, req[1:len(req)-1]...) // without its batch begin and end
-		return nil, nil
-	}))
+	b.cc = b.recorder()
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: nft.TableName}
 	b.bounds = sentBounds(p)
 	for i, op := range p.Ops {
@@ -67,6 +60,21 @@ func encode(p nft.Plan) (*batch, error) {
 		}
 	}
 	return b, nil
+}
+
+// recorder is a google/nftables connection that dials nothing: each Flush
+// appends the messages it would send to b.msgs, without their batch begin
+// and end, and is acked.
+func (b *batch) recorder() *nftables.Conn {
+	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
+	cc, _ := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+		if req == nil { // Flush waiting for an ack
+			return ack, nil
+		}
+		b.msgs = append(b.msgs, req[1:len(req)-1]...)
+		return nil, nil
+	}))
+	return cc
 }
 
 // setKeyTypes are the kernel's data types of the model's set keys.

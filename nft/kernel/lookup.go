@@ -63,13 +63,7 @@ func (n *Netlink) IntervalLookup() (array bool, err error) {
 	defer conn.Close() // the owned table goes with it, if the deletion below failed
 	name := lookupTable + strconv.FormatUint(rand.Uint64(), 36)
 	b := &batch{}
-	cc, _ := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
-		if req == nil {
-			return []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}, nil
-		}
-		b.msgs = append(b.msgs, req[1:len(req)-1]...)
-		return nil, nil
-	}))
+	cc := b.recorder()
 	cc.AddSet(&nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: name}, Name: "s", KeyType: nftables.TypeIPAddr, Interval: true, KeyByteOrder: binaryutil.BigEndian}, nil)
 	if err := cc.Flush(); err != nil {
 		return false, err

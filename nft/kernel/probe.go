@@ -252,14 +252,7 @@ const (
 // table's, then the sentinel.
 func probeBatch(name string, owned bool, o nft.Options) (*batch, error) {
 	b := &batch{}
-	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
-	cc, _ := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
-		if req == nil {
-			return ack, nil
-		}
-		b.msgs = append(b.msgs, req[1:len(req)-1]...)
-		return nil, nil
-	}))
+	cc := b.recorder()
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: name}
 	for i, f := range features {
 		if f.needs != nil && !f.needs(o) {
