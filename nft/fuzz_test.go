@@ -28,7 +28,9 @@ import (
 //   - every set holds one range per normalized prefix: masked, sorted, of the set's family,
 //     pairwise disjoint, and covering exactly what the config listed;
 //   - every rule encodes to a netlink message, the table renders, and
-//     the plan that creates it makes it.
+//     the plan that creates it makes it;
+//   - built with MergeAdjacent, each set covers the same addresses with
+//     no two ranges touching, and decides as the model does.
 //
 // The seed corpus is in testdata/fuzz/FuzzBuild; `make fuzz-ci` runs it for
 // a fixed time, `go test` runs the seeds.
@@ -81,12 +83,26 @@ func FuzzBuild(f *testing.F) {
 		h := fnv.New64a()
 		h.Write(data)
 		rng := rand.New(rand.NewPCG(h.Sum64(), uint64(len(data))))
+		// Joined (MergeAdjacent: the layout on a kernel whose interval
+		// lookup is the array's): the same addresses in each set, no two
+		// ranges touching, made by its create plan, the same decisions.
+		jo := o
+		jo.MergeAdjacent = true
+		js := Build(cfg, jo)
+		checkJoined(t, js, rs)
+		if got, err := ExecPlan(nil, create(js, true)); err != nil || !js.Equal(*got) {
+			t.Fatalf("the create plan does not make the joined table: %v", err)
+		}
 		for _, a := range probeAddrs(cfg, rng) {
 			want := modelMasquerades(cfg, o, a)
-			got, trace := evalRuleset(t, rs, a)
-			if got != want {
-				t.Fatalf("%s: the ruleset says masquerade=%v (%s), the model says %v\nconfig:\n%s\nruleset:\n%s",
-					a, got, trace, want, cfg, Render(rs))
+			for _, x := range []struct {
+				layout string
+				t      Table
+			}{{"apart", rs}, {"joined", js}} {
+				if got, trace := evalRuleset(t, x.t, a); got != want {
+					t.Fatalf("%s: the ruleset (%s) says masquerade=%v (%s), the model says %v\nconfig:\n%s\nruleset:\n%s",
+						a, x.layout, got, trace, want, cfg, Render(x.t))
+				}
 			}
 		}
 	})
