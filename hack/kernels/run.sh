@@ -130,7 +130,16 @@ EOT
 	took=$(($(secs) - start))
 	uname=$(cat "$out/uname" 2>/dev/null || echo "?")
 	if [ ! -f "$out/test.rc" ]; then
-		echo "kernel $series ($uname): the tests did not run (see $out/console.log)" | tee -a "$summary"
+		# A guest that stopped mid-run (its kernel's oops, the VM's
+		# timeout) says in which test, after how many, and the oops.
+		last=$(sed -n 's/^=== RUN *\([^ /]*\).*/\1/p' "$out/test.out" 2>/dev/null | tail -1)
+		passed=$(grep -c '^--- PASS' "$out/test.out" 2>/dev/null || true)
+		oops=$(grep -m1 -E 'Oops:|BUG:|Kernel panic' "$out/console.log" 2>/dev/null | sed 's/^\[[ 0-9.]*\] //' || true)
+		if [ -n "$last" ]; then
+			echo "kernel $series ($uname): the guest stopped during $last, after ${passed:-0} passed${oops:+ (console: $oops)} (see $out/console.log)" | tee -a "$summary"
+		else
+			echo "kernel $series ($uname): the tests did not run (see $out/console.log)" | tee -a "$summary"
+		fi
 		tail -20 "$out/console.log" 2>/dev/null >&2
 		echo 1 >"$out/status"
 		return
