@@ -73,9 +73,11 @@ func cidrLine(i int) string { return fmt.Sprintf("- %d.%d.%d.0/24\n", 1+i>>16, i
 
 // cidrsFitting is how many lines of cidrList fit after head in size bytes.
 func cidrsFitting(head string, size int) int {
+	size -= len(head)
 	n := 0
-	for size -= len(head); size >= len(cidrLine(n)); n++ {
-		size -= len(cidrLine(n))
+	for l := len(cidrLine(n)); size >= l; l = len(cidrLine(n)) {
+		size -= l
+		n++
 	}
 	return n
 }
@@ -90,7 +92,8 @@ func garbage(n int) func() []byte {
 }
 
 func hostileCases() []hostileCase {
-	maxCIDRs := cidrsFitting("nonMasqueradeCIDRs:\n", config.MaxFileSize)
+	const listHead = "nonMasqueradeCIDRs:\n"
+	maxCIDRs := cidrsFitting(listHead, config.MaxFileSize)
 	const mib = 1 << 20
 	nest := func(open, close string, n int) func() []byte {
 		return text("nonMasqueradeCIDRs: " + strings.Repeat(open, n) + strings.Repeat(close, n) + "\n")
@@ -234,7 +237,7 @@ func hostileCases() []hostileCase {
 			want: []string{"more errors"}, soak: true},
 		// As many valid CIDRs as the size limit lets through (a million
 		// once, when the limit was 16 MiB).
-		{name: "the most valid CIDRs the size limit lets through, past cidrLimit", data: cidrList("nonMasqueradeCIDRs:\n", maxCIDRs),
+		{name: "the most valid CIDRs the size limit lets through, past cidrLimit", data: cidrList(listHead, maxCIDRs),
 			want: []string{fmt.Sprintf("%d CIDRs exceed cidrLimit 64", maxCIDRs)}, soak: true},
 		{name: "5 million empty lists (4 MiB)", data: repeated("nonMasqueradeCIDRs: [", "[]", ",", "]\n", config.MaxFileSize/3-16),
 			want: []string{"more errors"}, soak: true},
