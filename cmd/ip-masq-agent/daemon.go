@@ -33,6 +33,37 @@ import (
 // options needs (a variable: tests give it a kernel that lacks something).
 var probe = (*kernel.Netlink).ProbeFor
 
+func hasSNAT(cfg config.Config) bool {
+	return cfg.SNATAddress.IsValid() || cfg.SNATAddressIPv6.IsValid()
+}
+
+// kernelCannot logs the probe's answer err, when it is one: what the
+// kernel lacks, or that the probe could not ask.
+func kernelCannot(log *slog.Logger, err error) bool {
+	var lacks *kernel.LacksError
+	switch {
+	case errors.As(err, &lacks):
+		log.Error("this kernel cannot run ip-masq-agent", "err", err)
+	case err != nil:
+		log.Error("cannot ask the kernel what it can do", "err", agent.Hint(err))
+	default:
+		return false
+	}
+	return true
+}
+
+// onceRefused is the probe --once asks after its sync failed with err:
+// only when the kernel refused the write of a good config (cfg, loaded
+// with cerr), for the table built with o (and snat when cfg has an
+// address). nil: not asked.
+func onceRefused(err error, cfg config.Config, cerr error, ask func(nft.Options) error, o nft.Options) error {
+	if err == nil || cerr != nil || errors.Is(err, nft.ErrOwnedByOther) {
+		return nil
+	}
+	o.SNAT = hasSNAT(cfg)
+	return ask(o)
+}
+
 // runDaemon runs the agent (the DaemonSet's command), --once and --cleanup
 // among its modes, with its parsed flags.
 func runDaemon(d daemonFlags, stderr io.Writer) int {
@@ -92,24 +123,25 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	// it again with, which then parses nothing): most of its time is the
 	// kernel's wait for an RCU grace period after it aborts the probe's
 	// transaction. Only a config with snat addresses asks again, for snat.
-	if !o.cleanup {
-		var lacks *kernel.LacksError
+	//
+	// --once that writes the table unowned (the default) asks nothing
+	// first: it has no ownership to learn, and a kernel that lacks a part
+	// of the table refuses the whole write, so that nothing changes. It
+	// asks only when the kernel refuses its write (onceRefused). The grace
+	// period is a third of a cold --once of 10,000 CIDRs.
+	askFirst := !o.cleanup && !(o.once && k.NoOwner)
+	if askFirst {
 		start := time.Now()
 		probed := make(chan error, 1)
 		go func() { probed <- probe(k, o.nft) }()
 		cfg, _, cerr := loader.Load(o.configPath, o.flags)
 		err := <-probed
-		if err == nil && cerr == nil && (cfg.SNATAddress.IsValid() || cfg.SNATAddressIPv6.IsValid()) {
+		if err == nil && cerr == nil && hasSNAT(cfg) {
 			o.nft.SNAT = true // the probe asks for snat
 			err = probe(k, o.nft)
 		}
 		log.Debug("asked the kernel what it can do", "took", time.Since(start).Round(time.Microsecond), "own", k.Owns())
-		switch {
-		case errors.As(err, &lacks):
-			log.Error("this kernel cannot run ip-masq-agent", "err", err)
-			return 1
-		case err != nil:
-			log.Error("cannot ask the kernel what it can do", "err", agent.Hint(err))
+		if kernelCannot(log, err) {
 			return 1
 		}
 	}
@@ -118,6 +150,12 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 		return cleanupTable(k, log)
 	case o.once:
 		err := ag.Sync(time.Now())
+		if err != nil && !askFirst {
+			cfg, _, cerr := loader.Load(o.configPath, o.flags)
+			if perr := onceRefused(err, cfg, cerr, func(opts nft.Options) error { return probe(k, opts) }, o.nft); perr != nil {
+				kernelCannot(log, perr)
+			}
+		}
 		if o.release {
 			releaseTable(k, log)
 		}

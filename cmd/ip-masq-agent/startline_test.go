@@ -16,7 +16,8 @@ import (
 // path) and the flags given whose values differ from their defaults,
 // nothing else: a flag given at its default, and --config (already
 // named), are left out. The start probe refuses (a fake kernel that lacks
-// something), so the daemon stops right after the line and writes nothing.
+// something), so the agent stops right after the line and writes nothing
+// (the daemon, and --once that owns the table, ask it before they write).
 func TestStartLine(t *testing.T) {
 	defer func(p func(*kernel.Netlink, nft.Options) error) { probe = p }(probe)
 	probe = func(*kernel.Netlink, nft.Options) error {
@@ -37,13 +38,13 @@ func TestStartLine(t *testing.T) {
 	}{
 		{
 			name: "defaults",
-			args: []string{"--once", "--config", cfg},
-			want: `version=v9.8.7-test config="file ` + cfg + `" once=true`,
+			args: []string{"--config", cfg},
+			want: `version=v9.8.7-test config="file ` + cfg + `"`,
 		},
 		{
 			name:  "non-default flags only",
-			args:  []string{"--once", "--config", dir, "--masq-chain=IP-MASQ", "--enable-ipv6", "--random-fully=true", "--masq-chain=IP-MASQ"},
-			want:  `version=v9.8.7-test config="directory ` + dir + `" once=true masq-chain=IP-MASQ enable-ipv6=true`,
+			args:  []string{"--once", "--release-on-exit=false", "--config", dir, "--masq-chain=IP-MASQ", "--enable-ipv6", "--random-fully=true", "--masq-chain=IP-MASQ"},
+			want:  `version=v9.8.7-test config="directory ` + dir + `" once=true release-on-exit=false masq-chain=IP-MASQ enable-ipv6=true`,
 			never: []string{"random-fully", "http-address"},
 		},
 	} {
