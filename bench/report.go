@@ -545,10 +545,12 @@ func liveMarkdown(b *strings.Builder, r *Results) {
 		"  for the sign of a rival writer and backs off before the next one, so the harness restarts it after\n" +
 		"  every 3 repairs (SIGTERM, then a new process, which finds the table in place; below).\n\n" +
 		"Between trials the harness waits until the agent has logged the end of its sync, and 50 ms more.\n" +
-		"Before it writes, the agent reads the table and the generation id over netlink, on sockets it opens\n" +
-		"and closes; as the control plane shows, on this kernel a close waits while an earlier transaction's\n" +
-		"removed objects are being freed (an RCU grace period), which a repair right after a foreign\n" +
-		"`delete table` often meets, and which grows with the load from other tenants.\n\n")
+		"The agent's sockets last (it opens none to repair), and it sends its batch a few ms after the\n" +
+		"notification. At 10,000 CIDRs most of a repair is the kernel's: the deleter closes its netlink\n" +
+		"socket right after the ack (as `nft` does when it exits), and the kernel, holding the namespace's\n" +
+		"commit lock, first waits for the deleted table's release (an RCU grace period, then the freeing of\n" +
+		"its elements: `nft_rcv_nl_event` → `nf_tables_trans_destroy_flush_work`); the agent's batch waits\n" +
+		"behind that lock, then the kernel inserts its elements, as in a first apply (control plane).\n\n")
 	w("\"Waiting for a CPU\" is how long the agent's threads, summed, sat on a run queue from just before\n" +
 		"a trial's trigger to just after its commit was seen (`/proc/PID/task/*/schedstat`): time in which\n" +
 		"other work ran instead. It is an indicator of contention, not a part of the latency to subtract.\n\n")

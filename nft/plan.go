@@ -142,6 +142,17 @@ func hookString(h Hook) string {
 // the table: the kernel refuses every change but that socket's.
 var ErrOwnedByOther = errors.New("table inet " + TableName + " is owned by another process (another ip-masq-agent?)")
 
+// RefusedError is a transaction the kernel refused at one of its
+// messages, Op (what a kernel that lacks a part of the table answers).
+type RefusedError struct {
+	Op  string
+	Err error
+}
+
+func (e *RefusedError) Error() string { return e.Op + ": " + e.Err.Error() }
+
+func (e *RefusedError) Unwrap() error { return e.Err }
+
 // PlanFor returns the transaction that turns the kernel's table found (nil:
 // there is none) into want, changing it in place wherever the kernel
 // allows: only the elements and rules that differ are sent, so that

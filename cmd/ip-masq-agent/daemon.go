@@ -52,16 +52,43 @@ func kernelCannot(log *slog.Logger, err error) bool {
 	return true
 }
 
+// asksFirst says whether the agent asks the probe before its first
+// write: the daemon does, and --once that owns the table (it learns
+// whether the kernel can); --once that writes it unowned asks only after
+// a refused write, and --cleanup never.
+func asksFirst(cleanup, once, noOwner bool) bool {
+	return !cleanup && !(once && noOwner)
+}
+
 // onceRefused is the probe --once asks after its sync failed with err:
-// only when the kernel refused the write of a good config (cfg, loaded
-// with cerr), for the table built with o (and snat when cfg has an
-// address). nil: not asked.
-func onceRefused(err error, cfg config.Config, cerr error, ask func(nft.Options) error, o nft.Options) error {
-	if err == nil || cerr != nil || errors.Is(err, nft.ErrOwnedByOther) {
+// only when the kernel refused a message of the write (nft.RefusedError),
+// for the table built with o, and snat when the config cfg has an
+// address. nil: not asked, or nothing found.
+func onceRefused(err error, cfg config.Config, ask func(nft.Options) error, o nft.Options) error {
+	var refused *nft.RefusedError
+	if !errors.As(err, &refused) {
 		return nil
 	}
 	o.SNAT = hasSNAT(cfg)
 	return ask(o)
+}
+
+// runOnce is --once after the probe: one sync; when it fails, late (nil:
+// none) may ask the probe what the kernel lacks, whose line follows the
+// sync's; then the release of the table (--release-on-exit).
+func runOnce(log *slog.Logger, sync func() error, late func(error) error, release func()) int {
+	err := sync()
+	if err != nil && late != nil {
+		kernelCannot(log, late(err))
+	}
+	release()
+	if err != nil {
+		if errors.Is(err, nft.ErrOwnedByOther) {
+			log.Error("not applied: --once does not wait for the owner; run it again after that process exits", "err", err)
+		}
+		return 1
+	}
+	return 0
 }
 
 // runDaemon runs the agent (the DaemonSet's command), --once and --cleanup
@@ -126,11 +153,12 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	//
 	// --once that writes the table unowned (the default) asks nothing
 	// first: it has no ownership to learn, and a kernel that lacks a part
-	// of the table refuses the whole write, so that nothing changes. It
-	// asks only when the kernel refuses its write (onceRefused). The grace
-	// period is a third of a cold --once of 10,000 CIDRs.
-	askFirst := !o.cleanup && !(o.once && k.NoOwner)
-	if askFirst {
+	// of the table refuses the whole write, so that the table stays as it
+	// was. It asks only when the kernel refuses its write (onceRefused).
+	// The grace period was about a quarter of a cold --once's wall time
+	// at 10,000 CIDRs.
+	first := asksFirst(o.cleanup, o.once, k.NoOwner)
+	if first {
 		start := time.Now()
 		probed := make(chan error, 1)
 		go func() { probed <- probe(k, o.nft) }()
@@ -149,23 +177,18 @@ func runDaemon(d daemonFlags, stderr io.Writer) int {
 	case o.cleanup:
 		return cleanupTable(k, log)
 	case o.once:
-		err := ag.Sync(time.Now())
-		if err != nil && !askFirst {
-			cfg, _, cerr := loader.Load(o.configPath, o.flags)
-			if perr := onceRefused(err, cfg, cerr, func(opts nft.Options) error { return probe(k, opts) }, o.nft); perr != nil {
-				kernelCannot(log, perr)
+		var late func(error) error
+		if !first {
+			late = func(err error) error {
+				cfg, _, _ := loader.Load(o.configPath, o.flags) // the sync's, parsed once
+				return onceRefused(err, cfg, func(opts nft.Options) error { return probe(k, opts) }, o.nft)
 			}
 		}
+		release := func() {}
 		if o.release {
-			releaseTable(k, log)
+			release = func() { releaseTable(k, log) }
 		}
-		if err != nil {
-			if errors.Is(err, nft.ErrOwnedByOther) {
-				log.Error("not applied: --once does not wait for the owner; run it again after that process exits", "err", err)
-			}
-			return 1
-		}
-		return 0
+		return runOnce(log, func() error { return ag.Sync(time.Now()) }, late, release)
 	}
 	// Without CAP_NET_ADMIN nothing will ever work: fail at start with one
 	// line rather than retry forever. (EPERM alone does not tell: a table

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -61,49 +64,41 @@ func TestKernelLackingRefused(t *testing.T) {
 			t.Errorf("%v: applied after the probe's refusal:\n%s", args, errOut.String())
 		}
 	}
-	// --once of an unowned table asks nothing before its write: here the
-	// bad config stops it, and the probe is never asked.
-	var out, errOut syncBuffer
-	probed = 0
-	if code := run([]string{"--once", "--config", cfg}, &out, &errOut); code != 1 || probed != 0 ||
-		!strings.Contains(errOut.String(), `msg="config not applied; the rules in the kernel are unchanged"`) {
-		t.Errorf("--once: exit %d, probed %d times; stderr:\n%s", code, probed, errOut.String())
-	}
 	// A probe that cannot ask (no socket) is no finding about the kernel.
 	probe = func(*kernel.Netlink, nft.Options) error {
 		return errors.New("probe the kernel: open netlink socket: too many open files")
 	}
-	errOut = syncBuffer{}
+	var out, errOut syncBuffer
 	if code := run([]string{"--once", "--release-on-exit=false", "--config", cfg}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), `msg="cannot ask the kernel what it can do"`) {
 		t.Errorf("a failed probe: exit %d\n%s", code, errOut.String())
 	}
 }
 
 // TestOnceAsksWhenRefused: --once that writes the table unowned asks the
-// probe only after the kernel refused its write of a good config, for
-// that config's table (snat when it has an address); not after a bad
-// config, nor when the table is another process's.
+// probe only after the kernel refused a message of its write, for the
+// config's table (snat when it has an address); not after a bad config,
+// a failed read, nor when the table is another process's.
 func TestOnceAsksWhenRefused(t *testing.T) {
 	lacking := &kernel.LacksError{What: "the fib expression", Since: "4.10", Module: "nft_fib_inet", Err: syscall.ENOENT}
-	refused := fmt.Errorf("apply: %w", syscall.ENOENT)
+	refused := fmt.Errorf("apply: %w", &nft.RefusedError{Op: "add rule inet ip-masq-agent postrouting", Err: syscall.ENOENT})
 	snat := config.Config{SNATAddress: netip.MustParseAddr("192.0.2.1")}
 	for _, tc := range []struct {
 		name     string
 		err      error
 		cfg      config.Config
-		cerr     error
 		asked    bool
 		wantSNAT bool
 	}{
 		{name: "applied", err: nil},
 		{name: "kernel refused the write", err: refused, asked: true},
 		{name: "kernel refused the write of a config with snatAddress", err: refused, cfg: snat, asked: true, wantSNAT: true},
-		{name: "bad config", err: errors.New("bad"), cerr: errors.New("bad")},
+		{name: "bad config", err: errors.New(`/etc/config/ip-masq-agent: nonMasqueradeCIDRs[0]: "x" is not a valid CIDR`)},
+		{name: "read failed", err: fmt.Errorf("read the table: %w", syscall.ENOBUFS)},
 		{name: "table owned by another process", err: fmt.Errorf("apply: %w", nft.ErrOwnedByOther)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var asked []nft.Options
-			got := onceRefused(tc.err, tc.cfg, tc.cerr, func(o nft.Options) error { asked = append(asked, o); return lacking }, nft.Options{Chain: "C"})
+			got := onceRefused(tc.err, tc.cfg, func(o nft.Options) error { asked = append(asked, o); return lacking }, nft.Options{Chain: "C"})
 			if !tc.asked {
 				if len(asked) != 0 || got != nil {
 					t.Errorf("asked %v, answer %v; want not asked", asked, got)
@@ -112,6 +107,81 @@ func TestOnceAsksWhenRefused(t *testing.T) {
 			}
 			if len(asked) != 1 || got != lacking || asked[0].SNAT != tc.wantSNAT || asked[0].Chain != "C" {
 				t.Errorf("asked %+v, answer %v; want asked once with snat %v", asked, got, tc.wantSNAT)
+			}
+		})
+	}
+}
+
+// TestAsksFirst: the daemon and --once that owns the table ask the probe
+// before they write; --once that writes it unowned (the default) and
+// --cleanup do not.
+func TestAsksFirst(t *testing.T) {
+	for _, tc := range []struct {
+		cleanup, once, noOwner, want bool
+	}{
+		{want: true}, {noOwner: true, want: true}, // the daemon
+		{once: true, want: true}, // --once --release-on-exit=false
+		{once: true, noOwner: true},
+		{cleanup: true}, {cleanup: true, noOwner: true},
+	} {
+		if got := asksFirst(tc.cleanup, tc.once, tc.noOwner); got != tc.want {
+			t.Errorf("cleanup %v once %v noOwner %v: asks first %v, want %v", tc.cleanup, tc.once, tc.noOwner, got, tc.want)
+		}
+	}
+}
+
+// TestOnceRun: --once's steps in order. A refused write: the sync's own
+// error line, then what the kernel lacks, then the release, exit 1. A
+// write taken: no question, the release, exit 0. A table owned by another
+// process: no question, its own line, exit 1.
+func TestOnceRun(t *testing.T) {
+	lacking := &kernel.LacksError{What: "the fib expression", Since: "4.10", Module: "nft_fib_inet", Err: syscall.ENOENT}
+	refused := &nft.RefusedError{Op: "add rule inet ip-masq-agent postrouting", Err: syscall.ENOENT}
+	for _, tc := range []struct {
+		name      string
+		err       error
+		want      int
+		asked     bool
+		wantLines []string // the ERROR lines' messages, in order
+	}{
+		{name: "applied", want: 0},
+		{name: "refused", err: refused, want: 1, asked: true,
+			wantLines: []string{"sync failed; the kernel keeps its previous rules", "this kernel cannot run ip-masq-agent"}},
+		{name: "owned by another process", err: nft.ErrOwnedByOther, want: 1,
+			wantLines: []string{"sync failed; the kernel keeps its previous rules", "not applied: --once does not wait for the owner; run it again after that process exits"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf syncBuffer
+			log := slog.New(slog.NewTextHandler(&buf, nil))
+			var steps []string
+			sync := func() error {
+				steps = append(steps, "sync")
+				if tc.err != nil {
+					log.Error("sync failed; the kernel keeps its previous rules", "err", tc.err) // as the agent logs it
+				}
+				return tc.err
+			}
+			late := func(err error) error {
+				steps = append(steps, "probe")
+				return onceRefused(err, config.Config{}, func(nft.Options) error { return lacking }, nft.Options{})
+			}
+			code := runOnce(log, sync, late, func() { steps = append(steps, "release") })
+			wantSteps := []string{"sync", "probe", "release"}
+			if tc.err == nil {
+				wantSteps = []string{"sync", "release"}
+			}
+			var lines []string
+			for _, l := range strings.Split(buf.String(), "\n") {
+				if _, m, ok := strings.Cut(l, "level=ERROR msg="); ok {
+					m, _ = strconv.Unquote(m[:strings.Index(m, `" `)+1])
+					lines = append(lines, m)
+				}
+			}
+			if code != tc.want || !slices.Equal(steps, wantSteps) || !slices.Equal(lines, tc.wantLines) {
+				t.Errorf("exit %d, steps %v, error lines %q; want exit %d, steps %v, lines %q\n%s", code, steps, lines, tc.want, wantSteps, tc.wantLines, buf.String())
+			}
+			if tc.asked && !strings.Contains(buf.String(), `err="the kernel lacks the fib expression (Linux 4.10 or later; module nft_fib_inet): no such file or directory"`) {
+				t.Errorf("the probe's finding is not logged:\n%s", buf.String())
 			}
 		})
 	}

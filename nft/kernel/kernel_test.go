@@ -3,7 +3,9 @@ package kernel
 import (
 	"encoding/binary"
 	"errors"
+	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -12,6 +14,7 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 
 	"github.com/mdlayher/netlink"
+	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 )
 
@@ -133,6 +136,27 @@ func TestFence(t *testing.T) {
 	}
 	if res, err := nft.Ensure(n, defaultTable()); err != nil || res.Unchanged {
 		t.Errorf("repair: %+v %v", res, err)
+	}
+}
+
+// TestSendRefusedNamesTheMessage: a transaction the kernel refuses at one
+// of its messages (here elements for a set of a table that does not
+// exist) comes back as nft.RefusedError naming that message, which
+// --once's late probe asks after (cmd/ip-masq-agent onceRefused), and
+// the kernel keeps what it had.
+func TestSendRefusedNamesTheMessage(t *testing.T) {
+	n, topo := kernelNetlink(t)
+	n.NoOwner = true
+	op := nft.Op{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetNonMasqV4,
+		Elements: []netipx.IPRange{netipx.RangeOfPrefix(netip.MustParsePrefix("198.51.100.0/24"))}}
+	_, err := n.Send(nft.Plan{Ops: []nft.Op{op}}, 0)
+	var refused *nft.RefusedError
+	if !errors.As(err, &refused) || refused.Op != op.String() || !errors.Is(err, syscall.ENOENT) ||
+		err.Error() != op.String()+": "+refused.Err.Error() {
+		t.Fatalf("Send: %v (%T), want the refused message named: %s: ... no such file or directory", err, err, op)
+	}
+	if out, err := topo.NFT("list", "tables"); err != nil || strings.Contains(out, nft.TableName) {
+		t.Errorf("after the refusal: %q %v, want no table", out, err)
 	}
 }
 

@@ -295,7 +295,7 @@ func (n *Netlink) Send(p nft.Plan, gen uint32) (nft.Sent, error) {
 		n.broken()
 	}
 	if err != nil && failed >= 0 {
-		err = fmt.Errorf("%s: %w", p.Ops[b.op[failed]], err)
+		err = &nft.RefusedError{Op: p.Ops[b.op[failed]].String(), Err: err}
 	}
 	return sent, err
 }
