@@ -180,9 +180,16 @@ func TestDaemonReloads(t *testing.T) {
 	}
 	eventually(t, "the re-created file", sourcesAre(topo, map[string]bool{internet1: false, private1: true}))
 
-	// A bad update is refused and logged; the rules stay.
+	// A bad update is refused and logged; the rules stay. It is written
+	// whole in one step (a rename, as an editor's atomic save): the
+	// truncation os.WriteFile starts with is an empty file, whose defaults
+	// an agent that reads in between rightly applies (met on 6.1 under
+	// TCG, where the write came 0.5 s after the truncation).
 	before := withoutCounters(listTable(t, topo))
-	if err := os.WriteFile(cm.path(), []byte("nonMasqueradeCIDRs: [10.0.0.1/8]\n"), 0o644); err != nil {
+	if err := os.WriteFile(cm.path()+".new", []byte("nonMasqueradeCIDRs: [10.0.0.1/8]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(cm.path()+".new", cm.path()); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the error to be logged", func() bool { return strings.Contains(d.output(), `10.0.0.1/8`) })
