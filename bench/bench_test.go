@@ -109,6 +109,9 @@ func TestQuickRun(t *testing.T) {
 			t.Errorf("%d CIDRs: reload trials %d (timed out %d), repair trials %d (timed out %d)",
 				row.N, len(row.Reload), row.ReloadFailed, len(row.Repair), row.RepairFailed)
 		}
+		if !row.Neighbour && len(row.RepairFloor) != len(row.Repair)+row.RepairFailed {
+			t.Errorf("%d CIDRs: %d repair trials, %d of the kernel's floor %v", row.N, len(row.Repair)+row.RepairFailed, len(row.RepairFloor), row.RepairFloor)
+		}
 	}
 
 	if r.Busy == nil || len(r.Busy.Rows) == 0 {
@@ -141,6 +144,11 @@ func TestQuickRun(t *testing.T) {
 		for _, x := range r.ChangeCPU.Rows {
 			if len(x.CPU) == 0 || len(x.Resync) == 0 {
 				t.Errorf("CPU per change, %d CIDRs: %d changes, %d resyncs measured", x.N, len(x.CPU), len(x.Resync))
+			}
+			// The floor of each change: the bare commit's CPU and, with
+			// the cleanup, the conntrack dump's.
+			if len(x.Commit) != len(x.CPU) || (x.Flag != noCleanup) != (len(x.Dump) == len(x.CPU)) || len(x.Own()) != len(x.CPU) {
+				t.Errorf("CPU per change, %d CIDRs %s: the kernel's floor: commits %v, dumps %v", x.N, x.Flag, x.Commit, x.Dump)
 			}
 		}
 	}

@@ -32,6 +32,10 @@ type LiveRow struct {
 	// each trial (from /proc/PID/task/*/schedstat): on a loaded machine the
 	// slow trials are mostly this.
 	ReloadWait, RepairWait []time.Duration
+	// RepairFloor is, after each repair trial, the floor's (floor.go):
+	// the same table deleted the same way in another namespace and
+	// created again at the delete's ack by a bare client.
+	RepairFloor []time.Duration
 	// The agent is restarted every repairsPerLife repairs: messages its
 	// restarts sent and commits seen across them (want 0: not owned, the
 	// table found in place is left alone).
@@ -167,6 +171,7 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 		measure("reload", i, swapped, w0, &row.Reload, &row.ReloadWait, &row.ReloadFailed)
 		idle(reloaded, i+1)
 	}
+	var fl *floor
 	for i := range trials {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -210,6 +215,17 @@ func liveRow(ctx context.Context, cfg Config, topo *testnet.Topology, trials int
 		}
 		measure("repair", i, deleted, w0, &row.Repair, &row.RepairWait, &row.RepairFailed)
 		idle(repaired, i%repairsPerLife+1)
+		if fl == nil {
+			if fl, err = newFloor(topo, row.N); err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, fl.Close()) }()
+		}
+		took, err := fl.repair(ctx)
+		if err != nil {
+			return fmt.Errorf("the floor's repair: %w", err)
+		}
+		row.RepairFloor = append(row.RepairFloor, took)
 	}
 	// The table is back and whole.
 	if _, err := topo.NFT("list", "set", "inet", nft.TableName, nft.SetNonMasqV4); err != nil {
