@@ -258,7 +258,7 @@ func Markdown(r *Results) string {
 	changeCPUMarkdown(&b, r)
 
 	w("## Rerun\n\n```sh\n" +
-		"make bench                # everything, about 10 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
+		"make bench                # everything, about 15 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
 		"BENCH_QUICK=1 make bench  # a smoke run of seconds; prints the report, writes nothing\n" +
 		"go run ./bench/cmd/bench -help   # -only control,kernel,data,selectors,live,conntrack,busy,neighbour,cpu (busy-nft: busy's nft-neighbour rows alone); -out FILE; -timeout\n" +
 		"go test ./bench/          # the smoke run as a test (part of make test)\n" +
