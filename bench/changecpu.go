@@ -264,7 +264,8 @@ func changeCPUMarkdown(b *strings.Builder, r *Results) {
 		"and the CPU of the thread that runs the agent's conntrack cleanup in the agent's namespace with old and\n" +
 		"new decisions alike (the local addresses read, the dump, nothing deleted; from another namespace, so a\n" +
 		"few `setns` calls more than the agent makes). \"Less the floor\" is each change's CPU less its two\n" +
-		"floors: what the agent itself spent.\n\n")
+		"floors: what the agent's process spent beyond them, its other kernel work (the read-back, the file,\n" +
+		"socket I/O, page faults) included.\n\n")
 	w("| CIDRs | flags | changes | CPU per change: median | max | user, system (mean) | floor: commit, conntrack dump (median) | less the floor: median | unchanged resync: median | idle CPU per second |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, x := range r.ChangeCPU.Rows {
 		if len(x.CPU) == 0 {

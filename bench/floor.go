@@ -106,7 +106,7 @@ func (f *floor) plan(i int) (nft.Plan, error) {
 // repair is: from the delete's commit (the earlier of the ack and the
 // notification) to the notification of the create's commit. The agent
 // does more between the two (it reads, re-reads its file, builds and
-// plans): this is the least a repair can take on this kernel and machine.
+// plans), so it cannot beat the floor beyond the noise of the machine.
 func (f *floor) repair(ctx context.Context) (time.Duration, error) {
 	if f.cur < 0 {
 		if _, err := f.set(0); err != nil {

@@ -34,7 +34,8 @@ type LiveRow struct {
 	ReloadWait, RepairWait []time.Duration
 	// RepairFloor is, after each repair trial, the floor's (floor.go):
 	// the same table deleted the same way in another namespace and
-	// created again at the delete's ack by a bare client.
+	// created again by a bare client as soon as the deletion's
+	// notification is read.
 	RepairFloor []time.Duration
 	// The agent is restarted every repairsPerLife repairs: messages its
 	// restarts sent and commits seen across them (want 0: not owned, the

@@ -258,7 +258,7 @@ func Markdown(r *Results) string {
 	changeCPUMarkdown(&b, r)
 
 	w("## Rerun\n\n```sh\n" +
-		"make bench                # everything, about 15 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
+		"make bench                # everything, about 13 minutes on 2 CPUs; rewrites BENCHMARKS.md (root)\n" +
 		"BENCH_QUICK=1 make bench  # a smoke run of seconds; prints the report, writes nothing\n" +
 		"go run ./bench/cmd/bench -help   # -only control,kernel,data,selectors,live,conntrack,busy,neighbour,cpu (busy-nft: busy's nft-neighbour rows alone); -out FILE; -timeout\n" +
 		"go test ./bench/          # the smoke run as a test (part of make test)\n" +
@@ -560,8 +560,8 @@ func liveMarkdown(b *strings.Builder, r *Results) {
 		"  soon as its monitor reads the deletion's notification, sends the create, planned beforehand, in one\n" +
 		"  batch from a bare `kernel.Netlink` whose socket lasts, as the agent's does; timed as the agent's\n" +
 		"  repair, from the deletion's commit to the notification of the create's. The agent does more in\n" +
-		"  between (it reads the table, re-reads its file, builds and plans): this is the least a repair can\n" +
-		"  take on this kernel and machine.\n\n")
+		"  between (it reads the table, re-reads its file, builds and plans), so it cannot beat the floor\n" +
+		"  beyond the noise of the machine.\n\n")
 	w("\"Waiting for a CPU\" is how long the agent's threads, summed, sat on a run queue from just before\n" +
 		"a trial's trigger to just after its commit was seen (`/proc/PID/task/*/schedstat`): time in which\n" +
 		"other work ran instead. It is an indicator of contention, not a part of the latency to subtract.\n\n")
