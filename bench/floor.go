@@ -71,20 +71,16 @@ func (f *floor) set(i int) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	c0, err := threadCPU()
+	took, err := onThread(func() error {
+		_, err := f.k.Send(p, 0)
+		return err
+	})
 	if err != nil {
-		return 0, err
-	}
-	_, err = f.k.Send(p, 0)
-	c1, cerr := threadCPU()
-	if err = errors.Join(err, cerr); err != nil {
 		f.cur = -1
 		return 0, err
 	}
 	f.cur = i
-	return c1 - c0, nil
+	return took, nil
 }
 
 // plan is the plan from the table in the kernel to table i.
@@ -122,7 +118,7 @@ func (f *floor) repair(ctx context.Context) (time.Duration, error) {
 	}
 	i := f.cur
 	f.cur = -1
-	p, err := nft.PlanFor(nil, f.tables[i])
+	p, err := f.plan(i) // the create
 	if err != nil {
 		return 0, err
 	}
@@ -164,15 +160,24 @@ func (f *floor) repair(ctx context.Context) (time.Duration, error) {
 // setns calls that the agent, in its own, does not make.
 func conntrackDump(ns netns.NsHandle) (time.Duration, error) {
 	same := func(conntrack.Flow) (bool, bool) { return false, true }
+	return onThread(func() error {
+		_, err := conntrack.CleanupMarked(ns, conntrack.ModeUDP, same, same, -1)
+		return err
+	})
+}
+
+// onThread runs f with its goroutine locked to one thread and returns
+// the CPU time that thread used meanwhile.
+func onThread(f func() error) (time.Duration, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	c0, err := threadCPU()
 	if err != nil {
 		return 0, err
 	}
-	_, err = conntrack.CleanupMarked(ns, conntrack.ModeUDP, same, same, -1)
+	ferr := f()
 	c1, cerr := threadCPU()
-	return c1 - c0, errors.Join(err, cerr)
+	return c1 - c0, errors.Join(ferr, cerr)
 }
 
 // threadCPU is the CPU time the calling thread has used, user and
