@@ -119,10 +119,13 @@ func elementsOf(ps []netip.Prefix) (merged, agent nft.Table) {
 	for i, s := range merged.Sets {
 		var b netipx.IPSetBuilder
 		for _, r := range s.Elements {
-			b.AddRange(r)
+			b.AddRange(r.IPRange())
 		}
 		set, _ := b.IPSet()
-		merged.Sets[i].Elements = set.Ranges()
+		merged.Sets[i].Elements = nil
+		for _, r := range set.Ranges() {
+			merged.Sets[i].Elements = append(merged.Sets[i].Elements, nft.RangeFrom(r.From(), r.To()))
+		}
 	}
 	return merged, agent
 }

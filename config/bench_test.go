@@ -73,3 +73,15 @@ func BenchmarkDiff100k(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkHash100k: the config's hash for /metrics, at every change.
+func BenchmarkHash100k(b *testing.B) {
+	c, _, err := Parse(configBlocks(100_000), v4Only)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = c.Hash()
+	}
+}

@@ -95,13 +95,14 @@ func checkText(data []byte, f Flags, strict bool) []Problem {
 		if strict && fd.warning {
 			msg = strings.Replace(msg, "unknown key ignored", "unknown key", 1)
 		}
-		out = append(out, Problem{Line: lineOf(at, fd.index), Key: keyPath(fd.key, fd.index), Message: msg,
+		// The keys are the file's bytes (fastYAML's substrings): copied.
+		out = append(out, Problem{Line: lineOf(at, fd.index), Key: strings.Clone(keyPath(fd.key, fd.index)), Message: msg,
 			Warning: fd.warning && !strict})
 	}
 	if strict {
 		for _, s := range shadowed(c, d.present) {
 			key := d.written[s.list]
-			out = append(out, Problem{Line: lineOf(key, s.index), Key: keyPath(key, s.index), Message: s.msg})
+			out = append(out, Problem{Line: lineOf(key, s.index), Key: strings.Clone(keyPath(key, s.index)), Message: s.msg})
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Line < out[j].Line })

@@ -1,8 +1,10 @@
 package config
 
 import (
+	"encoding/binary"
 	"slices"
 	"strings"
+	"unsafe"
 )
 
 // The fast path. Decoding a large list through the YAML library (and
@@ -35,12 +37,14 @@ type stringList []string
 // fastYAML reads data if it has the shape above; ok false means it does
 // not, and nothing else is to be made of the result.
 func fastYAML(data []byte) (entries []entry, order map[string]int, ok bool) {
-	for _, c := range data {
-		if c != '\n' && (c < ' ' || c > '~') {
-			return nil, nil, false // tabs, CR, control and non-ASCII bytes (a BOM too)
-		}
+	if !printable(data) {
+		return nil, nil, false // tabs, CR, control and non-ASCII bytes (a BOM too)
 	}
-	s := string(data) // one copy: the items are substrings of it
+	// No copy (2 MB at 100,000 CIDRs, and its share of the garbage
+	// collector's work at every change): the keys and items are substrings
+	// of data, which Parse's callers do not change while it runs, and
+	// what outlives Parse is copied (ifnameList; CIDRs become prefixes).
+	s := unsafe.String(unsafe.SliceData(data), len(data))
 	order = make(map[string]int, len(knownKeys))
 	var (
 		scalars strings.Builder // the lines of the keys with a value on their line
@@ -230,4 +234,28 @@ func fastScalar(v string) bool {
 		return false // "- ": a sequence entry, not a scalar
 	}
 	return fastTail(v[end:])
+}
+
+// printable reports whether every byte of data is '\n' or printable ASCII
+// (' ' to '~'), eight bytes at a time: a byte at a time was a sixth of
+// parsing 100,000 CIDRs.
+func printable(data []byte) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for len(data) >= 8 {
+		w := binary.LittleEndian.Uint64(data)
+		v := w &^ highs // each byte 0 to 0x7f: adding below 0x81 carries into no other byte
+		atLeastSpace := (v + 0x60*ones) & highs
+		del := (v + ones) & highs // 0x7f
+		notNewline := ((v ^ '\n'*ones) + 0x7f*ones) & highs
+		if w&highs != 0 || del != 0 || (^atLeastSpace&notNewline)&highs != 0 {
+			return false
+		}
+		data = data[8:]
+	}
+	for _, c := range data {
+		if c != '\n' && (c < ' ' || c > '~') {
+			return false
+		}
+	}
+	return true
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -342,4 +343,151 @@ func FuzzFastPath(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, ipv6, reserved bool) {
 		samePaths(t, data, Flags{EnableIPv6: ipv6, NoMasqAllReservedRanges: reserved})
 	})
+}
+
+// TestParseKeepsNoBytes: nothing Parse (or Check) returns refers to its input's
+// bytes (fastYAML's items alias them, and the Loader reads the next file
+// into the buffer of the one before): the input overwritten after Parse
+// changes neither the config, nor the warnings, nor the error.
+func TestParseKeepsNoBytes(t *testing.T) {
+	n := 0
+	for _, in := range fastPathInputs(t) {
+		if largeInput(in.data) {
+			continue
+		}
+		for _, f := range []Flags{allFlags[0], {EnableIPv6: true}, {AzureDir: true}} {
+			data := []byte(in.data)
+			c, warns, err := Parse(data, f)
+			want, wantWarns, wantErr := Parse([]byte(in.data), f)
+			for i := range data {
+				data[i] = 'x'
+			}
+			if !reflect.DeepEqual(c, want) || !slices.Equal(warns, wantWarns) || fmt.Sprint(err) != fmt.Sprint(wantErr) {
+				t.Fatalf("%s: what Parse returned changed with its input's bytes:\n%+v\n%q %v\nwant\n%+v\n%q %v",
+					in.from, c, warns, err, want, wantWarns, wantErr)
+			}
+			if _, _, ok := fastYAML([]byte(in.data)); ok && err == nil {
+				n++
+			}
+			data = []byte(in.data)
+			problems := Check(data, f, true)
+			wantProblems := fmt.Sprint(Check([]byte(in.data), f, true))
+			for i := range data {
+				data[i] = 'x'
+			}
+			if got := fmt.Sprint(problems); got != wantProblems {
+				t.Fatalf("%s: what Check returned changed with its input's bytes:\n%s\nwant\n%s", in.from, got, wantProblems)
+			}
+		}
+	}
+	if n < 500 {
+		t.Errorf("only %d good configs read by the fast path", n)
+	}
+}
+
+// TestLoaderReusesNoBytes: the Loader reads each file into the buffer of
+// the read before (or, when the file is unchanged, of that read): each
+// Load gives its file's config, and what it gave stays as it was through
+// the loads after it.
+func TestLoaderReusesNoBytes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ip-masq-agent")
+	files := []string{
+		"nonMasqueradeCIDRs:\n  - 10.0.0.0/8\nmasqueradeCIDRs:\n  - \"10.0.0.0/16\"\nmasqLinkLocal: true\n",
+		"nonMasqueradeCIDRs:\n  - 10.1.0.0/16\n  - 10.0.0.0/8\nresyncInterval: 1s\n",
+		"# a comment: what follows is at other offsets\nnonMasqueradeCIDRs:\n  - 10.0.0.0/8\n",
+		"nonMasqueradeCIDRs:\n  - 11.0.0.0/8\nmasqueradeCIDRs:\n  - \"11.0.0.0/16\"\nmasqLinkLocal: true\n", // file 0's length
+	}
+	for i, s := range files {
+		if _, _, ok := fastYAML([]byte(s)); !ok {
+			t.Fatalf("file %d is not read by the fast path", i)
+		}
+	}
+	if len(files[3]) != len(files[0]) {
+		t.Fatal("files 0 and 3 differ in length: a read into the wrong buffer would go unseen")
+	}
+	l := &Loader{}
+	type got struct {
+		file  int
+		c     Config
+		warns []string
+	}
+	var loads []got
+	for _, i := range []int{0, 0, 3, 3, 0, 1, 1, 2, 0, 2, 3} { // unchanged reads too
+		if err := os.WriteFile(path, []byte(files[i]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, warns, err := l.Load(path, Flags{EnableIPv6: true})
+		if err != nil {
+			t.Fatalf("file %d: %v", i, err)
+		}
+		loads = append(loads, got{i, c, warns})
+	}
+	for n, ld := range loads {
+		want, wantWarns, _ := Parse([]byte(files[ld.file]), Flags{EnableIPv6: true})
+		for j := range wantWarns {
+			wantWarns[j] = path + ": " + wantWarns[j]
+		}
+		if !reflect.DeepEqual(ld.c, want) || !slices.Equal(ld.warns, wantWarns) {
+			t.Errorf("load %d (file %d) gave, or changed after the loads that followed it to:\n%+v\n%q\nwant\n%+v\n%q", n, ld.file, ld.c, ld.warns, want, wantWarns)
+		}
+	}
+	if len(loads[0].warns) == 0 || len(loads[5].c.NonMasqueradeCIDRs) != 2 { // loads[5]: file 1
+		t.Errorf("the files do not give what this test is about: %+v", loads)
+	}
+}
+
+// TestPrintable: printable, eight bytes at a time, is the byte test of
+// fast.go's shape, for every byte value at every position of a word.
+func TestPrintable(t *testing.T) {
+	ref := func(data []byte) bool {
+		for _, c := range data {
+			if c != '\n' && (c < ' ' || c > '~') {
+				return false
+			}
+		}
+		return true
+	}
+	base := []byte("nonMasqueradeCIDRs:\n  - 10.0.0.0/8\n")
+	for n := range len(base) {
+		for c := range 256 {
+			data := slices.Clone(base)
+			data[n] = byte(c)
+			if got, want := printable(data[:]), ref(data); got != want {
+				t.Fatalf("byte %#x at %d: printable %v, want %v", c, n, got, want)
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(34, 7))
+	for range 20000 {
+		data := make([]byte, r.IntN(40))
+		for i := range data {
+			data[i] = byte(' ' + r.IntN(95))
+			if r.IntN(30) == 0 {
+				data[i] = byte(r.IntN(256))
+			}
+		}
+		if got, want := printable(data), ref(data); got != want {
+			t.Fatalf("%q: printable %v, want %v", data, got, want)
+		}
+	}
+}
+
+// TestLoaderAnotherPath: a Loader asked for another path with the same
+// bytes reads it as that path's (its warnings name it), not as the last.
+func TestLoaderAnotherPath(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	data := []byte("nonMasqueradeCIDRs:\n  - 10.0.0.0/8\nmasqueradeCIDRs:\n  - \"10.0.0.0/16\"\n")
+	for _, p := range []string{a, b} {
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := &Loader{}
+	for _, p := range []string{a, b, a} {
+		_, warns, err := l.Load(p, v4Only)
+		if err != nil || len(warns) == 0 || !strings.HasPrefix(warns[0], p+": ") {
+			t.Fatalf("Load(%s): %q, %v", p, warns, err)
+		}
+	}
 }

@@ -1,10 +1,10 @@
 package config
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"hash"
 	"io"
 	"net/netip"
 	"slices"
@@ -388,7 +388,7 @@ func (d *decoder) ifnameList(key string, v any, _ []string) []string {
 			d.errorAt(key, i, "%s is not an interface name nft can match: %s", quote(s), why)
 			continue
 		}
-		out = append(out, s)
+		out = append(out, strings.Clone(s)) // fastYAML's items alias the file's bytes
 	}
 	return out
 }
@@ -531,11 +531,15 @@ func (c Config) Hash() string {
 	// Written into the hash as String writes it, not kept: 100,000 CIDRs
 	// are 2.3 MB of text at every change.
 	h := sha256.New()
-	b := bufio.NewWriterSize(h, 32<<10)
-	c.write(b)
-	b.Flush()
+	c.write(hashText{h})
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
+
+// hashText is a hash as a textWriter: writeList sends it chunks, the
+// other keys a few lines.
+type hashText struct{ hash.Hash }
+
+func (h hashText) WriteString(s string) (int, error) { return h.Write([]byte(s)) }
 
 // textWriter is what String and Hash write c's text to.
 type textWriter interface {
@@ -563,23 +567,54 @@ func writeList(b textWriter, key string, ps []netip.Prefix) {
 		return
 	}
 	fmt.Fprintf(b, "%s:\n", key)
-	// Hash writes 100,000 CIDRs at every change: no fmt. A prefix's
-	// text needs no escapes, so %q of it is it in quotes.
+	// Hash writes 100,000 CIDRs at every change: no fmt, and the text goes
+	// out in chunks, not a Write per CIDR. A prefix's text needs no
+	// escapes, so %q of it is it in quotes.
 	if sb, ok := b.(*strings.Builder); ok {
 		sb.Grow(len(ps) * len(`  - "255.255.255.255/32"`+"\n"))
 	}
-	var buf []byte
+	buf := make([]byte, 0, 16<<10)
 	for _, p := range ps {
-		buf = append(buf[:0], `  - "`...)
-		if p.IsValid() {
-			buf = p.AppendTo(buf)
-		} else {
-			buf = append(buf, p.String()...)
+		if len(buf) > cap(buf)-64 {
+			b.Write(buf)
+			buf = buf[:0]
 		}
+		buf = append(buf, `  - "`...)
+		buf = appendPrefix(buf, p)
 		buf = append(buf, "\"\n"...) // quoted: "::/0" is not a plain YAML scalar
-		b.Write(buf)
 	}
+	b.Write(buf)
 }
+
+// appendPrefix appends p.String(): IPv4 by a table of the decimals 0 to
+// 255 (Hash writes 100,000 CIDRs at every change), anything else as
+// netip writes it.
+func appendPrefix(buf []byte, p netip.Prefix) []byte {
+	if !p.IsValid() {
+		return append(buf, p.String()...)
+	}
+	if !p.Addr().Is4() {
+		return p.AppendTo(buf)
+	}
+	a := p.Addr().As4()
+	buf = append(buf, decimals[a[0]]...)
+	buf = append(buf, '.')
+	buf = append(buf, decimals[a[1]]...)
+	buf = append(buf, '.')
+	buf = append(buf, decimals[a[2]]...)
+	buf = append(buf, '.')
+	buf = append(buf, decimals[a[3]]...)
+	buf = append(buf, '/')
+	return append(buf, decimals[p.Bits()]...)
+}
+
+// decimals[i] is strconv.Itoa(i).
+var decimals = func() (d [256]string) {
+	for i := range d {
+		d[i] = strconv.Itoa(i)
+	}
+	return d
+}()
 
 // snatDecoder reads snatAddress (f 4) or snatAddressIPv6 (f 6): one
 // address of that family, as a string; not a prefix, not a zone, not an

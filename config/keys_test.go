@@ -191,6 +191,10 @@ func TestWriteListAsFmt(t *testing.T) {
 	ps := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::/0"),
 		netip.MustParsePrefix("::ffff:10.0.0.0/104"), netip.MustParsePrefix("2001:db8::/32"),
 		netip.MustParsePrefix("255.255.255.255/32"), {}}
+	// Every octet and length, over many chunks of writeList's buffer.
+	for i := range 3000 {
+		ps = append(ps, netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(i), byte(i * 7), byte(i >> 8), byte(255 - i)}), i%33))
+	}
 	var want strings.Builder
 	fmt.Fprintf(&want, "k:\n")
 	for _, p := range ps {

@@ -153,7 +153,10 @@ func loadData(path string, data []byte, err error, f Flags) (Config, []string, e
 // MsgMissing is the warning about a config file that does not exist.
 const MsgMissing = `does not exist: the defaults are in force (no ConfigMap "ip-masq-agent", or no key "config" in it, or a wrong --config?)`
 
-func readFile(path string) ([]byte, error) {
+func readFile(path string) ([]byte, error) { return readFileInto(path, nil) }
+
+// readFileInto is readFile into buf's room, when the file fits in it.
+func readFileInto(path string, buf []byte) ([]byte, error) {
 	// O_NONBLOCK: opening a FIFO must not block the daemon's loop forever.
 	file, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
@@ -174,7 +177,7 @@ func readFile(path string) ([]byte, error) {
 	if fi.Size() > MaxFileSize {
 		return nil, tooBig
 	}
-	data, err := readLimited(file, fi.Size(), tooBig)
+	data, err := readLimited(file, fi.Size(), tooBig, buf)
 	if err != nil && err != tooBig {
 		return nil, unwrapPath(err)
 	}
@@ -184,8 +187,8 @@ func readFile(path string) ([]byte, error) {
 // readLimited reads r up to MaxFileSize; tooBig past it. size is what the
 // file's size said (room for it is made at once); a pipe's or a device's
 // size means nothing, so the read is bounded whatever it said.
-func readLimited(r io.Reader, size int64, tooBig error) ([]byte, error) {
-	var buf bytes.Buffer
+func readLimited(r io.Reader, size int64, tooBig error, room []byte) ([]byte, error) {
+	buf := bytes.NewBuffer(room[:0])
 	buf.Grow(int(min(size, MaxFileSize)) + bytes.MinRead) // the whole file, and the read that sees its end
 	if _, err := buf.ReadFrom(io.LimitReader(r, MaxFileSize+1)); err != nil {
 		return nil, err
@@ -213,7 +216,7 @@ func ReadInput(path string, stdin io.Reader) ([]byte, error) {
 		}
 		r = f
 	}
-	return readLimited(r, 0, fmt.Errorf("larger than the limit of %d bytes", MaxFileSize))
+	return readLimited(r, 0, fmt.Errorf("larger than the limit of %d bytes", MaxFileSize), nil)
 }
 
 // unwrapPath drops the path from an *fs.PathError, since Load adds it itself.

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 
 	"github.com/google/nftables/expr"
-	"go4.org/netipx"
 )
 
 // DaddrBounds returns the destination addresses of family fam at which
@@ -38,7 +37,7 @@ func DaddrBounds(exprs []expr.Any, fam Family) (out []netip.Addr, ok bool) {
 		x, _ := netip.AddrFromSlice(a)
 		return x
 	}
-	add := func(r netipx.IPRange) {
+	add := func(r Range) {
 		out = append(out, r.From())
 		if n := r.To().Next(); n.IsValid() {
 			out = append(out, n)
@@ -86,19 +85,19 @@ func DaddrBounds(exprs []expr.Any, fam Family) (out []netip.Addr, ok bool) {
 					// prefixes it matches, when they are few.
 					ps, few := maskPrefixes(e.Data, l.mask, size)
 					for _, p := range ps {
-						add(netipx.RangeOfPrefix(p))
+						add(RangeOfPrefix(p))
 					}
 					ok = ok && few
 					continue
 				}
 			}
-			add(netipx.RangeOfPrefix(netip.PrefixFrom(pad(e.Data, 0), n).Masked()))
+			add(RangeOfPrefix(netip.PrefixFrom(pad(e.Data, 0), n).Masked()))
 		case *expr.Range:
 			l, found := regs[e.Register]
 			if !found || l.mask != nil || len(e.FromData) != l.len || len(e.ToData) != l.len {
 				continue
 			}
-			add(netipx.IPRangeFrom(pad(e.FromData, 0), pad(e.ToData, 0xff)))
+			add(RangeFrom(pad(e.FromData, 0), pad(e.ToData, 0xff)))
 		case *expr.Meta:
 			delete(regs, e.Register)
 		case *expr.Immediate:
@@ -193,11 +192,11 @@ func (t Table) SetBounds(fam Family) []netip.Addr {
 
 // Merged is the set's elements with adjacent ones joined: what a lookup
 // matches, whichever element matches it.
-func (s Set) Merged() []netipx.IPRange {
-	var out []netipx.IPRange
+func (s Set) Merged() []Range {
+	var out []Range
 	for _, r := range s.Elements {
-		if n := len(out); n > 0 && out[n-1].To().Next() == r.From() {
-			out[n-1] = netipx.IPRangeFrom(out[n-1].From(), r.To())
+		if n := len(out); n > 0 && out[n-1].before(r) {
+			out[n-1] = RangeFrom(out[n-1].From(), r.To())
 			continue
 		}
 		out = append(out, r)

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strings"
 
-	"go4.org/netipx"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
@@ -212,11 +210,11 @@ func Build(c config.Config, o Options) Table {
 // IPv6's (none without enableIPv6): the fewest ranges that cover its
 // prefixes, or under cidrMatch: mostSpecific the mostSpecific rows'
 // paint.
-func elementsOf(c config.Config, enableIPv6 bool) (out [2][][]netipx.IPRange) {
+func elementsOf(c config.Config, enableIPv6 bool) (out [2][][]Range) {
 	var lists [2][]painted
 	var rows []int
 	for f := range out {
-		out[f] = make([][]netipx.IPRange, len(decisions))
+		out[f] = make([][]Range, len(decisions))
 
 	}
 	for j, d := range decisions {

@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
-	"go4.org/netipx"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -294,11 +293,11 @@ func TestAgentSet(t *testing.T) {
 }
 
 func TestBounds(t *testing.T) {
-	var rs []netipx.IPRange
+	var rs []Range
 	for _, p := range []string{"10.0.0.0/8", "240.0.0.0/4", "255.255.255.255/32", "::/0", "2001:db8::/32"} {
-		rs = append(rs, netipx.RangeOfPrefix(netip.MustParsePrefix(p)))
+		rs = append(rs, RangeOfPrefix(netip.MustParsePrefix(p)))
 	}
-	rs = append(rs, netipx.IPRangeFrom(netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::5")))
+	rs = append(rs, RangeFrom(netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::5")))
 	got := Bounds(rs)
 	var s []string
 	for _, e := range got {

@@ -10,7 +10,6 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
-	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 )
 
@@ -300,10 +299,10 @@ type step struct {
 	chain   string
 	index   int // 1-based
 	text    string
-	set     string         // the set a lookup matched in, if any
-	element netipx.IPRange // the element it matched
-	notIn   bool           // the lookup is inverted: the set does not hold the packet's
-	key     SetKey         // the set's key type (how to write element)
+	set     string // the set a lookup matched in, if any
+	element Range  // the element it matched
+	notIn   bool   // the lookup is inverted: the set does not hold the packet's
+	key     SetKey // the set's key type (how to write element)
 	verdict string
 	target  string // the chain a jump or goto leads to
 }

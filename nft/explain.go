@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"go4.org/netipx"
-
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
 
@@ -150,7 +148,7 @@ func snatNote(cfg config.Config, o Options, p Packet) string {
 // that a longer entry of the other list leaves), it names the element:
 // "nonMasqueradeCIDRs[0] 10.0.0.0/8 (...) (set element
 // 10.0.0.0-10.19.255.255)".
-func decidedBy(cfg config.Config, dec *decision, addr netip.Addr, element netipx.IPRange) string {
+func decidedBy(cfg config.Config, dec *decision, addr netip.Addr, element Range) string {
 	type entry struct {
 		key      string
 		index    int // -1: an extra prefix (link-local)
@@ -217,7 +215,7 @@ func decidedBy(cfg config.Config, dec *decision, addr netip.Addr, element netipx
 	if cfg.CIDRMatch == config.MostSpecific && dec.mostSpecific {
 		s += " (the most specific CIDR; cidrMatch: mostSpecific)"
 	}
-	if netipx.RangeOfPrefix(best.p) != element {
+	if RangeOfPrefix(best.p) != element {
 		s += fmt.Sprintf(" (set element %s)", rangeString(element))
 	}
 	return s

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/google/nftables/expr"
-	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
@@ -244,8 +243,8 @@ func TestExplainTable(t *testing.T) {
 	// depends on more than the destination.
 	tbl = kernelTable(t, want)
 	nonmasq := tbl.Set(SetNonMasqV4)
-	nonmasq.Elements = append(nonmasq.Elements, netipx.RangeOfPrefix(netip.MustParsePrefix("203.0.113.0/24")),
-		netipx.IPRangeFrom(netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("198.51.100.9")))
+	nonmasq.Elements = append(nonmasq.Elements, RangeOfPrefix(netip.MustParsePrefix("203.0.113.0/24")),
+		RangeFrom(netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("198.51.100.9")))
 	slices.SortFunc(nonmasq.Elements, compareRange)
 	if e := explain(tbl, "203.0.113.7", false); e.Masquerade || e.Reason != "set nonmasq-v4 holds 203.0.113.0/24 (chain IP-MASQ-AGENT rule 2)" {
 		t.Errorf("added element: %s %q", e.Verdict(), e.Reason)
@@ -324,12 +323,12 @@ func TestRangesFromBounds(t *testing.T) {
 	}
 	// Every golden set, and ranges that are not prefixes, survive the
 	// round trip through Bounds.
-	toBounds := func(rs []netipx.IPRange) []Bound {
+	toBounds := func(rs []Range) []Bound {
 		bs := Bounds(rs)
 		slices.Reverse(bs) // the kernel lists them backwards
 		return bs
 	}
-	check := func(name string, want []netipx.IPRange) {
+	check := func(name string, want []Range) {
 		got, odd := RangesFromBounds(toBounds(want))
 		if len(odd) > 0 || !slices.Equal(got, want) {
 			t.Errorf("%s: %v, %v; want %v", name, got, odd, want)
@@ -341,12 +340,12 @@ func TestRangesFromBounds(t *testing.T) {
 			check(tc.name+" "+s.Name, s.Elements)
 		}
 	}
-	r := func(from, to string) netipx.IPRange {
-		return netipx.IPRangeFrom(netip.MustParseAddr(from), netip.MustParseAddr(to))
+	r := func(from, to string) Range {
+		return RangeFrom(netip.MustParseAddr(from), netip.MustParseAddr(to))
 	}
-	check("ranges", []netipx.IPRange{r("10.0.0.1", "10.0.0.5"), r("10.0.0.6", "10.0.0.6"), r("10.0.0.7", "10.0.1.0"),
+	check("ranges", []Range{r("10.0.0.1", "10.0.0.5"), r("10.0.0.6", "10.0.0.6"), r("10.0.0.7", "10.0.1.0"),
 		r("255.255.255.0", "255.255.255.255")})
-	check("IPv6 ranges", []netipx.IPRange{r("::1", "::3"), r("fe80::1", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")})
+	check("IPv6 ranges", []Range{r("::1", "::3"), r("fe80::1", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")})
 }
 
 func TestRangeString(t *testing.T) {
@@ -358,7 +357,7 @@ func TestRangeString(t *testing.T) {
 		{"255.255.255.254", "255.255.255.255", "255.255.255.254/31"},
 		{"::1", "::3", "::1-::3"},
 	} {
-		if got := rangeString(netipx.IPRangeFrom(netip.MustParseAddr(tc.first), netip.MustParseAddr(tc.last))); got != tc.want {
+		if got := rangeString(RangeFrom(netip.MustParseAddr(tc.first), netip.MustParseAddr(tc.last))); got != tc.want {
 			t.Errorf("%s-%s: %q, want %q", tc.first, tc.last, got, tc.want)
 		}
 	}
@@ -379,7 +378,7 @@ func TestDiffPlan(t *testing.T) {
 	}
 	tbl := kernelTable(t, want)
 	s := tbl.Set(SetNonMasqV4)
-	s.Elements = append(s.Elements[1:], netipx.RangeOfPrefix(netip.MustParsePrefix("203.0.113.0/24"))) // 10/8 gone
+	s.Elements = append(s.Elements[1:], RangeOfPrefix(netip.MustParsePrefix("203.0.113.0/24"))) // 10/8 gone
 	c := tbl.Chain(DefaultChain)
 	c.Rules = c.Rules[:2]
 	tbl.Sets = append(tbl.Sets, Set{Name: "extra", Key: KeyIPv4})

@@ -278,10 +278,10 @@ func evalRuleset(t *testing.T, rs Table, a netip.Addr) (bool, string) {
 	return false, strings.Join(append(trace, "base chain policy accept"), " / ")
 }
 
-func inRanges(rs []netipx.IPRange, a netip.Addr) bool {
+func inRanges(rs []Range, a netip.Addr) bool {
 	// Sorted and disjoint (checkSets): the only candidate is the last
 	// range that starts at or before a.
-	i, _ := slices.BinarySearchFunc(rs, a, func(r netipx.IPRange, a netip.Addr) int { return r.From().Compare(a) })
+	i, _ := slices.BinarySearchFunc(rs, a, func(r Range, a netip.Addr) int { return r.From().Compare(a) })
 	if i < len(rs) && rs[i].From() == a {
 		return true
 	}

@@ -199,10 +199,10 @@ func checkJoined(t *testing.T, merged, apart Table) {
 		}
 		var b, c netipx.IPSetBuilder
 		for _, r := range s.Elements {
-			b.AddRange(r)
+			b.AddRange(r.IPRange())
 		}
 		for _, r := range apart.Set(s.Name).Elements {
-			c.AddRange(r)
+			c.AddRange(r.IPRange())
 		}
 		x, _ := b.IPSet()
 		y, _ := c.IPSet()
@@ -341,7 +341,7 @@ func TestPlanAdjacentDelta(t *testing.T) {
 		got = append(got, op.String())
 	}
 	if len(plan.Ops) != 1 || plan.Ops[0].Verb != Add || len(plan.Ops[0].Elements) != 1 ||
-		plan.Ops[0].Elements[0] != netipx.MustParseIPRange("100.0.1.0-100.0.1.255") {
+		plan.Ops[0].Elements[0] != mustRange("100.0.1.0-100.0.1.255") {
 		t.Errorf("plan: %q, want an add of 100.0.1.0/24 alone", got)
 	}
 }
@@ -349,7 +349,7 @@ func TestPlanAdjacentDelta(t *testing.T) {
 // paintReference is paint with netipx's IPSetBuilder: by prefix length,
 // shortest first, each list's prefixes of that length removed from the
 // others and added to its own, an earlier list last (it wins a tie).
-func paintReference(lists []painted) [][]netipx.IPRange {
+func paintReference(lists []painted) [][]Range {
 	bs := make([]netipx.IPSetBuilder, len(lists))
 	for bits := 0; bits <= 128; bits++ {
 		for i := len(lists) - 1; i >= 0; i-- {
@@ -368,10 +368,12 @@ func paintReference(lists []painted) [][]netipx.IPRange {
 			bs[i].AddSet(level)
 		}
 	}
-	out := make([][]netipx.IPRange, len(lists))
+	out := make([][]Range, len(lists))
 	for i := range bs {
 		s, _ := bs[i].IPSet()
-		out[i] = s.Ranges()
+		for _, r := range s.Ranges() {
+			out[i] = append(out[i], rangeOf(r))
+		}
 	}
 	return out
 }
@@ -405,7 +407,7 @@ func TestPaintAsIPSetBuilder(t *testing.T) {
 		for i := range lists {
 			var b netipx.IPSetBuilder
 			for j, r := range got[i] {
-				b.AddRange(r)
+				b.AddRange(r.IPRange())
 				if j > 0 && got[i][j-1].To().Compare(r.From()) >= 0 {
 					t.Fatalf("lists %v: list %d painted %v: out of order or overlapping", lists, i, got[i])
 				}
@@ -414,8 +416,12 @@ func TestPaintAsIPSetBuilder(t *testing.T) {
 				}
 			}
 			union, _ := b.IPSet()
-			if !slices.Equal(union.Ranges(), want[i]) {
-				t.Fatalf("lists %v: list %d painted %v, covering %v, want %v", lists, i, got[i], union.Ranges(), want[i])
+			var covers []Range
+			for _, r := range union.Ranges() {
+				covers = append(covers, rangeOf(r))
+			}
+			if !slices.Equal(covers, want[i]) {
+				t.Fatalf("lists %v: list %d painted %v, covering %v, want %v", lists, i, got[i], covers, want[i])
 			}
 		}
 	}
@@ -461,7 +467,7 @@ func TestUnion4AsPaint(t *testing.T) {
 // of each list that the other lacks, in order.
 func TestDiffRanges(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	lacks := func(a, b []netipx.IPRange) (out []netipx.IPRange) {
+	lacks := func(a, b []Range) (out []Range) {
 		for _, x := range a {
 			if !slices.Contains(b, x) {
 				out = append(out, x)
@@ -489,3 +495,5 @@ func TestDiffRanges(t *testing.T) {
 		}
 	}
 }
+
+func mustRange(s string) Range { return rangeOf(netipx.MustParseIPRange(s)) }

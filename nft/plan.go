@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-
-	"go4.org/netipx"
 )
 
 // Op is one operation of a transaction on table inet ip-masq-agent.
@@ -20,7 +18,7 @@ type Op struct {
 	Set      *Set   // AddSet: the set's shape (its elements come as AddElements)
 	Chain    *Chain // AddChain: the chain's hook (its rules come as AddRule)
 	Rule     *Rule
-	Elements []netipx.IPRange
+	Elements []Range
 	Key      SetKey // elements of a set whose key is not an address (ifname): how String writes them
 	Object   *Object
 	// Table: AddTable and UpdateTable set these flags; Exclusive makes
@@ -470,7 +468,7 @@ func (t *Table) clone(room map[string]int) *Table {
 	for i := range c.Sets {
 		s := &c.Sets[i]
 		if n := room[s.Name]; n > 0 {
-			s.Elements = append(make([]netipx.IPRange, 0, len(s.Elements)+n), s.Elements...)
+			s.Elements = append(make([]Range, 0, len(s.Elements)+n), s.Elements...)
 		} else {
 			s.Elements = slices.Clone(s.Elements)
 		}

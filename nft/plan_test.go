@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/google/nftables/expr"
-	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
@@ -33,8 +32,8 @@ func wanted(t testing.TB, yaml string, o Options) Table {
 
 var planOpts = Options{Chain: DefaultChain, EnableIPv6: true, RandomFully: true}
 
-func ipRange(from, to string) netipx.IPRange {
-	return netipx.IPRangeFrom(netip.MustParseAddr(from), netip.MustParseAddr(to))
+func ipRange(from, to string) Range {
+	return RangeFrom(netip.MustParseAddr(from), netip.MustParseAddr(to))
 }
 
 // foreignRule is a rule the agent cannot have written, as Read decodes it:
@@ -92,9 +91,9 @@ func TestPlanFor(t *testing.T) {
 		{name: "equal, counters aside: nothing", found: found(func(f *Table) { f.Chains[0].Rules[0].Packets = 7 }), ops: nil},
 		{name: "elements added and removed: only element operations", found: found(func(f *Table) {
 			s := f.Set(SetNonMasqV4)
-			s.Elements = []netipx.IPRange{ipRange("10.0.0.0", "10.0.0.9"), netipx.RangeOfPrefix(netip.MustParsePrefix("169.254.0.0/16")),
+			s.Elements = []Range{ipRange("10.0.0.0", "10.0.0.9"), RangeOfPrefix(netip.MustParsePrefix("169.254.0.0/16")),
 				ipRange("192.168.0.1", "192.168.0.1")}
-			f.Set(SetMasqV6).Elements = []netipx.IPRange{ipRange("2001:db8::", "2001:db8::ff")}
+			f.Set(SetMasqV6).Elements = []Range{ipRange("2001:db8::", "2001:db8::ff")}
 		}), ops: []string{
 			"delete element " + tbl + "nonmasq-v4 { 10.0.0.0-10.0.0.9, 192.168.0.1 }",
 			"add element " + tbl + "nonmasq-v4 { 10.0.0.0/8 }",
@@ -265,11 +264,11 @@ func TestExecRefusals(t *testing.T) {
 			Rule: &Rule{Family: 4, Selector: SelDaddr, Set: "nope", Verdict: Return}}, syscall.ENOENT},
 		{"elements of a missing set", want.Clone(), Op{Verb: Add, Kind: KindElements, Name: "s"}, syscall.ENOENT},
 		{"delete a missing element", want.Clone(), Op{Verb: Delete, Kind: KindElements, Name: SetMasqV4,
-			Elements: []netipx.IPRange{ipRange("1.1.1.1", "1.1.1.1")}}, syscall.ENOENT},
+			Elements: []Range{ipRange("1.1.1.1", "1.1.1.1")}}, syscall.ENOENT},
 		{"an overlapping element", want.Clone(), Op{Verb: Add, Kind: KindElements, Name: SetNonMasqV4,
-			Elements: []netipx.IPRange{ipRange("9.0.0.0", "10.0.0.0")}}, syscall.EEXIST},
+			Elements: []Range{ipRange("9.0.0.0", "10.0.0.0")}}, syscall.EEXIST},
 		{"an overlapping element, after", want.Clone(), Op{Verb: Add, Kind: KindElements, Name: SetNonMasqV4,
-			Elements: []netipx.IPRange{ipRange("10.255.255.255", "11.0.0.0")}}, syscall.EEXIST},
+			Elements: []Range{ipRange("10.255.255.255", "11.0.0.0")}}, syscall.EEXIST},
 		{"delete a missing object", want.Clone(), Op{Verb: Delete, Kind: KindObject, Object: &Object{Kind: "quota", Name: "q"}}, syscall.ENOENT},
 	} {
 		before := tc.tbl.Clone()
@@ -440,7 +439,7 @@ func tamper(rng *rand.Rand, t *Table) (*Table, []string) {
 			if t.Set(name) != nil {
 				continue
 			}
-			t.Sets = append(t.Sets, Set{Name: name, Key: KeyIPv4, Elements: []netipx.IPRange{randomRange(rng, 4)}})
+			t.Sets = append(t.Sets, Set{Name: name, Key: KeyIPv4, Elements: []Range{randomRange(rng, 4)}})
 			if rng.IntN(2) == 0 {
 				c := &t.Chains[rng.IntN(len(t.Chains))]
 				c.Rules = append(c.Rules, foreignRule(name, ""))
@@ -527,21 +526,21 @@ func usesSet(r Rule, name string) bool {
 }
 
 // randomRange returns a range of a family that is often not a prefix.
-func randomRange(rng *rand.Rand, f Family) netipx.IPRange {
+func randomRange(rng *rand.Rand, f Family) Range {
 	if f == 6 {
 		from := netip.AddrFrom16([16]byte{0xfd, byte(rng.IntN(4)), 15: byte(rng.IntN(200))})
 		to := from
 		for range rng.IntN(40) {
 			to = to.Next()
 		}
-		return netipx.IPRangeFrom(from, to)
+		return RangeFrom(from, to)
 	}
 	from := netip.AddrFrom4([4]byte{byte(8 + rng.IntN(4)), byte(rng.IntN(4)), 0, byte(rng.IntN(200))})
 	to := from
 	for range rng.IntN(40) {
 		to = to.Next()
 	}
-	return netipx.IPRangeFrom(from, to)
+	return RangeFrom(from, to)
 }
 
 // staleOnce is a Kernel that lets another process change the table

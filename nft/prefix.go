@@ -65,7 +65,7 @@ func comparePrefix(a, b netip.Prefix) int {
 // kept apart (paint says why). Every element costs the node's other nft
 // users: nft reads every element of every interval set before a batch
 // that adds or deletes one (docs/operation.md).
-func rangesOf(ps []netip.Prefix) []netipx.IPRange {
+func rangesOf(ps []netip.Prefix) []Range {
 	if !slices.ContainsFunc(ps, func(p netip.Prefix) bool { return !p.Addr().Is4() }) {
 		return union4(ps)
 	}
@@ -78,7 +78,7 @@ func rangesOf(ps []netip.Prefix) []netipx.IPRange {
 // order is sorted already), then nested ones dropped in one pass. A one-CIDR change
 // of 100,000 rebuilds the set: paint, with netip.Addr and a stack, took
 // 13 ms of the change's CPU, and the lists are not copied first.
-func union4(lists ...[]netip.Prefix) []netipx.IPRange {
+func union4(lists ...[]netip.Prefix) []Range {
 	n := 0
 	for _, l := range lists {
 		n += len(l)
@@ -100,10 +100,7 @@ func union4(lists ...[]netip.Prefix) []netipx.IPRange {
 	if !slices.IsSorted(keys) {
 		slices.Sort(keys)
 	}
-	out := make([]netipx.IPRange, 0, len(keys))
-	addr := func(v uint64) netip.Addr {
-		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-	}
+	out := make([]Range, 0, len(keys))
 	for i := 0; i < len(keys); {
 		from, to := keys[i]>>32, keys[i]&0xffffffff
 		// Take every prefix that starts within the range: nested in it
@@ -111,7 +108,7 @@ func union4(lists ...[]netip.Prefix) []netipx.IPRange {
 		for i++; i < len(keys) && keys[i]>>32 <= to; i++ {
 			to = max(to, keys[i]&0xffffffff)
 		}
-		out = append(out, netipx.IPRangeFrom(addr(from), addr(to)))
+		out = append(out, range4(uint32(from), uint32(to)))
 	}
 	return out
 }
@@ -119,11 +116,11 @@ func union4(lists ...[]netip.Prefix) []netipx.IPRange {
 // joinAdjacent joins, in place, each range of sorted, disjoint ranges rs
 // with the next when that starts right after it: one set, one decision,
 // fewer elements (Options.MergeAdjacent).
-func joinAdjacent(rs []netipx.IPRange) []netipx.IPRange {
+func joinAdjacent(rs []Range) []Range {
 	out := rs[:0]
 	for _, r := range rs {
-		if n := len(out); n > 0 && out[n-1].To().Next() == r.From() {
-			out[n-1] = netipx.IPRangeFrom(out[n-1].From(), r.To())
+		if n := len(out); n > 0 && out[n-1].before(r) {
+			out[n-1] = RangeFrom(out[n-1].From(), r.To())
 			continue
 		}
 		out = append(out, r)
@@ -144,10 +141,10 @@ func only6(ps []netip.Prefix) []netip.Prefix {
 
 // prefixRanges returns one range per prefix, nested ones dropped and
 // adjacent ones kept apart (Normalize).
-func prefixRanges(ps []netip.Prefix) []netipx.IPRange {
-	var out []netipx.IPRange
+func prefixRanges(ps []netip.Prefix) []Range {
+	var out []Range
 	for _, p := range Normalize(ps) {
-		out = append(out, netipx.RangeOfPrefix(p))
+		out = append(out, RangeOfPrefix(p))
 	}
 	return out
 }
@@ -175,7 +172,7 @@ type painted []netip.Prefix
 // own start element, and the plan sends only the bounds that change
 // (nft/kernel's sentBounds). Where the kernel's lookup is the array's
 // (kernel.Netlink.IntervalLookup), Build joins them (Options.MergeAdjacent).
-func paint(lists []painted) [][]netipx.IPRange {
+func paint(lists []painted) [][]Range {
 	type entry struct {
 		p    netip.Prefix
 		list int
@@ -197,11 +194,11 @@ func paint(lists []painted) [][]netipx.IPRange {
 		}
 		return b.list - a.list
 	})
-	out := make([][]netipx.IPRange, len(lists))
+	out := make([][]Range, len(lists))
 	for i, l := range lists {
 		// At most a range per prefix and per hole a longer one cuts: the
 		// common case allocated once.
-		out[i] = make([]netipx.IPRange, 0, len(l))
+		out[i] = make([]Range, 0, len(l))
 	}
 	// root is the outermost open prefix (its index in all); lastRoot, that
 	// of each list's last range: pieces of one root join, pieces of two
@@ -215,10 +212,10 @@ func paint(lists []painted) [][]netipx.IPRange {
 		}
 		rs := out[i]
 		if n := len(rs); n > 0 && rs[n-1].To().Next() == from && lastRoot[i] == root {
-			rs[n-1] = netipx.IPRangeFrom(rs[n-1].From(), to)
+			rs[n-1] = RangeFrom(rs[n-1].From(), to)
 			return
 		}
-		out[i], lastRoot[i] = append(rs, netipx.IPRangeFrom(from, to)), root
+		out[i], lastRoot[i] = append(rs, RangeFrom(from, to)), root
 	}
 	type open struct {
 		last netip.Addr
@@ -254,16 +251,9 @@ func paint(lists []painted) [][]netipx.IPRange {
 	return out
 }
 
-func compareRange(a, b netipx.IPRange) int {
-	if c := a.From().Compare(b.From()); c != 0 {
-		return c
-	}
-	return a.To().Compare(b.To())
-}
-
 // diffRanges returns the ranges of old not in new and of new not in old;
 // both inputs sorted.
-func diffRanges(old, new []netipx.IPRange) (removed, added []netipx.IPRange) {
+func diffRanges(old, new []Range) (removed, added []Range) {
 	// A change of a few CIDRs leaves long equal runs at both ends: skip
 	// them by equality, cheaper than ordering (what the merge does to
 	// equal elements).
@@ -292,7 +282,7 @@ func diffRanges(old, new []netipx.IPRange) (removed, added []netipx.IPRange) {
 
 // rangeString writes a range as nft lists it: an address, a prefix, or
 // first-last.
-func rangeString(r netipx.IPRange) string {
+func rangeString(r Range) string {
 	if r.From() == r.To() {
 		return r.From().String()
 	}
@@ -303,19 +293,19 @@ func rangeString(r netipx.IPRange) string {
 }
 
 // lookup returns the range of a sorted, disjoint list that holds addr.
-func lookup(rs []netipx.IPRange, addr netip.Addr) (netipx.IPRange, bool) {
+func lookup(rs []Range, addr netip.Addr) (Range, bool) {
 	i := sort.Search(len(rs), func(i int) bool { return rs[i].From().Compare(addr) > 0 })
 	if i > 0 && rs[i-1].Contains(addr) {
 		return rs[i-1], true
 	}
-	return netipx.IPRange{}, false
+	return Range{}, false
 }
 
 // Bounds are ranges as interval-set elements: the first address, and the
 // address after the last flagged as interval end. A range that reaches
 // the top of the address space (0.0.0.0/0, 240.0.0.0/4, ::/0) has no
 // address after it and gets no end element, as nft does.
-func Bounds(rs []netipx.IPRange) []Bound {
+func Bounds(rs []Range) []Bound {
 	out := make([]Bound, 0, 2*len(rs))
 	for _, r := range rs {
 		out = append(out, Bound{Addr: r.From()})
@@ -342,7 +332,7 @@ type Bound struct {
 // DELSETELEM of one end leaves that); to the top of the address space
 // after the last start. An end with no start matches nothing; nft writes
 // one at the lowest address, and any other is odd.
-func RangesFromBounds(bs []Bound) (ranges []netipx.IPRange, odd []string) {
+func RangesFromBounds(bs []Bound) (ranges []Range, odd []string) {
 	slices.SortFunc(bs, func(x, y Bound) int {
 		if c := x.Addr.Compare(y.Addr); c != 0 {
 			return c
@@ -355,19 +345,19 @@ func RangesFromBounds(bs []Bound) (ranges []netipx.IPRange, odd []string) {
 		}
 		return 1
 	})
-	out := make([]netipx.IPRange, 0, len(bs)/2+1)
+	out := make([]Range, 0, len(bs)/2+1)
 	var start netip.Addr
 	open := false
 	for i, b := range bs {
 		switch {
 		case !b.End && open:
-			out = append(out, netipx.IPRangeFrom(start, b.Addr.Prev()))
+			out = append(out, RangeFrom(start, b.Addr.Prev()))
 			odd = append(odd, "an interval start without an end")
 			start = b.Addr
 		case !b.End:
 			start, open = b.Addr, true
 		case open:
-			out = append(out, netipx.IPRangeFrom(start, b.Addr.Prev()))
+			out = append(out, RangeFrom(start, b.Addr.Prev()))
 			open = false
 		case i > 0 || !b.Addr.IsUnspecified():
 			odd = append(odd, "an interval end without a start")
@@ -378,7 +368,7 @@ func RangesFromBounds(bs []Bound) (ranges []netipx.IPRange, odd []string) {
 		if start.Is6() {
 			last = netipx.PrefixLastIP(netip.PrefixFrom(netip.IPv6Unspecified(), 0))
 		}
-		out = append(out, netipx.IPRangeFrom(start, last))
+		out = append(out, RangeFrom(start, last))
 	}
 	return out, odd
 }

@@ -5,8 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-	"go4.org/netipx"
-
 	"github.com/google/nftables/expr"
 )
 
@@ -144,7 +142,7 @@ func IfnamePrefix(name string) (p netip.Prefix, ok bool) {
 
 // ifnameString writes an element of an ifname set as nft does ("eth0",
 // "eth*"), from its range.
-func ifnameString(r netipx.IPRange) string {
+func ifnameString(r Range) string {
 	p, ok := r.Prefix()
 	if !ok || p.Bits()%8 != 0 {
 		return r.String() // not a name nft writes: the bytes
@@ -157,7 +155,7 @@ func ifnameString(r netipx.IPRange) string {
 }
 
 // elementString writes an element of a set of key k as nft does.
-func elementString(k SetKey, r netipx.IPRange) string {
+func elementString(k SetKey, r Range) string {
 	if k == KeyIfname {
 		return ifnameString(r)
 	}

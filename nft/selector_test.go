@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/google/nftables/expr"
-	"go4.org/netipx"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 )
@@ -49,7 +48,7 @@ func TestSelectorCodec(t *testing.T) {
 func srcTable() Table {
 	t := Build(config.Default(config.Flags{}), Options{Chain: DefaultChain})
 	t.Sets = append(t.Sets, Set{Name: "src-v4", Key: KeyIPv4,
-		Elements: []netipx.IPRange{netipx.RangeOfPrefix(netip.MustParsePrefix("10.244.1.0/24"))}})
+		Elements: []Range{RangeOfPrefix(netip.MustParsePrefix("10.244.1.0/24"))}})
 	c := t.DecisionChain()
 	c.Rules = append([]Rule{{Family: 4, Selector: SelSaddr, Set: "src-v4", Verdict: Return}}, c.Rules...)
 	return t
@@ -364,14 +363,14 @@ func TestIfnameElements(t *testing.T) {
 		copy(b[:], s)
 		return netip.AddrFrom16(b)
 	}
-	var rs []netipx.IPRange
+	var rs []Range
 	for _, n := range []string{"ens3", "eth*"} {
 		p, ok := IfnamePrefix(n)
 		if !ok {
 			t.Fatalf("%q does not fit", n)
 		}
-		rs = append(rs, netipx.RangeOfPrefix(p))
-		if got := ifnameString(netipx.RangeOfPrefix(p)); got != `"`+n+`"` {
+		rs = append(rs, RangeOfPrefix(p))
+		if got := ifnameString(RangeOfPrefix(p)); got != `"`+n+`"` {
 			t.Errorf("%q is written %s", n, got)
 		}
 	}

@@ -20,7 +20,6 @@ import (
 	"strings"
 
 	"github.com/google/nftables/expr"
-	"go4.org/netipx"
 )
 
 // Names of the kernel objects the agent owns. The agent writes nothing
@@ -121,7 +120,7 @@ type Set struct {
 	// Elements are disjoint, sorted ranges. Build makes the fewest that
 	// cover the config's prefixes (adjacent ones merged; explain names
 	// the listed prefix behind one).
-	Elements []netipx.IPRange
+	Elements []Range
 	// Odd says, for a set found in the kernel, what makes it other than
 	// the plain interval set the agent makes (a map, a timeout, a size, set
 	// or element expressions, ...); such a set is replaced, not refilled.
@@ -242,7 +241,7 @@ func (t Table) HasAdjacent() bool {
 			continue
 		}
 		for i := 1; i < len(s.Elements); i++ {
-			if s.Elements[i-1].To().Next() == s.Elements[i].From() {
+			if s.Elements[i-1].before(s.Elements[i]) {
 				return true
 			}
 		}

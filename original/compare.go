@@ -555,10 +555,15 @@ func newHints(o Rules, cfg config.Config, flags config.Flags, opts nft.Options, 
 	h := &hints{cfg: cfg, flags: flags, opts: opts, orig6: len(o.Jumped(6)) > 0}
 	h.defaultNon = slices.Equal(cfg.NonMasqueradeCIDRs, config.Default(flags).NonMasqueradeCIDRs)
 	for _, s := range want.Sets {
-		if masq, ok := nft.DaddrSet(s.Name); ok && masq {
-			h.masq = append(h.masq, s.Merged()...)
-		} else if ok {
-			h.nonMasq = append(h.nonMasq, s.Merged()...)
+		into := &h.nonMasq
+		masq, ok := nft.DaddrSet(s.Name)
+		if !ok {
+			continue
+		} else if masq {
+			into = &h.masq
+		}
+		for _, r := range s.Merged() {
+			*into = append(*into, r.IPRange())
 		}
 	}
 	for _, rs := range []ranges{h.masq, h.nonMasq} {

@@ -13,7 +13,6 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netns"
-	"go4.org/netipx"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
@@ -273,7 +272,7 @@ func TestFailedBatchChangesNothing(t *testing.T) {
 	before := listTable(t, topo)
 
 	bad := nft.Build(config.Default(config.Flags{}), nft.Options{Chain: nft.DefaultChain, RandomFully: true})
-	bad.Sets[1].Elements = append(bad.Sets[1].Elements, netipx.RangeOfPrefix(netip.MustParsePrefix("10.1.0.0/16")))
+	bad.Sets[1].Elements = append(bad.Sets[1].Elements, nft.RangeOfPrefix(netip.MustParsePrefix("10.1.0.0/16")))
 	_, err := nft.Ensure(a, bad)
 	if err == nil {
 		t.Fatal("the kernel accepted overlapping intervals")

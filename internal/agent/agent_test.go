@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"go4.org/netipx"
-
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/metrics"
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -462,7 +460,7 @@ func TestOwnedByOtherWaitsThenAdopts(t *testing.T) {
 	// Another agent holds the table (with another config).
 	other := want.Clone()
 	other.Owner = nft.OwnedByOther
-	other.Set(nft.SetNonMasqV4).Elements = []netipx.IPRange{netipx.MustParseIPRange("192.0.2.0-192.0.2.255")}
+	other.Set(nft.SetNonMasqV4).Elements = []nft.Range{nft.RangeFrom(netip.MustParseAddr("192.0.2.0"), netip.MustParseAddr("192.0.2.255"))}
 	h.fake.Tamper("other agent", func(t **nft.Table) { *t = other.Clone() })
 	if err := h.a.Sync(t0); !errors.Is(err, nft.ErrOwnedByOther) {
 		t.Fatalf("Sync: %v", err)

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/google/nftables/expr"
-	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/config"
@@ -89,14 +88,14 @@ func TestExprKindsReadBack(t *testing.T) {
 // start element a transaction replaces), and one whose end stays keeps
 // its end.
 func TestSentBoundsKeepWhatStays(t *testing.T) {
-	r := func(from, to string) netipx.IPRange {
-		return netipx.IPRangeFrom(netip.MustParseAddr(from), netip.MustParseAddr(to))
+	r := func(from, to string) nft.Range {
+		return nft.RangeFrom(netip.MustParseAddr(from), netip.MustParseAddr(to))
 	}
 	b := func(a string, end bool) nft.Bound { return nft.Bound{Addr: netip.MustParseAddr(a), End: end} }
 	p := nft.Plan{Ops: []nft.Op{
-		{Verb: nft.Delete, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []netipx.IPRange{r("10.0.0.0", "10.0.0.255"), r("10.9.0.0", "10.9.0.255")}},
-		{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []netipx.IPRange{r("10.0.0.0", "10.0.1.255"), r("10.8.0.0", "10.9.0.255")}},
-		{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetMasqV4, Elements: []netipx.IPRange{r("10.0.0.0", "10.0.0.255")}},
+		{Verb: nft.Delete, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []nft.Range{r("10.0.0.0", "10.0.0.255"), r("10.9.0.0", "10.9.0.255")}},
+		{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []nft.Range{r("10.0.0.0", "10.0.1.255"), r("10.8.0.0", "10.9.0.255")}},
+		{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetMasqV4, Elements: []nft.Range{r("10.0.0.0", "10.0.0.255")}},
 	}}
 	got := sentBounds(p)
 	want := map[int][]nft.Bound{

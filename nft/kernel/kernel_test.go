@@ -14,7 +14,6 @@ import (
 	"github.com/ip-masq-agent/ip-masq-agent-nft/internal/testnet"
 
 	"github.com/mdlayher/netlink"
-	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 )
 
@@ -148,7 +147,7 @@ func TestSendRefusedNamesTheMessage(t *testing.T) {
 	n, topo := kernelNetlink(t)
 	n.NoOwner = true
 	op := nft.Op{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetNonMasqV4,
-		Elements: []netipx.IPRange{netipx.RangeOfPrefix(netip.MustParsePrefix("198.51.100.0/24"))}}
+		Elements: []nft.Range{nft.RangeOfPrefix(netip.MustParsePrefix("198.51.100.0/24"))}}
 	_, err := n.Send(nft.Plan{Ops: []nft.Op{op}}, 0)
 	var refused *nft.RefusedError
 	if !errors.As(err, &refused) || refused.Op != op.String() || !errors.Is(err, syscall.ENOENT) ||

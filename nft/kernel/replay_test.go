@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/mdlayher/netlink"
-	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -262,7 +261,7 @@ func replayScenario(t *testing.T, tr replayed) {
 	// A change of one element and of a chain's rules, read back alone.
 	chain := want.Chains[len(want.Chains)-1]
 	plan := nft.Plan{Ops: append([]nft.Op{
-		{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []netipx.IPRange{netipx.RangeOfPrefix(netip.MustParsePrefix("192.0.2.0/24"))}},
+		{Verb: nft.Add, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []nft.Range{nft.RangeOfPrefix(netip.MustParsePrefix("192.0.2.0/24"))}},
 		{Verb: nft.Flush, Kind: nft.KindChain, Name: chain.Name},
 	}, addRules(chain)...)}
 	b, err := encode(plan)

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"go4.org/netipx"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -262,7 +260,7 @@ func rereadElements(conn transport, s *nft.Set, ops []elem) (int, bool, error) {
 // margin): RangesFromBounds reads bounds in order, and enters such a
 // window with no interval open. The rest of a set of 100,000 is copied,
 // not taken apart (that costs a few hundred ms of CPU).
-func applyElems(rs []netipx.IPRange, ops []elem) ([]netipx.IPRange, []string, map[nft.Bound]bool) {
+func applyElems(rs []nft.Range, ops []elem) ([]nft.Range, []string, map[nft.Bound]bool) {
 	type window struct {
 		lo, hi int
 		addrs  map[netip.Addr]bool
@@ -277,7 +275,7 @@ func applyElems(rs []netipx.IPRange, ops []elem) ([]netipx.IPRange, []string, ma
 	for _, a := range addrs {
 		// The first range whose end bound (the address after its last) is
 		// a or above: those before it end below a.
-		j, _ := slices.BinarySearchFunc(rs, a, func(r netipx.IPRange, a netip.Addr) int {
+		j, _ := slices.BinarySearchFunc(rs, a, func(r nft.Range, a netip.Addr) int {
 			if end := r.To().Next(); end.IsValid() && end.Less(a) {
 				return -1
 			}
@@ -291,7 +289,7 @@ func applyElems(rs []netipx.IPRange, ops []elem) ([]netipx.IPRange, []string, ma
 		}
 		ws = append(ws, window{lo: lo, hi: hi, addrs: map[netip.Addr]bool{a: true}})
 	}
-	out := make([]netipx.IPRange, 0, len(rs)+len(addrs))
+	out := make([]nft.Range, 0, len(rs)+len(addrs))
 	var odd []string
 	held := map[nft.Bound]bool{}
 	next := 0

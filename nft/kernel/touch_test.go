@@ -11,8 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"go4.org/netipx"
-
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
@@ -65,7 +63,7 @@ func TestForeignElementsReadOneByOne(t *testing.T) {
 	var many []nft.Bound
 	for i := range 600 {
 		p := netip.MustParsePrefix(fmt.Sprintf("30.%d.%d.0/24", i/128, 2*(i%128)))
-		many = append(many, nft.Bounds([]netipx.IPRange{netipx.RangeOfPrefix(p)})...)
+		many = append(many, nft.Bounds([]nft.Range{nft.RangeOfPrefix(p)})...)
 	}
 	foreign, err := dial(n.NetNS)
 	if err != nil {
@@ -286,18 +284,18 @@ func TestApplyElems(t *testing.T) {
 	for round := range 3000 {
 		// Sorted, disjoint ranges on a coarse grid (so that operations hit
 		// existing bounds), sometimes starting at 0 or ending at the top.
-		var rs []netipx.IPRange
+		var rs []nft.Range
 		v := uint32(0)
 		if r.IntN(4) > 0 {
 			v = uint32(r.IntN(4)) << 28
 		}
 		for v < 15<<28 && len(rs) < 1+r.IntN(12) {
 			size := uint32(1+r.IntN(3)) << 26
-			rs = append(rs, netipx.IPRangeFrom(addr(v), addr(v+size-1)))
+			rs = append(rs, nft.RangeFrom(addr(v), addr(v+size-1)))
 			v += size + uint32(r.IntN(3))<<26
 		}
 		if r.IntN(5) == 0 {
-			rs = append(rs, netipx.IPRangeFrom(addr(15<<28+1<<26), addr(^uint32(0))))
+			rs = append(rs, nft.RangeFrom(addr(15<<28+1<<26), addr(^uint32(0))))
 		}
 		rs, odd := nft.RangesFromBounds(nft.Bounds(rs)) // as a whole read reads them
 		if len(odd) > 0 {
@@ -337,10 +335,10 @@ func TestApplyElems(t *testing.T) {
 }
 
 func BenchmarkApplyElems(b *testing.B) {
-	var rs []netipx.IPRange
+	var rs []nft.Range
 	for i := range 100_000 {
 		a := netip.AddrFrom4([4]byte{byte(20 + i/65536), byte(i / 256 % 256), byte(i % 256), 0})
-		rs = append(rs, netipx.IPRangeFrom(a, a.Next()))
+		rs = append(rs, nft.RangeFrom(a, a.Next()))
 	}
 	ops := []elem{{nft.Bounds(rs[5:6])[0], false}, {nft.Bounds(rs[5:6])[1], false}, {nft.Bound{Addr: netip.MustParseAddr("192.0.2.0")}, true}, {nft.Bound{Addr: netip.MustParseAddr("192.0.3.0"), End: true}, true}}
 	for b.Loop() {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/mdlayher/netlink"
-	"go4.org/netipx"
 	"golang.org/x/sys/unix"
 
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
@@ -252,16 +251,16 @@ func verifyElements(conn transport, want nft.Set, bs []nft.Bound) (bool, error) 
 
 // holds reports whether sorted, disjoint ranges make the interval set
 // hold bound b (see nft.Bounds).
-func holds(rs []netipx.IPRange, b nft.Bound) bool {
+func holds(rs []nft.Range, b nft.Bound) bool {
 	if !b.End {
-		i, ok := slices.BinarySearchFunc(rs, b.Addr, func(r netipx.IPRange, a netip.Addr) int { return r.From().Compare(a) })
+		i, ok := slices.BinarySearchFunc(rs, b.Addr, func(r nft.Range, a netip.Addr) int { return r.From().Compare(a) })
 		return ok && i >= 0
 	}
 	last := b.Addr.Prev()
 	if !last.IsValid() {
 		return false
 	}
-	_, ok := slices.BinarySearchFunc(rs, last, func(r netipx.IPRange, a netip.Addr) int { return r.To().Compare(a) })
+	_, ok := slices.BinarySearchFunc(rs, last, func(r nft.Range, a netip.Addr) int { return r.To().Compare(a) })
 	return ok
 }
 

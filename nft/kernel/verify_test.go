@@ -13,8 +13,6 @@ import (
 	"slices"
 	"testing"
 
-	"go4.org/netipx"
-
 	"github.com/ip-masq-agent/ip-masq-agent-nft/nft"
 )
 
@@ -23,9 +21,9 @@ func withCIDRs(cidrs ...string) nft.Table {
 	t := defaultTable()
 	s := t.Set(nft.SetNonMasqV4)
 	for _, c := range cidrs {
-		s.Elements = append(s.Elements, netipx.RangeOfPrefix(netip.MustParsePrefix(c)))
+		s.Elements = append(s.Elements, nft.RangeOfPrefix(netip.MustParsePrefix(c)))
 	}
-	slices.SortFunc(s.Elements, func(a, b netipx.IPRange) int { return a.From().Compare(b.From()) })
+	slices.SortFunc(s.Elements, func(a, b nft.Range) int { return a.From().Compare(b.From()) })
 	return t
 }
 
@@ -69,9 +67,9 @@ func TestVerifyChangeReadsWhatChanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := func(cidr string) netipx.IPRange { return netipx.RangeOfPrefix(netip.MustParsePrefix(cidr)) }
+	r := func(cidr string) nft.Range { return nft.RangeOfPrefix(netip.MustParsePrefix(cidr)) }
 	elements := func(verb nft.Verb, cidr string) nft.Op {
-		return nft.Op{Verb: verb, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []netipx.IPRange{r(cidr)}}
+		return nft.Op{Verb: verb, Kind: nft.KindElements, Name: nft.SetNonMasqV4, Elements: []nft.Range{r(cidr)}}
 	}
 	held := withCIDRs("203.0.113.0/24")
 	held.Chains = whole.Chains
@@ -104,9 +102,9 @@ func withTable(t nft.Table, cidrs ...string) nft.Table {
 	s := c.Set(nft.SetNonMasqV4)
 	s.Elements = nil
 	for _, p := range cidrs {
-		s.Elements = append(s.Elements, netipx.RangeOfPrefix(netip.MustParsePrefix(p)))
+		s.Elements = append(s.Elements, nft.RangeOfPrefix(netip.MustParsePrefix(p)))
 	}
-	slices.SortFunc(s.Elements, func(a, b netipx.IPRange) int { return a.From().Compare(b.From()) })
+	slices.SortFunc(s.Elements, func(a, b nft.Range) int { return a.From().Compare(b.From()) })
 	return *c
 }
 
@@ -226,7 +224,7 @@ func manyCIDRs(n int) nft.Table {
 	for i := range n {
 		v := uint32(100<<24|64<<16) + uint32(i)*32
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), 29)
-		s.Elements = append(s.Elements, netipx.RangeOfPrefix(p))
+		s.Elements = append(s.Elements, nft.RangeOfPrefix(p))
 	}
 	return t
 }
@@ -311,7 +309,7 @@ func TestCreatedTableReadBack(t *testing.T) {
 	// taken for the wanted one.
 	conn, _ := n.reader()
 	more := want.Clone().Set(nft.SetNonMasqV4)
-	more.Elements = append(more.Elements, netipx.RangeOfPrefix(netip.MustParsePrefix("203.0.113.0/24")))
+	more.Elements = append(more.Elements, nft.RangeOfPrefix(netip.MustParsePrefix("203.0.113.0/24")))
 	if ok, err := verifyCreatedSet(conn, more); ok || err != nil {
 		t.Errorf("a set with an element fewer than wanted verified: %v, %v", ok, err)
 	}
@@ -346,7 +344,7 @@ func TestCreatedTableReadBack(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	got, _, err := n.Read()
-	if err != nil || got == nil || got.Equal(w) || !slices.Contains(got.Set(nft.SetNonMasqV4).Elements, netipx.RangeOfPrefix(netip.MustParsePrefix("192.0.2.0/29"))) {
+	if err != nil || got == nil || got.Equal(w) || !slices.Contains(got.Set(nft.SetNonMasqV4).Elements, nft.RangeOfPrefix(netip.MustParsePrefix("192.0.2.0/29"))) {
 		t.Fatalf("the read after a foreign commit that followed our create did not find it (%v)", err)
 	}
 	if res, err := nft.Ensure(n, want); err != nil || res.Unchanged {
